@@ -1,0 +1,223 @@
+"""Where each supported Hugging Face architecture keeps its attention, and how its weights split
+into heads. The one place to add an architecture."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from probe.errors import ProbeError
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """Where one architecture keeps its attention.
+
+    ``blocks`` is relative to the model's ``base_model``; the others are relative to a block.
+
+    ``qkv`` names a fused projection instead of ``q``/``k``/``v``: ``"gpt2"`` is a Conv1D whose
+    output is [Q | K | V]; ``"neox"`` is a Linear whose output is per head [q_i | k_i | v_i].
+    """
+
+    blocks: str
+    attention: str
+    q: str = ""
+    k: str = ""
+    v: str = ""
+    o: str = ""
+    qkv: str = ""
+    fused: str = ""
+
+
+_BERT = Architecture(
+    "encoder.layer",
+    "attention.self",
+    "attention.self.query",
+    "attention.self.key",
+    "attention.self.value",
+    "attention.output.dense",
+)
+_LLAMA = Architecture(
+    "layers",
+    "self_attn",
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+)
+
+ARCHITECTURES: dict[str, Architecture] = {
+    "bert": _BERT,
+    "roberta": _BERT,
+    "electra": _BERT,
+    "distilbert": Architecture(
+        "transformer.layer",
+        "attention",
+        "attention.q_lin",
+        "attention.k_lin",
+        "attention.v_lin",
+        "attention.out_lin",
+    ),
+    "albert": Architecture(
+        "encoder.albert_layer_groups",
+        "attention",
+        "attention.query",
+        "attention.key",
+        "attention.value",
+        "attention.dense",
+    ),
+    "gpt2": Architecture("h", "attn", o="attn.c_proj", qkv="attn.c_attn", fused="gpt2"),
+    "gpt_neox": Architecture(
+        "layers", "attention", o="attention.dense", qkv="attention.query_key_value", fused="neox"
+    ),
+    "opt": Architecture(
+        "decoder.layers",
+        "self_attn",
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "self_attn.out_proj",
+    ),
+    "llama": _LLAMA,
+    "mistral": _LLAMA,
+    "qwen2": _LLAMA,
+}
+
+SUPPORTED = ", ".join(sorted(ARCHITECTURES))
+
+
+class UnsupportedModelError(ProbeError, ValueError):
+    """The model's attention cannot be mirrored."""
+
+
+def architecture(model: nn.Module) -> Architecture:
+    """The architecture entry for a Hugging Face model, or a clear error naming what works."""
+    config = model.config
+    kind = getattr(config, "model_type", type(model).__name__)
+    if getattr(config, "is_encoder_decoder", False):
+        raise UnsupportedModelError(
+            f"encoder-decoder models ({kind}) are not supported yet; supported: {SUPPORTED}"
+        )
+    if kind not in ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"architecture {kind!r} is not supported (its attention is not mirrored by probe); "
+            f"supported: {SUPPORTED}"
+        )
+    if kind == "albert" and config.inner_group_num != 1:
+        raise UnsupportedModelError("ALBERT with inner_group_num > 1 is not supported")
+    return ARCHITECTURES[kind]
+
+
+def blocks(model: nn.Module) -> list[nn.Module]:
+    """One block per layer, in order (ALBERT's shared blocks repeat)."""
+    arch = architecture(model)
+    stack = model.base_model.get_submodule(arch.blocks)
+    config = model.config
+    if config.model_type == "albert":
+        n, groups = config.num_hidden_layers, config.num_hidden_groups
+        return [stack[int(i / (n / groups))].albert_layers[0] for i in range(n)]
+    return list(stack)
+
+
+@dataclass
+class HeadWeights:
+    """One layer's attention weights split into heads, in the paper's orientation.
+
+    ``W_Q`` ``[n_heads, d_model, d_head]``; ``W_K``, ``W_V`` ``[n_kv_heads, d_model, d_head]``;
+    ``W_O`` ``[n_heads, d_head, d_model]``; biases ``[n_heads or n_kv_heads, d_head]`` and
+    ``b_O`` ``[d_model]`` (zeros where the model has none). Query head i reads key/value head
+    ``kv_head[i]`` (grouped-query attention; the identity otherwise).
+    """
+
+    W_Q: torch.Tensor
+    W_K: torch.Tensor
+    W_V: torch.Tensor
+    W_O: torch.Tensor
+    b_Q: torch.Tensor
+    b_K: torch.Tensor
+    b_V: torch.Tensor
+    b_O: torch.Tensor
+    kv_head: torch.Tensor
+
+    @property
+    def n_heads(self) -> int:
+        return self.W_Q.shape[0]
+
+
+def _split_in(weight: torch.Tensor, bias: torch.Tensor | None, d_head: int):
+    """Split a Linear ``y = x Wᵀ + b`` with n·d_head outputs into n heads.
+
+    Returns W ``[n, d_model, d_head]`` and b ``[n, d_head]``.
+    """
+    n = weight.shape[0] // d_head
+    W = weight.T.reshape(weight.shape[1], n, d_head).transpose(0, 1)
+    b = torch.zeros(n, d_head, dtype=weight.dtype) if bias is None else bias.view(n, d_head)
+    return W, b
+
+
+def output_weights(o: nn.Module, d_head: int) -> torch.Tensor:
+    """W_O ``[n_heads, d_head, d_model]`` of an output projection (Linear, or GPT-2's Conv1D)."""
+    if type(o).__name__ == "Conv1D":  # y = x W + b with W [in, out]
+        return o.weight.reshape(-1, d_head, o.weight.shape[1])
+    return o.weight.T.reshape(-1, d_head, o.weight.shape[0])
+
+
+def head_dim(model: nn.Module) -> int:
+    config = model.config
+    d_head = getattr(config, "head_dim", None)
+    return d_head or config.hidden_size // config.num_attention_heads
+
+
+@torch.no_grad()
+def head_weights(model: nn.Module) -> list[HeadWeights]:
+    """Every layer's per-head attention weights, in the layout of ``probe.MultiHeadAttention``.
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel
+        A supported architecture (see ``probe.architectures.SUPPORTED``).
+
+    Returns
+    -------
+    list of HeadWeights
+        One per layer, detached views of the model's parameters.
+    """
+    arch = architecture(model)
+    d_head = head_dim(model)
+    layers = []
+    for block in blocks(model):
+        o = block.get_submodule(arch.o)
+        if arch.fused == "gpt2":
+            c_attn = block.get_submodule(arch.qkv)
+            w, b = c_attn.weight.T, c_attn.bias  # as a Linear: [3·d_model, d_model]
+            (W_Q, b_Q), (W_K, b_K), (W_V, b_V) = (
+                _split_in(wi, bi, d_head) for wi, bi in zip(w.chunk(3), b.chunk(3), strict=True)
+            )
+        elif arch.fused == "neox":
+            qkv = block.get_submodule(arch.qkv)
+            W, b = _split_in(qkv.weight, qkv.bias, 3 * d_head)
+            W_Q, W_K, W_V = W.split(d_head, dim=-1)
+            b_Q, b_K, b_V = b.split(d_head, dim=-1)
+        else:
+            (W_Q, b_Q), (W_K, b_K), (W_V, b_V) = (
+                _split_in(p.weight, p.bias, d_head)
+                for p in (block.get_submodule(n) for n in (arch.q, arch.k, arch.v))
+            )
+        n_heads, n_kv = W_Q.shape[0], W_K.shape[0]
+        W_O = output_weights(o, d_head)
+        layers.append(
+            HeadWeights(
+                W_Q=W_Q,
+                W_K=W_K,
+                W_V=W_V,
+                W_O=W_O,
+                b_Q=b_Q,
+                b_K=b_K,
+                b_V=b_V,
+                b_O=torch.zeros(W_O.shape[-1], dtype=W_O.dtype) if o.bias is None else o.bias,
+                kv_head=torch.arange(n_heads) // (n_heads // n_kv),
+            )
+        )
+    return layers

