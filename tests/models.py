@@ -1,0 +1,50 @@
+"""Small random-initialised Hugging Face models of every supported architecture, for tests."""
+
+import torch
+import transformers as tf
+
+SMALL = {"hidden_size": 32, "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 99}
+
+CONFIGS = {
+    "bert": lambda: tf.BertConfig(**SMALL, intermediate_size=64),
+    "roberta": lambda: tf.RobertaConfig(**SMALL, intermediate_size=64, pad_token_id=1),
+    "electra": lambda: tf.ElectraConfig(**SMALL, intermediate_size=64, embedding_size=16),
+    "distilbert": lambda: tf.DistilBertConfig(
+        vocab_size=99, dim=32, n_heads=4, n_layers=2, hidden_dim=64
+    ),
+    "albert": lambda: tf.AlbertConfig(
+        **SMALL | {"num_hidden_layers": 3}, intermediate_size=64, embedding_size=16
+    ),
+    "gpt2": lambda: tf.GPT2Config(n_embd=32, n_head=4, n_layer=2, vocab_size=99, n_positions=64),
+    "gpt_neox": lambda: tf.GPTNeoXConfig(**SMALL, intermediate_size=64),
+    "opt": lambda: tf.OPTConfig(**SMALL, ffn_dim=64, word_embed_proj_dim=32, pad_token_id=1),
+    "llama": lambda: tf.LlamaConfig(**SMALL, intermediate_size=64, num_key_value_heads=2),
+    "mistral": lambda: tf.MistralConfig(
+        **SMALL, intermediate_size=64, num_key_value_heads=2, sliding_window=4
+    ),
+    "qwen2": lambda: tf.Qwen2Config(**SMALL, intermediate_size=64, num_key_value_heads=2),
+}
+ENCODERS = {"bert", "roberta", "electra", "distilbert", "albert"}
+ROTARY = {"gpt_neox", "llama", "mistral", "qwen2"}
+
+
+def small_model(kind: str, seed: int = 0, **kwargs):
+    torch.manual_seed(seed)
+    model = tf.AutoModel.from_config(CONFIGS[kind](), **kwargs).eval()
+    # Random-initialised biases start at zero; make them count in the checks.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.1)
+    return model
+
+
+def padded_batch(kind: str, seed: int = 0):
+    """Three sequences of lengths 7, 5 and 3: right-padded for encoders, left-padded for decoders."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = [7, 5, 3]
+    ids = torch.randint(3, 99, (3, 7), generator=g)
+    mask = (torch.arange(7)[None] < torch.tensor(lengths)[:, None]).long()
+    if kind not in ENCODERS:
+        mask = mask.flip(1)
+    return {"input_ids": ids, "attention_mask": mask}
