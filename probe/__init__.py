@@ -18,12 +18,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Cache",
-    "ablate",
     "HeadWeights",
     "HookPoint",
     "MultiHeadAttention",
     "ProbeError",
     "__version__",
+    "ablate",
     "head_weights",
     "hooks",
     "load",

@@ -40,7 +40,7 @@ def small_model(kind: str, seed: int = 0, **kwargs):
 
 
 def padded_batch(kind: str, seed: int = 0):
-    """Three sequences of lengths 7, 5 and 3: right-padded for encoders, left-padded for decoders."""
+    """Lengths 7, 5 and 3: right-padded for encoders, left-padded for decoders."""
     g = torch.Generator().manual_seed(seed)
     lengths = [7, 5, 3]
     ids = torch.randint(3, 99, (3, 7), generator=g)
