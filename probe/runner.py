@@ -1,0 +1,54 @@
+"""Stream a corpus through a mirrored model and hand each batch's attention to the analyses.
+
+Only one batch of captures exists at a time; analyses keep sums, so memory does not grow with
+the corpus.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Protocol
+
+import torch
+from transformers import PreTrainedModel
+
+from probe.corpus import Batch, Corpus
+from probe.hooks import trace
+
+
+class Analysis(Protocol):
+    """What the runner needs of an analysis."""
+
+    name: str
+
+    def update(self, batch: Batch, patterns: torch.Tensor) -> None:
+        """Add one batch; ``patterns`` is ``[batch, layer, head, q_pos, k_pos]``."""
+
+
+def attention_batches(
+    model: PreTrainedModel, corpus: Corpus, batch_size: int = 32
+) -> Iterator[tuple[Batch, torch.Tensor]]:
+    """Each batch with every layer's attention pattern ``[batch, layer, head, q_pos, k_pos]``."""
+    device = next(model.parameters()).device
+    with torch.inference_mode(), trace(model, "hook_pattern") as cache:
+        for batch in corpus.batches(batch_size):
+            batch = batch.to(device)
+            cache.clear()
+            model(**batch.inputs)
+            patterns = cache.stack("hook_pattern").transpose(0, 1).float()
+            yield batch, patterns
+
+
+def run(
+    model: PreTrainedModel,
+    corpus: Corpus,
+    analyses: Iterable[Analysis],
+    *,
+    batch_size: int = 32,
+    progress: Callable[[Iterator], Iterator] = iter,
+) -> None:
+    """Feed every batch's patterns to every analysis, one batch in memory at a time."""
+    analyses = list(analyses)
+    for batch, patterns in progress(attention_batches(model, corpus, batch_size)):
+        for analysis in analyses:
+            analysis.update(batch, patterns)
