@@ -209,14 +209,16 @@ def head_weights(model: nn.Module) -> list[HeadWeights]:
         W_O = output_weights(o, d_head)
         layers.append(
             HeadWeights(
-                W_Q=W_Q,
-                W_K=W_K,
-                W_V=W_V,
-                W_O=W_O,
-                b_Q=b_Q,
-                b_K=b_K,
-                b_V=b_V,
-                b_O=torch.zeros(W_O.shape[-1], dtype=W_O.dtype) if o.bias is None else o.bias,
+                W_Q=W_Q.detach(),
+                W_K=W_K.detach(),
+                W_V=W_V.detach(),
+                W_O=W_O.detach(),
+                b_Q=b_Q.detach(),
+                b_K=b_K.detach(),
+                b_V=b_V.detach(),
+                b_O=torch.zeros(W_O.shape[-1], dtype=W_O.dtype)
+                if o.bias is None
+                else o.bias.detach(),
                 kv_head=torch.arange(n_heads) // (n_heads // n_kv),
             )
         )
