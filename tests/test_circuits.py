@@ -54,7 +54,7 @@ def test_every_minilm_head_equals_dense_svd(minilm):
 
 
 def with_weights(W_Q, W_K, W_V=None, W_O=None) -> probe.MultiHeadAttention:
-    n, d_model, d_head = W_Q.shape
+    n, d_model, _ = W_Q.shape
     mha = probe.MultiHeadAttention(d_model, n)
     with torch.no_grad():
         mha.W_Q.copy_(W_Q)

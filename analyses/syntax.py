@@ -1,0 +1,216 @@
+"""Syntax analysis (Clark et al. 2019): how often each head's attention points from a word to
+its syntactic head, or from the head to its dependent, per UD relation.
+
+Streaming: per batch, word-level attention for every layer and head at once, then counts per
+relation. The 95% intervals use the Poisson bootstrap over sentences: each sentence gets a
+Poisson(1) weight in each of ``n_boot`` replicates, so the replicates are sums too and memory
+does not grow with the corpus.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import seaborn as sns
+import torch
+import torch.nn.functional as F
+from matplotlib.figure import Figure as MplFigure
+
+from analyses import Figure
+from probe.alignment import word_attention
+from probe.corpus import Batch
+from probe.treebank import RELATIONS
+
+name = "syntax"
+DIRECTIONS = ("dependent_to_head", "head_to_dependent")
+OFFSETS = tuple(range(-5, 6))
+MAIN_RELATIONS = (
+    "nsubj",
+    "obj",
+    "det",
+    "amod",
+    "case",
+    "advmod",
+    "aux",
+    "mark",
+    "nmod",
+    "obl",
+    "compound",
+    "conj",
+)
+
+
+def head_predictions(words: torch.Tensor, n_words: torch.Tensor) -> torch.Tensor:
+    """Each head's predicted syntactic head for every word, both directions.
+
+    Parameters
+    ----------
+    words : ``[batch, heads, word, word]``
+        Word-level attention (from row word to column word).
+    n_words : ``[batch]``
+
+    Returns
+    -------
+    torch.Tensor ``[batch, 2, heads, word]`` long
+        Direction 0 (dependent -> head): the word that word i attends to most. Direction 1
+        (head -> dependent): the word that attends most to word i. Self is excluded.
+    """
+    n = words.shape[-1]
+    index = torch.arange(n, device=words.device)
+    invalid = (index[None, :] >= n_words[:, None])[:, None, None, :] | torch.eye(
+        n, dtype=torch.bool, device=words.device
+    )
+    dependent_to_head = words.masked_fill(invalid, -torch.inf).argmax(-1)
+    head_to_dependent = words.masked_fill(invalid.transpose(-1, -2), -torch.inf).argmax(-2)
+    return torch.stack([dependent_to_head, head_to_dependent], dim=1)
+
+
+class SyntaxAnalysis:
+    """Accumulates, per relation, correct predictions of every (direction, layer, head) and of
+    every fixed offset baseline, with Poisson-bootstrap replicates of both."""
+
+    name = name
+
+    def __init__(self, n_layers: int, n_heads: int, *, seed: int = 0, n_boot: int = 1000):
+        self.n_layers, self.n_heads, self.n_boot = n_layers, n_heads, n_boot
+        R, LH, O = len(RELATIONS), n_layers * n_heads, len(OFFSETS)
+        self.correct = torch.zeros(R, 2, LH, dtype=torch.float64)
+        self.total = torch.zeros(R, dtype=torch.float64)
+        self.baseline = torch.zeros(R, O, dtype=torch.float64)
+        self.boot_correct = torch.zeros(n_boot, R, 2, LH)
+        self.boot_total = torch.zeros(n_boot, R)
+        self.boot_baseline = torch.zeros(n_boot, R, O)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.sentences = 0
+
+    def update(self, batch: Batch, patterns: torch.Tensor) -> None:
+        B, L, H, T, _ = patterns.shape
+        n = int(batch.n_words.max())
+        words = word_attention(patterns.reshape(B, L * H, T, T), batch.word_of_token, n)
+        predicted = head_predictions(words, batch.n_words)  # [B, 2, LH, n]
+        gold = batch.heads[:, :n]
+        scored = gold >= 0  # the root and padding have no head to predict
+        relation = F.one_hot(batch.relations[:, :n].clamp(min=0), len(RELATIONS)).float()
+        relation = relation * scored[..., None]  # [B, n, R]
+
+        hits = (predicted == gold[:, None, None, :]).float()
+        correct = torch.einsum("bdhn,bnr->brdh", hits, relation)  # per sentence
+        totals = relation.sum(1)
+        position = torch.arange(n, device=gold.device)
+        offsets = torch.tensor(OFFSETS, device=gold.device)
+        offset_hits = (gold[:, :, None] == position[None, :, None] + offsets).float()
+        baseline = torch.einsum("bno,bnr->bro", offset_hits, relation)
+
+        correct, totals, baseline = correct.cpu(), totals.cpu(), baseline.cpu()
+        self.correct += correct.sum(0).double()
+        self.total += totals.sum(0).double()
+        self.baseline += baseline.sum(0).double()
+        weights = torch.poisson(torch.ones(self.n_boot, B), generator=self.generator)
+        self.boot_correct += torch.einsum("kb,brdh->krdh", weights, correct)
+        self.boot_total += weights @ totals
+        self.boot_baseline += torch.einsum("kb,bro->kro", weights, baseline)
+        self.sentences += B
+
+    def _with_all(self):
+        """Counts with an extra relation 'all' (every word but the root) appended."""
+        cat = lambda x, dim: torch.cat([x, x.sum(dim, keepdim=True)], dim)  # noqa: E731
+        return (
+            [*RELATIONS, "all"],
+            cat(self.correct, 0),
+            cat(self.total, 0),
+            cat(self.baseline, 0),
+            cat(self.boot_correct, 1),
+            cat(self.boot_total, 1),
+            cat(self.boot_baseline, 1),
+        )
+
+    def tables(self) -> dict[str, pd.DataFrame]:
+        """``syntax``, ``syntax_baselines`` and ``syntax_best`` (0-based layer and head)."""
+        names, correct, total, baseline, b_correct, b_total, b_baseline = self._with_all()
+        present = [r for r in range(len(names)) if total[r] > 0 and names[r] != "root"]
+        L, H = self.n_layers, self.n_heads
+        layer, head = np.divmod(np.arange(L * H), H)
+        rows, base_rows, best_rows = [], [], []
+        for r in present:
+            for d, direction in enumerate(DIRECTIONS):
+                c = correct[r, d].numpy()
+                rows.append(
+                    pd.DataFrame(
+                        {
+                            "relation": names[r],
+                            "direction": direction,
+                            "layer": layer,
+                            "head": head,
+                            "correct": c.astype(int),
+                            "total": int(total[r]),
+                            "accuracy": c / float(total[r]),
+                        }
+                    )
+                )
+            base = baseline[r].numpy()
+            base_rows.append(
+                pd.DataFrame(
+                    {
+                        "relation": names[r],
+                        "offset": OFFSETS,
+                        "correct": base.astype(int),
+                        "total": int(total[r]),
+                        "accuracy": base / float(total[r]),
+                    }
+                )
+            )
+            d, h = np.unravel_index(int(correct[r].argmax()), correct[r].shape)
+            o = int(baseline[r].argmax())
+            denominator = b_total[:, r].clamp(min=1)
+            head_boot = (b_correct[:, r, d, h] / denominator).numpy()
+            difference = head_boot - (b_baseline[:, r, o] / denominator).numpy()
+            best_rows.append(
+                {
+                    "relation": names[r],
+                    "total": int(total[r]),
+                    "direction": DIRECTIONS[d],
+                    "layer": int(h // H),
+                    "head": int(h % H),
+                    "accuracy": float(correct[r, d, h] / total[r]),
+                    "ci_low": float(np.percentile(head_boot, 2.5)),
+                    "ci_high": float(np.percentile(head_boot, 97.5)),
+                    "baseline_offset": OFFSETS[o],
+                    "baseline_accuracy": float(baseline[r, o] / total[r]),
+                    "beats_baseline": bool(np.percentile(difference, 2.5) > 0),
+                }
+            )
+        best = pd.DataFrame(best_rows).sort_values("total", ascending=False, kind="stable")
+        return {
+            "syntax": pd.concat(rows, ignore_index=True),
+            "syntax_baselines": pd.concat(base_rows, ignore_index=True),
+            "syntax_best": best.reset_index(drop=True),
+        }
+
+
+def figures(tables: dict[str, pd.DataFrame]) -> list[Figure]:
+    """A layer x head heatmap of accuracy (best direction) for each main relation present."""
+    syntax, best = tables["syntax"], tables["syntax_best"]
+    relations = [r for r in (*MAIN_RELATIONS, "all") if r in set(best.relation)]
+    if not relations:
+        return []
+    columns = 4
+    rows = -(-len(relations) // columns)
+    fig = MplFigure(figsize=(3.2 * columns, 2.7 * rows), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(rows, columns)).ravel()
+    for ax, relation in zip(axes, relations, strict=False):
+        part = syntax[syntax.relation == relation]
+        grid = part.groupby(["layer", "head"]).accuracy.max().unstack("head")
+        sns.heatmap(grid, ax=ax, vmin=0, vmax=1, cmap="magma", cbar=False)
+        row = best[best.relation == relation].iloc[0]
+        ax.set_title(f"{relation} (n={row.total}): best {row.accuracy:.0%}", fontsize="medium")
+    for ax in axes[len(relations) :]:
+        ax.set_visible(False)
+    return [
+        Figure(
+            "syntax-heatmaps",
+            "Accuracy of every head per relation (better of the two directions)",
+            "Heatmaps of layer by head, one per dependency relation, brighter where the head's "
+            "most-attended word is the syntactic head or dependent more often.",
+            fig,
+        )
+    ]
