@@ -1,0 +1,127 @@
+"""Word alignment across tokenizer families, and Clark et al.'s word-level attention by hand."""
+
+import pytest
+import torch
+from tokenizers_util import FAMILIES, TEXT
+
+from analyses.syntax import head_predictions
+from probe.alignment import word_attention, word_tokenizer
+from probe.corpus import NO_TOKENS, TOO_LONG, encode
+from probe.treebank import Sentence
+
+
+def sentence(words):
+    n = len(words)
+    return Sentence(words, [0] + [1] * (n - 1), ["root"] + ["dep"] * (n - 1), ["X"] * n)
+
+
+WORDS = ["Unbelievably", ",", "the", "dogs", "were", "barking", "at", "strangers", "."]
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_word_gets_its_own_tokens(family):
+    tokenizer = FAMILIES[family]()
+    corpus = encode([sentence(WORDS)], tokenizer, max_length=100)
+    row = corpus.dataset[0]
+    pieces = tokenizer.convert_ids_to_tokens(row["input_ids"])
+    for w, word in enumerate(WORDS):
+        tokens = [p for p, owner in zip(pieces, row["word_of_token"], strict=True) if owner == w]
+        assert tokens, f"{word!r} has no token"
+        text = "".join(tokens).replace("##", "").replace("Ġ", "").replace("▁", "")
+        assert text == word.lower() if family == "wordpiece" else text == word
+    special = [p for p, owner in zip(pieces, row["word_of_token"], strict=True) if owner < 0]
+    assert (
+        special
+        == {"wordpiece": ["[CLS]", "[SEP]"], "unigram": ["</s>"], "byte_level_bpe": []}[family]
+    )
+    assert max(row["word_of_token"]) == len(WORDS) - 1
+
+
+def test_byte_level_words_are_tokenized_as_inside_running_text():
+    tokenizer = FAMILIES["byte_level_bpe"]()
+    fixed = word_tokenizer(tokenizer)
+    assert fixed is not tokenizer
+    running = tokenizer.tokenize(" " + " ".join(WORDS[2:6]))
+    split = fixed.convert_ids_to_tokens(fixed(WORDS[2:6], is_split_into_words=True)["input_ids"])
+    assert split == running and split[0].startswith("Ġ")
+    assert word_tokenizer(FAMILIES["wordpiece"]()) is not None
+
+
+def test_words_without_tokens_and_long_sentences_are_counted():
+    tokenizer = FAMILIES["wordpiece"]()
+    sentences = [
+        sentence(["the", "\u200b", "cat"]),
+        sentence(TEXT[0].split()),
+        sentence(["a"] * 30),
+    ]
+    corpus = encode(sentences, tokenizer, max_length=20)
+    assert corpus.skipped == {NO_TOKENS: 1, TOO_LONG: 1}
+    assert len(corpus) == 1 and corpus.dataset[0]["index"] == 1
+
+
+# The hand-worked example: "the cats sleep", with "cats" split into "cat" + "##s".
+# Tokens: [CLS] the cat ##s sleep [SEP]; gold heads: the -> cats (det), cats -> sleep (nsubj).
+TOKEN_ATTENTION = torch.tensor(
+    [  # to: [CLS] the  cat  ##s  sleep [SEP]
+        [0.5, 0.1, 0.1, 0.1, 0.1, 0.1],  # [CLS] (dropped)
+        [0.1, 0.0, 0.1, 0.1, 0.6, 0.1],  # the
+        [0.2, 0.1, 0.1, 0.1, 0.4, 0.1],  # cat
+        [0.0, 0.3, 0.2, 0.1, 0.2, 0.2],  # ##s
+        [0.1, 0.1, 0.2, 0.4, 0.1, 0.1],  # sleep
+        [0.2, 0.2, 0.2, 0.2, 0.1, 0.1],  # [SEP] (dropped)
+    ]
+)
+WORD_OF_TOKEN = torch.tensor([[-1, 0, 1, 1, 2, -1]])
+
+
+def test_word_level_attention_by_hand():
+    words = word_attention(TOKEN_ATTENTION[None, None], WORD_OF_TOKEN, 3)[0, 0]
+    expected = torch.tensor(
+        [  # to: the         cats               sleep
+            [0.0, 0.1 + 0.1, 0.6],  # the
+            [(0.1 + 0.3) / 2, (0.1 + 0.1 + 0.2 + 0.1) / 2, (0.4 + 0.2) / 2],  # cats: mean of rows
+            [0.1, 0.2 + 0.4, 0.1],  # sleep
+        ]
+    )
+    torch.testing.assert_close(words, expected)
+
+
+def test_predictions_and_scores_by_hand():
+    from analyses.syntax import SyntaxAnalysis
+    from probe.corpus import Batch
+    from probe.treebank import RELATIONS
+
+    words = word_attention(TOKEN_ATTENTION[None, None], WORD_OF_TOKEN, 3)
+    predicted = head_predictions(words, torch.tensor([3]))[0, :, 0]
+    # dependent -> head: the -> sleep (0.6 > 0.2), cats -> sleep (0.3 > 0.2), sleep -> cats.
+    assert predicted[0].tolist() == [2, 2, 1]
+    # head -> dependent: who attends most to "the"? cats (0.2 > 0.1); to "cats"? sleep (0.6).
+    assert predicted[1].tolist()[:2] == [1, 2]
+
+    rel = RELATIONS.index
+    batch = Batch(
+        input_ids=torch.zeros(1, 6, dtype=torch.long),
+        attention_mask=torch.ones(1, 6, dtype=torch.long),
+        word_of_token=WORD_OF_TOKEN,
+        heads=torch.tensor([[1, 2, -1]]),
+        relations=torch.tensor([[rel("det"), rel("nsubj"), rel("root")]]),
+        punct=torch.zeros(1, 3, dtype=torch.bool),
+        n_words=torch.tensor([3]),
+        index=torch.tensor([0]),
+    )
+    analysis = SyntaxAnalysis(1, 1, n_boot=10)
+    analysis.update(batch, TOKEN_ATTENTION[None, None, None])
+    tables = analysis.tables()
+    syntax = tables["syntax"].set_index(["relation", "direction"])
+    assert syntax.loc[("det", "dependent_to_head"), "correct"] == 0
+    assert syntax.loc[("det", "head_to_dependent"), "correct"] == 1
+    assert syntax.loc[("nsubj", "dependent_to_head"), "correct"] == 1
+    assert syntax.loc[("all", "dependent_to_head"), ["correct", "total"]].tolist() == [1, 2]
+    assert syntax.loc[("all", "head_to_dependent"), "accuracy"] == 1.0
+    assert "root" not in set(tables["syntax"].relation)
+    baselines = tables["syntax_baselines"].set_index(["relation", "offset"])
+    assert baselines.loc[("det", 1), "correct"] == 1 and baselines.loc[("det", 2), "correct"] == 0
+    assert baselines.loc[("all", 1), "accuracy"] == 1.0
+    best = tables["syntax_best"].set_index("relation")
+    assert best.loc["det", "direction"] == "head_to_dependent"
+    assert best.loc["det", "baseline_offset"] == 1

@@ -1,0 +1,130 @@
+"""CoNLL-U reading and its error messages, the bundled sample, and the ud: source."""
+
+import pytest
+
+from probe.errors import ProbeError
+from probe.treebank import SAMPLE, download_ud, load_treebank, read_conllu
+
+GOOD = """# sent_id = 1
+# text = They don't sleep.
+1\tThey\tthey\tPRON\tPRP\t_\t4\tnsubj\t_\t_
+2-3\tdon't\t_\t_\t_\t_\t_\t_\t_\t_
+2\tdo\tdo\tAUX\tVBP\t_\t4\taux\t_\t_
+3\tn't\tnot\tPART\tRB\t_\t4\tadvmod\t_\t_
+4\tsleep\tsleep\tVERB\tVB\t_\t0\troot\t_\t_
+4.1\tthen\tthen\tADV\tRB\t_\t_\t_\t4:advmod\t_
+5\t.\t.\tPUNCT\t.\t_\t4\tpunct\t_\t_
+
+1\tYesterday\tyesterday\tNOUN\tNN\t_\t2\tobl:tmod\t_\t_
+2\trained\train\tVERB\tVBD\t_\t0\troot\t_\t_
+"""
+
+
+def write(tmp_path, text, name="t.conllu"):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_ranges_empty_nodes_and_subtypes(tmp_path):
+    first, second = read_conllu(write(tmp_path, GOOD))
+    assert first.words == ["They", "do", "n't", "sleep", "."]
+    assert first.heads == [4, 4, 4, 0, 4]
+    assert first.relations == ["nsubj", "aux", "advmod", "root", "punct"]
+    assert first.upos[-1] == "PUNCT" and first.sent_id == "1"
+    assert second.relations == ["obl", "root"]
+
+
+def line(head="2", rel="det", id_="1", cols=10):
+    parts = [id_, "The", "the", "DET", "DT", "_", head, rel, "_", "_"]
+    return "\t".join(parts[:cols])
+
+
+ROOT = "2\tdog\tdog\tNOUN\tNN\t_\t0\troot\t_\t_"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            f"# c\n{line(cols=9)}\n{ROOT}\n",
+            r"t\.conllu:2: expected 10 tab-separated columns, found 9",
+        ),
+        (f"{line(head='x')}\n{ROOT}\n", r"t\.conllu:1: head 'x' is not an integer"),
+        (f"{line(head='7')}\n{ROOT}\n", r"t\.conllu:1: head 7 out of range"),
+        (
+            f"{line(head='2')}\n{ROOT.replace('0', '1', 1).replace('root', 'dep')}\n",
+            "t.conllu:1: sentence has no root",
+        ),
+        (f"{line(head='0', rel='root')}\n{ROOT}\n", "t.conllu:1: sentence has 2 roots"),
+        (
+            "1\ta\ta\tX\tX\t_\t2\tdep\t_\t_\n2\tb\tb\tX\tX\t_\t1\tdep\t_\t_\n3\tc\tc\tX\tX\t_\t0\troot\t_\t_\n",
+            "t.conllu:1: word 1 is in a cycle",
+        ),
+        (f"{line(rel='determiner')}\n{ROOT}\n", "t.conllu:1: unknown relation 'determiner'"),
+        (f"{line(id_='3')}\n{ROOT}\n", r"t\.conllu:1: word ID '3' out of sequence"),
+    ],
+)
+def test_malformed_files_name_file_and_line(tmp_path, text, message):
+    with pytest.raises(ProbeError, match=message):
+        read_conllu(write(tmp_path, text))
+
+
+def test_unreadable_and_missing_files(tmp_path):
+    with pytest.raises(ProbeError, match="does not exist"):
+        load_treebank([tmp_path / "nope.conllu"])
+    bad = tmp_path / "bad.conllu"
+    bad.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(ProbeError, match="cannot read treebank"):
+        read_conllu(bad)
+
+
+def test_bundled_sample_is_valid_and_varied():
+    sentences = load_treebank()
+    assert 50 <= len(sentences) <= 100
+    relations = {r for s in sentences for r in s.relations}
+    assert {"nsubj", "obj", "det", "amod", "case", "obl", "nmod", "advmod", "aux", "cop",
+            "mark", "cc", "conj", "compound", "xcomp", "ccomp", "acl", "advcl"} <= relations  # fmt: skip
+    assert read_conllu(SAMPLE) == sentences
+
+
+def test_ud_source_downloads_once_atomically(tmp_path, monkeypatch):
+    monkeypatch.setenv("PROBE_CACHE", str(tmp_path))
+    calls = []
+
+    class Response:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def read(self):
+            return GOOD.encode()
+
+    def fake_urlopen(url, timeout):
+        calls.append(url)
+        return Response()
+
+    monkeypatch.setattr("urllib.request.urlopen", fake_urlopen)
+    (path,) = download_ud("ud:en_ewt-test")
+    assert path == tmp_path / "ud" / "r2.15" / "en_ewt-ud-test.conllu"
+    assert calls == [
+        "https://raw.githubusercontent.com/UniversalDependencies/UD_English-EWT/r2.15/en_ewt-ud-test.conllu"
+    ]
+    assert len(load_treebank(["ud:en_ewt-test"])) == 2 and len(calls) == 1  # cached
+    assert [p.name for p in path.parent.iterdir()] == ["en_ewt-ud-test.conllu"]
+
+
+def test_ud_source_offline_and_unknown(tmp_path, monkeypatch):
+    monkeypatch.setenv("PROBE_CACHE", str(tmp_path))
+
+    def offline(url, timeout):
+        raise OSError("network is unreachable")
+
+    monkeypatch.setattr("urllib.request.urlopen", offline)
+    with pytest.raises(ProbeError, match="cannot download ud:en_ewt.*offline"):
+        download_ud("ud:en_ewt")
+    assert not any(tmp_path.rglob("*.conllu"))
+    with pytest.raises(ProbeError, match="unknown treebank 'ud:xx'"):
+        download_ud("ud:xx")
