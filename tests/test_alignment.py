@@ -86,20 +86,12 @@ def test_word_level_attention_by_hand():
     torch.testing.assert_close(words, expected)
 
 
-def test_predictions_and_scores_by_hand():
-    from analyses.syntax import SyntaxAnalysis
+def hand_batch():
     from probe.corpus import Batch
     from probe.treebank import RELATIONS
 
-    words = word_attention(TOKEN_ATTENTION[None, None], WORD_OF_TOKEN, 3)
-    predicted = head_predictions(words, torch.tensor([3]))[0, :, 0]
-    # dependent -> head: the -> sleep (0.6 > 0.2), cats -> sleep (0.3 > 0.2), sleep -> cats.
-    assert predicted[0].tolist() == [2, 2, 1]
-    # head -> dependent: who attends most to "the"? cats (0.2 > 0.1); to "cats"? sleep (0.6).
-    assert predicted[1].tolist()[:2] == [1, 2]
-
     rel = RELATIONS.index
-    batch = Batch(
+    return Batch(
         input_ids=torch.zeros(1, 6, dtype=torch.long),
         attention_mask=torch.ones(1, 6, dtype=torch.long),
         word_of_token=WORD_OF_TOKEN,
@@ -109,6 +101,36 @@ def test_predictions_and_scores_by_hand():
         n_words=torch.tensor([3]),
         index=torch.tensor([0]),
     )
+
+
+def test_bootstrap_intervals_are_seeded():
+    from analyses.syntax import SyntaxAnalysis
+
+    def best(seed):
+        analysis = SyntaxAnalysis(1, 1, seed=seed, n_boot=200)
+        g = torch.Generator().manual_seed(42)  # the same random attention for both seeds
+        for _ in range(40):
+            pattern = torch.softmax(3 * torch.randn(1, 1, 1, 6, 6, generator=g), -1)
+            analysis.update(hand_batch(), pattern)
+        return analysis.tables()["syntax_best"].set_index("relation").loc["all"]
+
+    first, again, other = best(0), best(0), best(1)
+    assert (first.ci_low, first.ci_high) == (again.ci_low, again.ci_high)
+    assert first.ci_low < first.accuracy < first.ci_high
+    assert (first.ci_low, first.ci_high) != (other.ci_low, other.ci_high)
+
+
+def test_predictions_and_scores_by_hand():
+    from analyses.syntax import SyntaxAnalysis
+
+    words = word_attention(TOKEN_ATTENTION[None, None], WORD_OF_TOKEN, 3)
+    predicted = head_predictions(words, torch.tensor([3]))[0, :, 0]
+    # dependent -> head: the -> sleep (0.6 > 0.2), cats -> sleep (0.3 > 0.2), sleep -> cats.
+    assert predicted[0].tolist() == [2, 2, 1]
+    # head -> dependent: who attends most to "the"? cats (0.2 > 0.1); to "cats"? sleep (0.6).
+    assert predicted[1].tolist()[:2] == [1, 2]
+
+    batch = hand_batch()
     analysis = SyntaxAnalysis(1, 1, n_boot=10)
     analysis.update(batch, TOKEN_ATTENTION[None, None, None])
     tables = analysis.tables()

@@ -1,0 +1,140 @@
+"""Head roles and statistics on patterns set by hand through probe.hooks."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import transformers as tf
+from scipy.spatial.distance import jensenshannon
+from tokenizers_util import wordpiece
+
+import probe
+from analyses.roles import RolesAnalysis, Thresholds, heads_table
+from probe.corpus import encode
+from probe.runner import run
+from probe.treebank import Sentence
+
+WORDS = [
+    ["the", "cat", "sat", "on", "the", "mat", "."],
+    ["the", "dogs", "were", "barking", "at", "strangers", "yesterday", ",", "unbelievably", "."],
+    ["she", "gave", "her", "brother", "a", "wonderful", "book", "."],
+]
+
+
+def sentence(words):
+    n = len(words)
+    return Sentence(words, [0] + [1] * (n - 1), ["root"] + ["dep"] * (n - 1),
+                    ["PUNCT" if w in ".," else "X" for w in words])  # fmt: skip
+
+
+def set_patterns(p, name):
+    """Layer 0: head 0 previous token, head 1 on [CLS], head 2 uniform; head 3 untouched."""
+    real = p > 0  # masked keys get exactly zero weight
+    out = p.clone()
+    T = p.shape[-1]
+    previous = torch.zeros(T, T)
+    previous[0, 0] = 1
+    previous[torch.arange(1, T), torch.arange(T - 1)] = 1
+    out[:, 0] = previous
+    out[:, 1] = 0
+    out[:, 1, :, 0] = 1
+    out[:, 2] = real[:, 2] / real[:, 2].sum(-1, keepdim=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def analysed():
+    torch.manual_seed(0)
+    config = tf.BertConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=2,
+                           intermediate_size=64, vocab_size=200)  # fmt: skip
+    model = tf.BertModel(config).eval()
+    tokenizer = wordpiece()
+    corpus = encode([sentence(w) for w in WORDS], tokenizer, max_length=64)
+    lengths = np.array(corpus.dataset["length"])
+    analysis = RolesAnalysis(2, 4, js_queries_per_batch=10_000)
+    with probe.hooks(model, {"blocks.0.attn.hook_pattern": set_patterns}):
+        run(model, corpus, [analysis], batch_size=2)
+    return analysis, lengths, corpus
+
+
+def test_statistics_by_hand(analysed):
+    analysis, n, _ = analysed
+    stats = analysis.tables()["head_stats"].set_index(["layer", "head"])
+    total = n.sum()
+    prev, cls, uniform = stats.loc[(0, 0)], stats.loc[(0, 1)], stats.loc[(0, 2)]
+    assert prev.previous == pytest.approx((n - 1).sum() / total)
+    assert prev["max_at_-1"] == pytest.approx((n - 1).sum() / total)
+    assert prev.self == pytest.approx(len(n) / total) and prev.entropy == pytest.approx(
+        0, abs=1e-12
+    )
+    assert prev.confidence == pytest.approx(1)
+    assert cls.special == pytest.approx(1) and cls.cls_entropy == pytest.approx(0, abs=1e-12)
+    assert uniform.entropy == pytest.approx((n * np.log(n)).sum() / total)
+    assert uniform.entropy_normalised == pytest.approx(1)
+    assert uniform.special == pytest.approx(2 * len(n) / total)  # [CLS] and [SEP] of n keys
+    assert uniform.cls_entropy == pytest.approx(np.log(n).mean())
+    # punctuation: "." in every sentence, and "," in the second
+    punct_tokens = np.array([1, 2, 1])
+    assert uniform.punct == pytest.approx((punct_tokens / n * n).sum() / total)
+
+
+def test_roles_are_exactly_the_set_ones(analysed):
+    analysis, n, _ = analysed
+    tables = analysis.tables()
+    share = (n - 1).sum() / n.sum()  # queries with a previous token
+    heads = heads_table(
+        tables["head_stats"],
+        tables["head_similarity"],
+        thresholds=Thresholds(previous_token=share - 1e-9),
+    )
+    roles = heads.set_index(["layer", "head"]).roles
+    assert roles[(0, 0)] == "previous-token"
+    assert roles[(0, 1)] == "sink"
+    assert roles[(0, 2)] == "broad"
+    strict = heads_table(
+        tables["head_stats"], tables["head_similarity"], thresholds=Thresholds(broad=1.01)
+    )
+    assert strict.set_index(["layer", "head"]).roles[(0, 2)] == ""
+
+
+def test_js_divergence_between_set_heads(analysed):
+    analysis, n, _ = analysed
+    sim = analysis.tables()["head_similarity"].set_index(["layer_a", "head_a", "layer_b", "head_b"])
+    # previous-token and [CLS] heads agree on queries 0 and 1 (both look at [CLS]), else log 2.
+    assert sim.js_divergence[(0, 0, 0, 1)] == pytest.approx((n - 2).sum() * math.log(2) / n.sum())
+    for h in range(4):
+        assert sim.js_divergence[(0, h, 0, h)] == pytest.approx(0, abs=1e-6)
+
+
+def test_js_divergence_against_scipy():
+    torch.manual_seed(1)
+    p = torch.softmax(torch.randn(2, 1, 3, 5, 5), -1)  # [batch, layer, head, q, k]
+    analysis = RolesAnalysis(1, 3, js_queries_per_batch=100)
+    real = torch.ones(2, 5, dtype=torch.bool)
+    analysis._add_js(p.reshape(2, 3, 5, 5), real)
+    expected = np.zeros((3, 3))
+    for b in range(2):
+        for q in range(5):
+            for a in range(3):
+                for c in range(3):
+                    expected[a, c] += jensenshannon(p[b, 0, a, q], p[b, 0, c, q]) ** 2 / 10
+    np.testing.assert_allclose(analysis.js.numpy() / analysis.js_queries, expected, atol=1e-6)
+
+
+def test_memory_does_not_grow_with_the_corpus(analysed):
+    _, _, corpus = analysed
+    analysis = RolesAnalysis(2, 4)
+
+    def state_bytes():
+        return sum(
+            v.numel() * v.element_size() for v in vars(analysis).values() if torch.is_tensor(v)
+        )
+
+    batch = next(corpus.batches(2))
+    patterns = torch.softmax(torch.randn(2, 2, 4, *batch.input_ids.shape[1:2] * 2), -1)
+    analysis.update(batch, patterns)
+    once = state_bytes()
+    for _ in range(20):
+        analysis.update(batch, patterns)
+    assert state_bytes() == once
