@@ -173,7 +173,7 @@ class RolesAnalysis:
 
 def heads_table(
     stats: pd.DataFrame,
-    similarity: pd.DataFrame,
+    similarity: pd.DataFrame | None = None,
     syntax_best_per_head: pd.DataFrame | None = None,
     spectra: pd.DataFrame | None = None,
     thresholds: Thresholds = Thresholds(),
@@ -183,33 +183,43 @@ def heads_table(
 
     Parameters
     ----------
-    stats, similarity : from ``RolesAnalysis.tables()``
-    syntax_best_per_head : optional, from ``best_relation_per_head``
-    spectra : optional, ``spectra.csv``
+    stats : DataFrame
+        ``head_stats`` from ``RolesAnalysis.tables()``, or just the (layer, head) grid when the
+        roles analysis did not run (then only the syntactic role can be given).
+    similarity : DataFrame, optional
+        ``head_similarity``; adds the 2-D MDS coordinates ``mds_x``, ``mds_y``.
+    syntax_best_per_head : DataFrame, optional
+        From ``best_relation_per_head``.
+    spectra : DataFrame, optional
+        ``spectra.csv``; adds ``qk_effective_rank`` and ``ov_effective_rank``.
     """
     heads = stats.copy()
-    roles = [[] for _ in range(len(heads))]
-    previous = heads["max_at_-1"] >= thresholds.previous_token
-    following = heads["max_at_+1"] >= thresholds.next_token
-    sink = heads["special"] + heads["punct"] >= thresholds.sink
-    broad = heads["entropy_normalised"] >= thresholds.broad
-    for i in range(len(heads)):
-        roles[i] += ["previous-token"] * bool(previous[i]) + ["next-token"] * bool(following[i])
-        roles[i] += ["sink"] * bool(sink[i]) + ["broad"] * bool(broad[i])
+    roles: list[list[str]] = [[] for _ in range(len(heads))]
+    tests = {
+        "previous-token": ("max_at_-1", thresholds.previous_token),
+        "next-token": ("max_at_+1", thresholds.next_token),
+        "sink": ("sink_share", thresholds.sink),
+        "broad": ("entropy_normalised", thresholds.broad),
+    }
+    if "special" in heads:
+        heads["sink_share"] = heads["special"] + heads["punct"]
+    for role, (column, threshold) in tests.items():
+        if column in heads:
+            for i in np.nonzero((heads[column] >= threshold).to_numpy())[0]:
+                roles[i].append(role)
     if syntax_best_per_head is not None and len(syntax_best_per_head):
         heads = heads.merge(syntax_best_per_head, on=["layer", "head"], how="left")
-        syntactic = (heads["best_relation_margin"] >= thresholds.syntactic).to_numpy()
-        for i in np.nonzero(syntactic)[0]:
+        for i in np.nonzero((heads["best_relation_margin"] >= thresholds.syntactic).to_numpy())[0]:
             roles[i].append("syntactic")
     if spectra is not None:
         ranks = spectra.pivot_table(
             index=["layer", "head"], columns="circuit", values="effective_rank"
-        )
-        ranks = ranks.rename(columns={"QK": "qk_effective_rank", "OV": "ov_effective_rank"})
+        ).rename(columns={"QK": "qk_effective_rank", "OV": "ov_effective_rank"})
         heads = heads.merge(ranks.reset_index(), on=["layer", "head"], how="left")
     heads["roles"] = [";".join(r) for r in roles]
-    xy = embed(similarity, len(heads), seed)
-    heads["mds_x"], heads["mds_y"] = xy[:, 0], xy[:, 1]
+    if similarity is not None:
+        xy = embed(similarity, len(heads), seed)
+        heads["mds_x"], heads["mds_y"] = xy[:, 0], xy[:, 1]
     return heads
 
 

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-import seaborn as sns
 import torch
 import torch.nn.functional as F
 from matplotlib.figure import Figure as MplFigure
 
-from analyses import Figure
+from analyses import Figure, heatmap
 from probe.alignment import word_attention
 from probe.corpus import Batch
 from probe.treebank import RELATIONS
@@ -161,9 +160,10 @@ class SyntaxAnalysis:
             )
             d, h = np.unravel_index(int(correct[r].argmax()), correct[r].shape)
             o = int(baseline[r].argmax())
-            denominator = b_total[:, r].clamp(min=1)
-            head_boot = (b_correct[:, r, d, h] / denominator).numpy()
-            difference = head_boot - (b_baseline[:, r, o] / denominator).numpy()
+            drawn = b_total[:, r] > 0  # replicates that drew at least one word of r
+            denominator = b_total[drawn, r]
+            head_boot = (b_correct[drawn, r, d, h] / denominator).numpy()
+            difference = head_boot - (b_baseline[drawn, r, o] / denominator).numpy()
             best_rows.append(
                 {
                     "relation": names[r],
@@ -200,11 +200,12 @@ def figures(tables: dict[str, pd.DataFrame]) -> list[Figure]:
     for ax, relation in zip(axes, relations, strict=False):
         part = syntax[syntax.relation == relation]
         grid = part.groupby(["layer", "head"]).accuracy.max().unstack("head")
-        sns.heatmap(grid, ax=ax, vmin=0, vmax=1, cmap="magma", cbar=False)
+        image = heatmap(ax, grid, vmin=0, vmax=1, cmap="magma")
         row = best[best.relation == relation].iloc[0]
         ax.set_title(f"{relation} (n={row.total}): best {row.accuracy:.0%}", fontsize="medium")
     for ax in axes[len(relations) :]:
         ax.set_visible(False)
+    fig.colorbar(image, ax=axes.tolist(), label="accuracy", shrink=0.6)
     return [
         Figure(
             "syntax-heatmaps",

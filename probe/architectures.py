@@ -86,6 +86,7 @@ ARCHITECTURES: dict[str, Architecture] = {
 }
 
 SUPPORTED = ", ".join(sorted(ARCHITECTURES))
+CAUSAL = {"gpt2", "gpt_neox", "opt", "llama", "mistral", "qwen2"}
 
 
 class UnsupportedModelError(ProbeError, ValueError):
@@ -108,6 +109,11 @@ def architecture(model: nn.Module) -> Architecture:
     if kind == "albert" and config.inner_group_num != 1:
         raise UnsupportedModelError("ALBERT with inner_group_num > 1 is not supported")
     return ARCHITECTURES[kind]
+
+
+def is_causal(model: nn.Module) -> bool:
+    """Whether each token attends only to itself and earlier tokens."""
+    return model.config.model_type in CAUSAL or bool(getattr(model.config, "is_decoder", False))
 
 
 def blocks(model: nn.Module) -> list[nn.Module]:

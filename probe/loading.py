@@ -91,7 +91,10 @@ def _explain(name: str, source: str, error: Exception) -> str:
     if Path(source).exists():
         return f"{source} is not a loadable model folder ({str(error).splitlines()[0]})"
     if "offline" in text or "connect" in text or "resolve" in text or "internet" in text:
-        return f"cannot download {source!r}: no connection to the Hugging Face hub; {offline_hint}"
+        return (
+            f"cannot load {name!r}: it is not an alias or a local folder, and the Hugging Face "
+            f"hub cannot be reached to download it (offline?); {offline_hint}"
+        )
     if "gated" in text or "401" in text or "403" in text or "permission" in text:
         return f"no permission to download {source!r} (log in with `hf auth login`); {offline_hint}"
     return f"unknown model {name!r}: not an alias, a local folder or a hub model id; {offline_hint}"

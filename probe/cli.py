@@ -1,0 +1,203 @@
+"""The ``probe`` command: ``probe analyze`` and ``probe report``."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+app = typer.Typer(
+    help="What does each attention head do? Analyse a model, write a self-contained report.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+err = Console(stderr=True)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from probe import __version__
+
+        typer.echo(f"probe {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Show the version and exit."
+    ),
+) -> None:
+    """probe: hook points, weight circuits, syntax and head roles for multi-head attention."""
+
+
+def _quiet_libraries() -> None:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    import datasets
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+    logging.getLogger("datasets").setLevel(logging.ERROR)
+
+
+def _fail(message: str) -> None:
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(1)
+
+
+@app.command()
+def analyze(
+    model: str = typer.Option(
+        ..., "--model", "-m", help="Alias (bert-base, gpt2, minilm…), hub id or local folder."
+    ),
+    treebank: list[str] = typer.Option(
+        None,
+        "--treebank",
+        "-t",
+        help="CoNLL-U file(s) or ud:en_ewt[-dev|-test]; default: the bundled sample.",
+    ),
+    out: Path = typer.Option(None, "--out", "-o", help="Output folder [default: reports/<model>]."),
+    max_sentences: int = typer.Option(
+        None, "--max-sentences", "-n", min=1, help="Use the first N."
+    ),
+    batch_size: int = typer.Option(32, "--batch-size", "-b", min=1),
+    device: str = typer.Option("cpu", "--device", help="cpu, cuda or auto."),
+    dtype: str = typer.Option(None, "--dtype", help="float32 (default), float16 or bfloat16."),
+    analyses: str = typer.Option(
+        "syntax,roles,spectra,probe", "--analyses", "-a", help="Comma-separated analyses to run."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap, the probe's split and MDS."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output folder."),
+    revision: str = typer.Option(None, "--revision", help="Hub branch, tag or commit."),
+    trust_remote_code: bool = typer.Option(
+        False, "--trust-remote-code", help="Run code shipped with the model (only if you trust it)."
+    ),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars or summary."),
+) -> None:
+    """Run every analysis of every head over a treebank and write an HTML report."""
+    _quiet_libraries()
+    from probe.analyze import Settings
+    from probe.analyze import analyze as run_analysis
+    from probe.errors import ProbeError
+
+    if dtype not in (None, "float32", "float16", "bfloat16"):
+        _fail(f"unknown --dtype {dtype!r}; use float32, float16 or bfloat16")
+    settings = Settings(
+        model=model,
+        treebank=treebank or None,
+        out=out,
+        max_sentences=max_sentences,
+        batch_size=batch_size,
+        device=device,
+        dtype=dtype,
+        analyses=[a.strip() for a in analyses.split(",") if a.strip()],
+        seed=seed,
+        overwrite=overwrite,
+        revision=revision,
+        trust_remote_code=trust_remote_code,
+    )
+    console = Console(stderr=True, quiet=quiet)
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=quiet or not console.is_terminal,
+    )
+
+    def bar(description: str, total: int | None):
+        def wrap(items: Iterator) -> Iterator:
+            task = progress.add_task(description, total=total)
+            for item in items:
+                yield item
+                progress.advance(task)
+
+        return wrap
+
+    try:
+        with progress:
+            status_task = progress.add_task("starting", total=None)
+            path = run_analysis(
+                settings,
+                progress=bar,
+                status=lambda message: progress.update(status_task, description=message),
+            )
+    except ProbeError as e:
+        _fail(str(e))
+    except KeyboardInterrupt:
+        _fail("interrupted; no report was written")
+    if not quiet:
+        _summary(console, path)
+
+
+def _summary(console: Console, path: Path) -> None:
+    import json
+
+    import pandas as pd
+
+    run = json.loads((path / "run.json").read_text())
+    console.print(
+        f"[bold]{run['model']}[/]: {run['sentences_analysed']} sentences, "
+        f"{run['layers']} layers x {run['heads']} heads, {run['timings_s']['total']:.1f} s"
+    )
+    best_path = path / "syntax_best.csv"
+    if best_path.exists():
+        best = pd.read_csv(best_path)
+        main = ["nsubj", "obj", "det", "amod", "case", "advmod", "aux", "mark", "all"]
+        table = Table("relation", "words", "best head", "direction", "accuracy", "baseline")
+        for row in best[best.relation.isin(main)].itertuples():
+            table.add_row(
+                row.relation,
+                str(row.total),
+                f"{row.layer}-{row.head}",
+                row.direction.replace("_", " "),
+                f"{row.accuracy:.1%} [{row.ci_low:.1%}, {row.ci_high:.1%}]",
+                f"{row.baseline_accuracy:.1%} ({row.baseline_offset:+d})",
+            )
+        console.print(table)
+    heads = pd.read_csv(path / "heads.csv", keep_default_na=False)
+    counts = heads.roles.str.split(";").explode().loc[lambda r: r != ""].value_counts()
+    if len(counts):
+        console.print("roles: " + ", ".join(f"{n} {role}" for role, n in counts.items()))
+    if run.get("probe") and "uas" in run["probe"]:
+        p = run["probe"]
+        console.print(
+            f"attention probe UAS {p['uas']:.1%} (right-branching {p['right_branching_uas']:.1%}, "
+            f"best single head {p['best_head_uas']:.1%})"
+        )
+    console.print(
+        f"report: [link=file://{(path / 'index.html').resolve()}]{path / 'index.html'}[/]"
+    )
+
+
+@app.command()
+def report(
+    folder: Path = typer.Argument(..., help="A folder written by `probe analyze`."),
+) -> None:
+    """Re-render index.html from the tables of an earlier run (no model needed)."""
+    from probe.errors import ProbeError
+    from probe.report import render
+
+    try:
+        path = render(folder)
+    except ProbeError as e:
+        _fail(str(e))
+    typer.echo(f"report: {path}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(app())

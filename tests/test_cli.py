@@ -1,0 +1,270 @@
+"""`probe analyze` and `probe report` end to end on MiniLM, and their errors on bad input."""
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import matplotlib.image as plt_image
+import pytest
+from conftest import EWT, needs_ewt
+from typer.testing import CliRunner
+
+from probe.cli import app
+
+FILES = {
+    "index.html", "run.json", "examples.json", "heads.csv", "head_similarity.csv", "spectra.csv",
+    "syntax.csv", "syntax_baselines.csv", "syntax_best.csv",
+}  # fmt: skip
+runner = CliRunner()
+
+
+def analyze(*args: str):
+    return runner.invoke(app, ["analyze", "--model", "minilm", "-q", *args])
+
+
+@pytest.fixture(scope="module")
+def sample_report(tmp_path_factory, minilm):
+    out = tmp_path_factory.mktemp("reports") / "minilm"
+    result = analyze("--out", str(out))
+    assert result.exit_code == 0, result.output
+    return out
+
+
+class Checker(HTMLParser):
+    """Collects tags, external references and unbalanced elements."""
+
+    VOID = frozenset(
+        {"meta", "img", "br", "hr", "input", "link", "line", "path", "use", "rect", "circle"}
+    )
+
+    def __init__(self):
+        super().__init__()
+        self.stack, self.errors, self.references, self.scripts = [], [], [], 0
+
+    def handle_starttag(self, tag, attrs):
+        self.scripts += tag == "script"
+        for key, value in attrs:
+            if key in ("src", "href", "xlink:href", "action", "data") and value:
+                self.references.append(value)
+        if tag not in self.VOID:
+            self.stack.append(tag)
+
+    def handle_startendtag(self, tag, attrs):
+        self.handle_starttag(tag, attrs)
+        if tag not in self.VOID:
+            self.stack.pop()
+
+    def handle_endtag(self, tag):
+        if tag in self.VOID:
+            return
+        if not self.stack or self.stack[-1] != tag:
+            self.errors.append(f"unexpected </{tag}> (open: {self.stack[-3:]})")
+        else:
+            self.stack.pop()
+
+
+def check_html(path: Path) -> Checker:
+    html = path.read_text(encoding="utf-8")
+    checker = Checker()
+    checker.feed(html)
+    checker.close()
+    assert not checker.errors, checker.errors[:5]
+    assert checker.stack == [], checker.stack
+    for ref in checker.references:
+        assert ref.startswith(("#", "data:")), f"external reference {ref[:80]}"
+    assert not re.search(r"url\(\s*['\"]?(?!#|data:)", html), "CSS url() pointing outside"
+    assert "@import" not in html
+    return checker
+
+
+def test_default_sample_writes_every_file(sample_report):
+    assert {p.name for p in sample_report.iterdir()} == FILES
+    run = json.loads((sample_report / "run.json").read_text())
+    assert run["sentences_analysed"] == run["sentences_read"] == 65
+    assert run["treebank"][0].endswith("sample.conllu")
+    assert run["analyses"] == ["syntax", "roles", "spectra", "probe"]
+    assert run["probe"]["uas"] > run["probe"]["right_branching_uas"]
+    assert set(run["timings_s"]) >= {"load", "tokenize", "analyses", "render", "total"}
+    assert {"torch", "transformers", "probe"} <= set(run["packages"])
+    checker = check_html(sample_report / "index.html")
+    assert checker.scripts == 1  # the sorting script, nothing else
+    assert (sample_report / "index.html").stat().st_size < 10_000_000
+    html = (sample_report / "index.html").read_text()
+    for section in ("run", "overview", "syntax", "roles", "circuits", "heads", "methods"):
+        assert f'id="{section}"' in html
+    assert html.count('class="head"') == 72 and 'id="head-5-11"' in html
+    assert "0-based" in html or "numbered from 0" in html
+
+
+def test_report_re_renders_from_tables(sample_report):
+    index = sample_report / "index.html"
+    before = index.read_text()
+    index.unlink()
+    result = runner.invoke(app, ["report", str(sample_report)])
+    assert result.exit_code == 0, result.output
+    assert index.read_text() == before
+
+
+@needs_ewt()
+def test_ewt_dev_hundred_sentences(tmp_path, minilm):
+    out = tmp_path / "ewt"
+    dev = EWT / "en_ewt-ud-dev.conllu"
+    result = analyze("--treebank", str(dev), "--max-sentences", "100", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    run = json.loads((out / "run.json").read_text())
+    assert run["sentences_considered"] == 100 and run["sentences_read"] == 2001
+    assert {p.name for p in out.iterdir()} == FILES
+    check_html(out / "index.html")
+
+
+def test_only_some_analyses(tmp_path, minilm):
+    out = tmp_path / "spectra-only"
+    result = analyze("--analyses", "spectra", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert not (out / "syntax.csv").exists() and (out / "spectra.csv").exists()
+    html = check_html(out / "index.html")
+    assert html.scripts == 1
+
+
+INJECTION = """# text = hostile words
+1\t<script>alert(1)</script>\t_\tX\t_\t_\t3\tnsubj\t_\t_
+2\t</w>\t_\tX\t_\t_\t3\tdet\t_\t_
+3\truns\t_\tVERB\t_\t_\t0\troot\t_\t_
+4\t"quoted"&amp;\t_\tX\t_\t_\t3\tobj\t_\t_
+5\tend\t_\tX\t_\t_\t3\tobl\t_\t_
+6\t.\t_\tPUNCT\t_\t_\t3\tpunct\t_\t_
+"""
+
+
+def test_text_from_the_treebank_is_escaped(tmp_path, minilm):
+    treebank = tmp_path / "hostile.conllu"
+    treebank.write_text(INJECTION)
+    out = tmp_path / "hostile"
+    result = analyze("--treebank", str(treebank), "--out", str(out))
+    assert result.exit_code == 0, result.output
+    html = (out / "index.html").read_text()
+    checker = check_html(out / "index.html")
+    assert checker.scripts == 1
+    assert "<script>alert(1)</script>" not in html and "</w>" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html  # the caption shows the word as text
+    assert "&lt;/w&gt;" in html
+    assert "&#34;quoted&#34;&amp;amp;" in html
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "no-such-model-xyz"], "cannot load 'no-such-model-xyz'"),
+        (["--model", "/no/such/folder"], "unknown model '/no/such/folder'"),
+        (
+            ["--model", "minilm", "--treebank", "missing.conllu"],
+            "treebank missing.conllu does not exist",
+        ),
+        (["--model", "minilm", "--analyses", "syntax,magic"], "unknown analysis magic"),
+        (["--model", "minilm", "--dtype", "float8"], "unknown --dtype"),
+    ],
+)
+def test_bad_input_is_one_clear_line(tmp_path, args, message):
+    result = runner.invoke(app, ["analyze", *args, "--out", str(tmp_path / "x")])
+    assert result.exit_code == 1
+    assert message in result.output
+    assert "Traceback" not in result.output
+    assert result.output.startswith("error: ") and result.output.count("\n") == 1
+    assert not (tmp_path / "x").exists()
+
+
+def test_unsupported_architecture_is_one_clear_line(tmp_path):
+    import transformers as tf
+    from tokenizers_util import wordpiece
+
+    folder = tmp_path / "deberta"
+    config = tf.DebertaV2Config(hidden_size=32, num_attention_heads=4, num_hidden_layers=1)
+    tf.AutoModel.from_config(config).save_pretrained(folder)
+    wordpiece().save_pretrained(folder)
+    result = runner.invoke(app, ["analyze", "--model", str(folder), "--out", str(tmp_path / "x")])
+    assert result.exit_code == 1 and result.output.count("\n") == 1
+    assert "architecture 'deberta-v2' is not supported" in result.output
+    assert "supported: albert, bert, distilbert" in result.output
+
+
+def test_malformed_conllu_names_file_and_line(tmp_path, minilm):
+    bad = tmp_path / "bad.conllu"
+    bad.write_text("1\tA\t_\tX\t_\t_\t0\troot\t_\t_\n2\tb\t_\tX\t_\t_\t9\tdep\t_\t_\n")
+    result = analyze("--treebank", str(bad), "--out", str(tmp_path / "x"))
+    assert result.exit_code == 1
+    assert f"{bad}:2: head 9 out of range" in result.output.replace("\n", "")
+
+
+def test_existing_output_folder(tmp_path, minilm):
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    result = analyze("--out", str(out))
+    assert result.exit_code == 1 and "already exists; use --overwrite" in result.output
+    assert (out / "keep.txt").read_text() == "mine"
+    result = analyze("--out", str(out), "--overwrite", "--analyses", "spectra")
+    assert result.exit_code == 0, result.output
+    assert not (out / "keep.txt").exists() and (out / "index.html").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["taken"]  # no temporary folder left
+
+
+def test_console_script_in_a_subprocess(tmp_path):
+    exe = Path(sys.executable).with_name("probe")
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True, check=True)
+    assert version.stdout.startswith("probe ")
+    bad = subprocess.run([exe, "report", str(tmp_path)], capture_output=True, text=True)
+    assert bad.returncode == 1
+    assert "not a probe report folder" in bad.stderr and "Traceback" not in bad.stderr
+    helped = subprocess.run([exe, "analyze", "--help"], capture_output=True, text=True)
+    assert "--max-sentences" in helped.stdout and "--overwrite" in helped.stdout
+
+
+CHROMIUM = next(
+    (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None
+)
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="headless Chromium not installed (apt-get install chromium)"
+)
+
+
+def chromium(url: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """Headless Chromium with its network chatter off, logging console messages to stderr."""
+    flags = [
+        "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0",
+        "--window-size=1280,2000", "--virtual-time-budget=3000",
+    ]  # fmt: skip
+    return subprocess.run(
+        [CHROMIUM, *flags, *args, url], capture_output=True, text=True, timeout=120
+    )
+
+
+def console_messages(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if ":CONSOLE" in line]
+
+
+@needs_chromium
+def test_console_check_sees_errors(tmp_path):
+    page = tmp_path / "broken.html"
+    page.write_text("<html><body><script>undefinedFunction();</script></body></html>")
+    done = chromium(page.as_uri(), tmp_path, "--dump-dom")
+    assert any("undefinedFunction" in m for m in console_messages(done.stderr))
+
+
+@needs_chromium
+def test_chromium_opens_the_report_offline(sample_report, tmp_path):
+    url = (sample_report / "index.html").as_uri()
+    dom = chromium(url, tmp_path, "--dump-dom")
+    assert console_messages(dom.stderr) == []
+    assert 'aria-sort="none"' in dom.stdout  # the sorting script ran
+    shot = tmp_path / "report.png"
+    done = chromium(url, tmp_path, f"--screenshot={shot}")
+    assert console_messages(done.stderr) == []
+    pixels = plt_image.imread(shot)[..., :3]
+    assert pixels.std() > 0.05  # not blank
+    assert (pixels.mean(-1) < 0.9).mean() > 0.02  # text and figures cover part of the page
