@@ -170,7 +170,7 @@ def analyze(
     examples = ExampleCollector(sentences, tokenizer)
     streaming.append(examples)
 
-    n_batches = -(-len(corpus) // settings.batch_size)
+    n_batches = len(corpus.groups(settings.batch_size))
     wrap = progress("analysing batches", n_batches) if progress else iter
     run(model, corpus, streaming, batch_size=settings.batch_size, progress=wrap)
     lap("analyses")

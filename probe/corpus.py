@@ -55,11 +55,42 @@ class Corpus:
     sentences: list[Sentence]
     skipped: Counter
 
-    def batches(self, batch_size: int) -> Iterator[Batch]:
-        """Batches of similar length (less padding), in a fixed order."""
-        order = sorted(range(len(self.dataset)), key=lambda i: self.dataset[i]["length"])
-        for start in range(0, len(order), batch_size):
-            yield collate(self.dataset.select(order[start : start + batch_size]))
+    def __post_init__(self) -> None:
+        # One conversion from Arrow to Python lists; batches are then cut from the lists.
+        self.columns = self.dataset.to_dict()
+
+    def batches(self, batch_size: int, max_cells: int | None = None) -> Iterator[Batch]:
+        """Batches of similar length (less padding), in a fixed order.
+
+        Parameters
+        ----------
+        batch_size : int
+            At most this many sentences per batch.
+        max_cells : int, optional
+            At most this many attention cells (sentences x tokens²) per batch, so that long
+            sentences come in smaller batches and memory stays bounded by one batch whatever
+            the corpus holds; default ``batch_size * 24²``.
+        """
+        for group in self.groups(batch_size, max_cells):
+            yield collate({k: [v[i] for i in group] for k, v in self.columns.items()})
+
+    def groups(self, batch_size: int, max_cells: int | None = None) -> list[list[int]]:
+        """The sentence indices of each batch that ``batches`` yields."""
+        max_cells = max_cells or batch_size * 24 * 24
+        lengths = self.columns["length"]
+        order = sorted(range(len(lengths)), key=lengths.__getitem__)
+        groups: list[list[int]] = []
+        for i in order:
+            group = groups[-1] if groups else None
+            if (
+                group is None
+                or len(group) >= batch_size
+                or (len(group) + 1) * lengths[i] ** 2 > max_cells
+            ):
+                groups.append([i])
+            else:
+                group.append(i)
+        return groups
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -120,7 +151,7 @@ def encode(
     return Corpus(table.select(keep), sentences, skipped)
 
 
-def collate(rows: datasets.Dataset) -> Batch:
+def collate(rows: dict[str, list]) -> Batch:
     def pad(key: str, value: int, dtype=torch.long) -> torch.Tensor:
         seqs = rows[key]
         width = max(len(s) for s in seqs)

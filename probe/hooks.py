@@ -55,13 +55,15 @@ class HookPoint(nn.Module):
 class Cache(dict):
     """Captured tensors by hook name, e.g. ``cache["blocks.0.attn.hook_pattern"]``."""
 
-    def stack(self, suffix: str) -> torch.Tensor:
+    def stack(self, suffix: str, dim: int = 0) -> torch.Tensor:
         """Stack one hook point over layers: ``cache.stack("hook_pattern")`` is ``[layer, ...]``.
 
         Parameters
         ----------
         suffix : str
             The hook's short name, e.g. ``"hook_z"``.
+        dim : int
+            Where the layer dimension goes (``dim=1`` gives ``[batch, layer, ...]``).
 
         Returns
         -------
@@ -71,7 +73,7 @@ class Cache(dict):
         keys = sorted((k for k in self if k.endswith(suffix)), key=_layer_of)
         if not keys:
             raise KeyError(f"no captured hook ends with {suffix!r}; captured: {sorted(self)}")
-        return torch.stack([self[k] for k in keys])
+        return torch.stack([self[k] for k in keys], dim=dim)
 
 
 def _layer_of(name: str) -> int:
