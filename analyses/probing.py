@@ -24,9 +24,11 @@ from probe.corpus import Batch
 name = "probe"
 
 
-def pair_features(words: torch.Tensor) -> torch.Tensor:
-    """``[batch, heads, n, n]`` word attention -> ``[batch, n, n, 2·heads]`` features of (i, j)."""
-    return torch.cat([words, words.transpose(-1, -2)], dim=1).permute(0, 2, 3, 1)
+def pair_features(words: torch.Tensor, b: torch.Tensor, i: torch.Tensor, j: torch.Tensor):
+    """Features of word pairs (i, j) of sentences b: the attention i -> j and j -> i of every
+    head, ``[pairs, 2·heads]``, from word attention ``[batch, heads, n, n]``."""
+    by_pair = words.permute(0, 2, 3, 1)  # [batch, n, n, heads], a view
+    return torch.cat([by_pair[b, i, j], by_pair[b, j, i]], dim=-1)
 
 
 class ProbeAnalysis:
@@ -59,30 +61,38 @@ class ProbeAnalysis:
         B, L, H, T, _ = patterns.shape
         n = int(batch.n_words.max())
         words = word_attention(patterns.reshape(B, L * H, T, T), batch.word_of_token, n)
-        features = pair_features(words).cpu().numpy().astype(np.float32)
-        gold, n_words = batch.heads[:, :n].cpu().numpy(), batch.n_words.cpu().numpy()
-        punct = batch.punct[:, :n].cpu().numpy()
-        held_out = self.is_held_out[batch.index.cpu().numpy()]
-        predicted = head_predictions(words, batch.n_words).cpu()  # [B, 2, LH, n]
+        gold = batch.heads[:, :n]
+        scored = gold >= 0  # [B, n]: words with a head (not the root, not padding)
+        held_out = torch.from_numpy(self.is_held_out[batch.index.cpu().numpy()]).to(gold.device)
         if self.head_correct is None:
             self.head_correct = torch.zeros(2, L * H, dtype=torch.long)
             self.n_heads = H
-        for b in range(B):
-            k = int(n_words[b])
-            scored = gold[b, :k] >= 0
-            if held_out[b]:
-                if len(self.eval) >= self.max_eval_sentences:
-                    continue
-                counted = scored & ~punct[b, :k]
-                g = torch.from_numpy(gold[b, :k])
-                hits = (predicted[b, :, :, :k] == g) & torch.from_numpy(counted)
-                self.head_correct += hits.sum(-1)
-                self.right_branching += int((gold[b, :k] == np.arange(1, k + 1))[counted].sum())
-                self.eval_words += int(counted.sum())
-                self.eval.append((features[b, :k, :k], gold[b, :k], counted))
-            else:
-                i, j = np.nonzero(scored[:, None] & ~np.eye(k, dtype=bool))
-                self._keep(features[b, i, j], gold[b, i] == j)
+
+        # Training pairs (i, j): every scored word i of a training sentence and every other
+        # word j of its sentence, gathered for the whole batch at once.
+        position = torch.arange(n, device=gold.device)
+        real = position[None, :] < batch.n_words[:, None]
+        pairs = (scored & ~held_out[:, None])[:, :, None] & real[:, None, :]
+        pairs &= position[:, None] != position[None, :]
+        b, i, j = pairs.nonzero(as_tuple=True)
+        X = pair_features(words, b, i, j)
+        self._keep(X.cpu().numpy(), (gold[b, i] == j).cpu().numpy())
+
+        # Held-out sentences, up to the cap: counted words exclude punctuation.
+        predicted = head_predictions(words, batch.n_words)  # [B, 2, LH, n]
+        counted = scored & ~batch.punct[:, :n]
+        right = torch.cat([position[1:], position.new_tensor([-2])])  # the next word, if any
+        for s in held_out.nonzero().flatten().tolist():
+            if len(self.eval) >= self.max_eval_sentences:
+                break
+            k = int(batch.n_words[s])
+            c = counted[s, :k]
+            self.head_correct += ((predicted[s, :, :, :k] == gold[s, :k]) & c).sum(-1).cpu()
+            self.right_branching += int(((gold[s, :k] == right[:k]) & c).sum())
+            self.eval_words += int(c.sum())
+            i, j = torch.meshgrid(position[:k], position[:k], indexing="ij")
+            X = pair_features(words, torch.full_like(i, s), i, j)  # [k, k, 2·LH]
+            self.eval.append((X.cpu().numpy(), gold[s, :k].cpu().numpy(), c.cpu().numpy()))
 
     def _keep(self, X: np.ndarray, y: np.ndarray) -> None:
         """Reservoir sampling (Algorithm R): a uniform sample of all training pairs so far."""

@@ -45,6 +45,8 @@ class Thresholds:
     sink: float = 0.6  # mean attention on special tokens and punctuation
     broad: float = 0.9  # mean entropy / log(number of keys)
     syntactic: float = 0.10  # best relation accuracy above its best offset baseline
+    relation_min_words: int = 20  # relations scored for roles have at least this many words
+    relation_min_share: float = 0.01  # … and at least this share of all scored words
 
     def describe(self) -> dict[str, str]:
         return {
@@ -54,7 +56,8 @@ class Thresholds:
             "sink": f"≥ {self.sink:.0%} of attention on special tokens and punctuation",
             "broad": f"normalised entropy ≥ {self.broad:.2f}",
             "syntactic": f"best relation accuracy ≥ {self.syntactic * 100:.0f} points above "
-            "its best offset baseline",
+            f"its best offset baseline, among relations with ≥ {self.relation_min_words} words "
+            f"and ≥ {self.relation_min_share:.0%} of all words",
         }
 
 
@@ -70,7 +73,7 @@ class RolesAnalysis:
         *,
         causal: bool = False,
         seed: int = 0,
-        js_queries_per_batch: int = 32,
+        js_queries_per_batch: int = 16,
     ):
         self.n_layers, self.n_heads, self.causal = n_layers, n_heads, causal
         self.generator = torch.Generator().manual_seed(seed)
@@ -86,11 +89,11 @@ class RolesAnalysis:
 
     def update(self, batch: Batch, patterns: torch.Tensor) -> None:
         B, L, H, T, _ = patterns.shape
-        p = patterns.reshape(B, L * H, T, T).double()
+        p = patterns.reshape(B, L * H, T, T)
         real = batch.attention_mask.bool()  # [B, T]
-        special = batch.special.double()
+        special = batch.special.to(p.dtype)
         word = batch.word_of_token.clamp(min=0)
-        punct = (torch.gather(batch.punct, 1, word) & (batch.word_of_token >= 0)).double()
+        punct = (torch.gather(batch.punct, 1, word) & (batch.word_of_token >= 0)).to(p.dtype)
         pos = torch.arange(T, device=p.device)
         keys = (
             real.sum(1, keepdim=True).expand(B, T)
@@ -103,9 +106,10 @@ class RolesAnalysis:
         shifted = lambda k: torch.diagonal(p, offset=k, dim1=-2, dim2=-1)  # noqa: E731
         previous = torch.nn.functional.pad(shifted(-1), (1, 0))  # query q -> key q-1
         following = torch.nn.functional.pad(shifted(1), (0, 1))  # query q -> key q+1
-        following = following * real.roll(-1, 1)[:, None].double()  # the next key must be real
-        argmax = p.argmax(-1) - pos  # offset of each query's maximum
-        log_keys = torch.log(keys.double().clamp(min=2))
+        following = following * real.roll(-1, 1)[:, None]  # the next key must be real
+        confidence, argmax = p.max(-1)
+        offset = argmax - pos  # where each query's maximum lies, relative to the query
+        log_keys = torch.log(keys.to(p.dtype).clamp(min=2))
         per_query = [
             p @ special[:, None, :, None],
             p @ punct[:, None, :, None],
@@ -114,16 +118,16 @@ class RolesAnalysis:
             following[..., None],
             entropy[..., None],
             (entropy / log_keys[:, None])[..., None] * (keys > 1)[:, None, :, None],
-            p.amax(-1)[..., None],
-            *((argmax == o).double()[..., None] for o in MAX_OFFSETS),
+            confidence[..., None],
+            *((offset == o).to(p.dtype)[..., None] for o in MAX_OFFSETS),
         ]
         stats = torch.cat(per_query, -1)  # [B, LH, T, metric]
-        mask = real[:, None, :, None].double()
-        self.sums += (stats * mask).sum((0, 2)).T.cpu()
+        mask = real[:, None, :, None].to(p.dtype)
+        self.sums += (stats * mask).sum((0, 2)).T.double().cpu()
         self.queries += int(real.sum())
         self.normalisable += int((real & (keys > 1)).sum())
         has_cls = batch.special[:, 0] & ~torch.tensor(self.causal)
-        self.cls_entropy += entropy[has_cls, :, 0].sum(0).cpu()
+        self.cls_entropy += entropy[has_cls, :, 0].sum(0).double().cpu()
         self.cls_rows += int(has_cls.sum())
         self._add_js(p, real)
 
@@ -224,10 +228,13 @@ def heads_table(
 
 
 def best_relation_per_head(
-    syntax: pd.DataFrame, baselines: pd.DataFrame, min_total: int = 20
+    syntax: pd.DataFrame, baselines: pd.DataFrame, thresholds: Thresholds = Thresholds()
 ) -> pd.DataFrame:
-    """Each head's best relation (either direction, relations with ≥ min_total words) and its margin
-    over that relation's best offset baseline."""
+    """Each head's best relation (either direction) and its margin over that relation's best
+    offset baseline, among relations frequent enough for the margin to mean something
+    (``thresholds.relation_min_words`` and ``relation_min_share`` of all scored words)."""
+    words = syntax.loc[syntax.relation == "all", "total"].max()
+    min_total = max(thresholds.relation_min_words, thresholds.relation_min_share * words)
     rows = syntax[(syntax.relation != "all") & (syntax.total >= min_total)]
     if rows.empty:
         return pd.DataFrame(columns=["layer", "head", "best_relation", "best_relation_direction",
@@ -263,8 +270,10 @@ def figures(tables: dict[str, pd.DataFrame]) -> list[Figure]:
     heads = tables["heads"]
     out = []
     per_layer = heads.groupby("layer")[["special", "punct", "self", "previous", "next"]].mean()
-    fig = MplFigure(figsize=(10, 3.4), layout="constrained")
-    ax1, ax2 = fig.subplots(1, 2)
+    fig = MplFigure(figsize=(10, 3.4))
+    ax1, ax2 = fig.subplots(
+        1, 2, gridspec_kw={"left": 0.07, "right": 0.98, "bottom": 0.15, "top": 0.9, "wspace": 0.25}
+    )
     labels = {
         "special": "special tokens",
         "punct": "punctuation",
@@ -292,8 +301,10 @@ def figures(tables: dict[str, pd.DataFrame]) -> list[Figure]:
     )
     out.append(Figure("per-layer", "Attention per layer", alt, fig, "svg"))
 
-    fig = MplFigure(figsize=(10, 4.2), layout="constrained")
-    ax1, ax2 = fig.subplots(1, 2)
+    fig = MplFigure(figsize=(10, 4.2))
+    ax1, ax2 = fig.subplots(
+        1, 2, gridspec_kw={"left": 0.04, "right": 0.98, "bottom": 0.06, "top": 0.92, "wspace": 0.12}
+    )
     sns.scatterplot(heads, x="mds_x", y="mds_y", hue="layer", palette="viridis", ax=ax1, s=40)
     ax1.set_title("Heads by similarity of attention (MDS of √JS), by layer")
     primary = heads.roles.fillna("").map(lambda r: r.split(";")[0] if r else "none")

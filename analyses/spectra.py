@@ -27,8 +27,10 @@ def singular_values(table: pd.DataFrame) -> list[np.ndarray]:
 def figures(tables: dict[str, pd.DataFrame]) -> list[Figure]:
     table = tables["spectra"]
     out = []
-    fig = MplFigure(figsize=(10, 3.8), layout="constrained")
-    axes = fig.subplots(1, 2)
+    fig = MplFigure(figsize=(10, 3.8))
+    axes = fig.subplots(
+        1, 2, gridspec_kw={"left": 0.05, "right": 0.99, "bottom": 0.13, "top": 0.9, "wspace": 0.12}
+    )
     top = float(table.d_head.iloc[0])
     for ax, circuit in zip(axes, ("QK", "OV"), strict=True):
         grid = table[table.circuit == circuit].pivot(
@@ -46,8 +48,13 @@ def figures(tables: dict[str, pd.DataFrame]) -> list[Figure]:
             fig,
         )
     )
-    fig = MplFigure(figsize=(10, 3.6), layout="constrained")
-    axes = fig.subplots(1, 2, sharey=True)
+    fig = MplFigure(figsize=(10, 3.6))
+    axes = fig.subplots(
+        1,
+        2,
+        sharey=True,
+        gridspec_kw={"left": 0.08, "right": 0.99, "bottom": 0.14, "top": 0.9, "wspace": 0.05},
+    )
     layers = sorted(table.layer.unique())
     colors = sns.color_palette("viridis", len(layers))
     for ax, circuit in zip(axes, ("QK", "OV"), strict=True):

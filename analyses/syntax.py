@@ -198,8 +198,11 @@ def figures(tables: dict[str, pd.DataFrame]) -> list[Figure]:
         return []
     columns = 4
     rows = -(-len(relations) // columns)
-    fig = MplFigure(figsize=(3.2 * columns, 2.7 * rows), layout="constrained")
-    axes = np.atleast_1d(fig.subplots(rows, columns)).ravel()
+    fig = MplFigure(figsize=(3.2 * columns, 2.7 * rows))
+    spacing = {"left": 0.05, "right": 0.9, "bottom": 0.4 / rows, "top": 1 - 0.3 / rows}
+    axes = np.atleast_1d(
+        fig.subplots(rows, columns, gridspec_kw=spacing | {"wspace": 0.35, "hspace": 0.55})
+    ).ravel()
     for ax, relation in zip(axes, relations, strict=False):
         part = syntax[syntax.relation == relation]
         grid = part.groupby(["layer", "head"]).accuracy.max().unstack("head")
@@ -208,7 +211,7 @@ def figures(tables: dict[str, pd.DataFrame]) -> list[Figure]:
         ax.set_title(f"{relation} (n={row.total}): best {row.accuracy:.0%}", fontsize="medium")
     for ax in axes[len(relations) :]:
         ax.set_visible(False)
-    fig.colorbar(image, ax=axes.tolist(), label="accuracy", shrink=0.6)
+    fig.colorbar(image, cax=fig.add_axes((0.92, 0.25, 0.012, 0.5)), label="accuracy")
     return [
         Figure(
             "syntax-heatmaps",

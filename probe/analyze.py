@@ -189,7 +189,7 @@ def analyze(
         layer, head = np.divmod(np.arange(n_layers * n_heads), n_heads)
         stats, similarity = pd.DataFrame({"layer": layer, "head": head}), None
     best_per_head = (
-        roles.best_relation_per_head(tables["syntax"], tables["syntax_baselines"])
+        roles.best_relation_per_head(tables["syntax"], tables["syntax_baselines"], thresholds)
         if "syntax" in chosen
         else None
     )

@@ -1,0 +1,95 @@
+"""`probe analyze --model minilm` over the whole EWT dev split, end to end, against the floor.
+
+    python benchmarks/analyze.py [--rounds 2]
+
+Floor: a fresh Python process that imports torch and transformers, loads MiniLM and its
+tokenizer, reads and tokenizes the same sentences, and runs the plain forward pass (the model's
+default attention, no attention output) over the very batches that probe analyze runs.
+Ours: a fresh `probe analyze` process, every analysis, loading and rendering included. Both are
+timed as whole processes; peak memory is each process's maximum resident size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import ewt_dev
+
+FLOOR = """
+import sys, time, torch
+from transformers import AutoModel, AutoTokenizer
+from probe.corpus import encode, max_tokens
+from probe.loading import resolve_name
+from probe.treebank import read_conllu
+source = resolve_name("minilm")
+tokenizer, model = AutoTokenizer.from_pretrained(source), AutoModel.from_pretrained(source).eval()
+corpus = encode(read_conllu(sys.argv[1]), tokenizer, max_tokens(model.config, tokenizer))
+forward = 0.0
+with torch.inference_mode():
+    for batch in corpus.batches(32):  # the very batches probe analyze runs
+        start = time.perf_counter()
+        model(**batch.inputs)
+        forward += time.perf_counter() - start
+print(f"{forward:.3f}")
+"""
+
+
+def peak_rss(command: list[str]) -> tuple[float, int, str]:
+    start = time.perf_counter()
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out = child.stdout.read()
+    err = child.stderr.read()
+    _, status, usage = os.wait4(child.pid, 0)
+    elapsed = time.perf_counter() - start
+    if status:
+        sys.exit(f"{' '.join(command[:3])} failed:\n{err[-2000:]}")
+    return elapsed, usage.ru_maxrss * 1024, out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    dev = ewt_dev()
+    probe_exe = str(Path(sys.executable).with_name("probe"))
+    work = Path(tempfile.mkdtemp(prefix="probe-bench-"))
+    floor, ours, forward = [], [], []
+    try:
+        for i in range(args.rounds):
+            seconds, floor_rss, out = peak_rss([sys.executable, "-c", FLOOR, str(dev)])
+            floor.append(seconds)
+            forward.append(float(out.strip().splitlines()[-1]))
+            out_dir = work / f"run{i}"
+            seconds, ours_rss, _ = peak_rss(
+                [probe_exe, "analyze", "--model", "minilm", "--treebank", str(dev),
+                 "--out", str(out_dir), "-q"]
+            )  # fmt: skip
+            ours.append(seconds)
+        html = (out_dir / "index.html").stat().st_size
+        folder = sum(p.stat().st_size for p in out_dir.iterdir())
+        timings = __import__("json").loads((out_dir / "run.json").read_text())["timings_s"]
+    finally:
+        shutil.rmtree(work)
+    f, o, fw = statistics.median(floor), statistics.median(ours), statistics.median(forward)
+    print(f"MiniLM over EWT dev ({dev.name}), medians of {args.rounds} fresh processes")
+    print(f"floor process (import, load, tokenize, plain forward) {f:6.1f} s   "
+          f"peak {floor_rss / 2**20:6.0f} MiB")  # fmt: skip
+    print(f"  of which the plain forward pass                      {fw:6.1f} s")
+    print(f"probe analyze (every analysis, report)                 {o:6.1f} s   "
+          f"peak {ours_rss / 2**20:6.0f} MiB")  # fmt: skip
+    print("  stages: " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
+    print(f"ratio, process to process:                            {o / f:6.2f}x")
+    print(f"ratio, against the plain forward pass alone:          {o / fw:6.2f}x")
+    print(f"report: index.html {html / 2**20:.2f} MiB, folder {folder / 2**20:.2f} MiB")
+
+
+if __name__ == "__main__":
+    main()
