@@ -10,6 +10,7 @@
 from probe.ablation import ablate
 from probe.architectures import HeadWeights, head_weights
 from probe.attention import MultiHeadAttention
+from probe.circuits import spectra
 from probe.errors import ProbeError
 from probe.hooks import Cache, HookPoint, hooks, trace
 from probe.loading import load
@@ -27,5 +28,6 @@ __all__ = [
     "head_weights",
     "hooks",
     "load",
+    "spectra",
     "trace",
 ]

@@ -1,0 +1,15 @@
+"""The README's Python API example runs as written."""
+
+from pathlib import Path
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_readme_api_example_runs(minilm):
+    text = README.read_text()
+    start = text.index("```python") + len("```python")
+    code = text[start : text.index("```", start)]
+    namespace: dict = {}
+    exec(compile(code, str(README), "exec"), namespace)
+    assert namespace["cache"]["blocks.0.attn.hook_pattern"].shape[:2] == (1, 12)
+    assert not namespace["ablated"].equal(namespace["edited"])
