@@ -59,9 +59,12 @@ def embed(figure: Figure) -> Markup:
     )
 
 
-def attention_svg(tokens: list[str], pattern: list[list[float]], floor: float = 0.04) -> Markup:
+def attention_svg(
+    tokens: list[str], pattern: list[list[float]], floor: float = 0.04, per_token: int = 4
+) -> Markup:
     """bertviz-style map: tokens on the left attend to tokens on the right; line opacity is the
-    weight (weights under ``floor`` are not drawn)."""
+    weight. Each token's ``per_token`` largest weights of at least ``floor`` are drawn (a broad
+    head would otherwise draw every pair and weigh down the page)."""
     row, width, left, right = 17, 330, 110, 220
     height = row * len(tokens) + 8
     parts = [
@@ -70,7 +73,9 @@ def attention_svg(tokens: list[str], pattern: list[list[float]], floor: float = 
     ]
     for i, weights in enumerate(pattern):
         y1 = row * i + 12
-        for j, w in enumerate(weights):
+        strongest = sorted(range(len(weights)), key=weights.__getitem__, reverse=True)
+        for j in strongest[:per_token]:
+            w = weights[j]
             if w >= floor:
                 y2 = row * j + 12
                 parts.append(

@@ -268,3 +268,22 @@ def test_chromium_opens_the_report_offline(sample_report, tmp_path):
     pixels = plt_image.imread(shot)[..., :3]
     assert pixels.std() > 0.05  # not blank
     assert (pixels.mean(-1) < 0.9).mean() > 0.02  # text and figures cover part of the page
+
+
+def test_a_twelve_by_twelve_model_from_a_local_folder(tmp_path):
+    """A BERT-shaped model of 12 layers x 12 heads: the report stays well under 10 MB."""
+    import transformers as tf
+    from tokenizers_util import wordpiece
+
+    folder = tmp_path / "bert-12x12"
+    config = tf.BertConfig(hidden_size=48, num_attention_heads=12, num_hidden_layers=12,
+                           intermediate_size=96, vocab_size=200)  # fmt: skip
+    tf.BertModel(config).save_pretrained(folder)
+    wordpiece().save_pretrained(folder)
+    out = tmp_path / "report"
+    result = runner.invoke(app, ["analyze", "--model", str(folder), "--out", str(out), "-q"])
+    assert result.exit_code == 0, result.output
+    html = out / "index.html"
+    assert html.stat().st_size < 10_000_000
+    assert html.read_text().count('class="head"') == 144
+    check_html(html)
