@@ -169,7 +169,8 @@ def render(folder: str | Path) -> Path:
                         "roles": role_list,
                         "codes": "".join(ROLE_CODES.get(r, "?") for r in role_list),
                         "primary": role_list[0] if role_list else "none",
-                        "relation": row.get("best_relation") or "",
+                        # a relation is only worth showing where it earned the role
+                        "relation": row["best_relation"] if "syntactic" in role_list else "",
                         "accuracy": row.get("best_relation_accuracy"),
                     }
                 )
