@@ -136,17 +136,21 @@ class RolesAnalysis:
 
         Every pair of heads costs O(keys) per query, so the mean is estimated on a seeded
         uniform sample of queries from each batch rather than on all of them."""
-        q = p.permute(0, 2, 1, 3)[real].float()  # [queries, LH, T]
-        chosen = torch.randperm(len(q), generator=self.generator)[: self.js_queries_per_batch]
-        q = q[chosen.to(q.device)]
+        b, t = real.nonzero(as_tuple=True)
+        chosen = torch.randperm(len(b), generator=self.generator)[: self.js_queries_per_batch]
+        chosen = chosen.to(b.device)
+        q = p[b[chosen], :, t[chosen], :].float()  # [queries, LH, T]
         LH, T = q.shape[1], q.shape[2]
         entropy = lambda x: -torch.special.xlogy(x, x).sum(-1)  # noqa: E731
         own = entropy(q)  # [queries, LH]
-        chunk = max(1, int(2e7 // (LH * LH * T)))
+        first, second = torch.triu_indices(LH, LH, offset=1, device=q.device)  # JS is symmetric
+        chunk = max(1, int(2e7 // (len(first) * T)))
         for start in range(0, len(q), chunk):
             part, o = q[start : start + chunk], own[start : start + chunk]
-            mixed = entropy((part[:, :, None] + part[:, None, :]) / 2)
-            self.js += (mixed - (o[:, :, None] + o[:, None, :]) / 2).sum(0).double().cpu()
+            mixed = entropy((part[:, first] + part[:, second]) / 2)  # [queries, pairs]
+            pairs = (mixed - (o[:, first] + o[:, second]) / 2).sum(0).double().cpu()
+            self.js[first.cpu(), second.cpu()] += pairs
+            self.js[second.cpu(), first.cpu()] += pairs
         self.js_queries += len(q)
 
     def tables(self) -> dict[str, pd.DataFrame]:
