@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-import torch
 from transformers import PreTrainedTokenizerBase
 
-from analyses.syntax import DIRECTIONS, head_predictions
-from probe.alignment import word_attention
+from analyses.syntax import DIRECTIONS
+from probe.alignment import Attention
 from probe.corpus import Batch
 from probe.treebank import RELATIONS, Sentence
 
@@ -39,18 +38,16 @@ class ExampleCollector:
         self.n_candidates, self.words, self.max_tokens = n_candidates, words, max_tokens
         self.candidates: list[dict] = []
 
-    def update(self, batch: Batch, patterns: torch.Tensor) -> None:
-        B, L, H = patterns.shape[:3]
-        for b in range(B):
+    def update(self, batch: Batch, attention: Attention) -> None:
+        for b in range(len(batch.n_words)):
             if len(self.candidates) >= self.n_candidates:
                 return
             n_tokens, n_words = int(batch.attention_mask[b].sum()), int(batch.n_words[b])
             if not (self.words[0] <= n_words <= self.words[1]) or n_tokens > self.max_tokens:
                 continue
-            pattern = patterns[b, :, :, :n_tokens, :n_tokens].reshape(L * H, n_tokens, n_tokens)
+            pattern = attention.flat[b, :, :n_tokens, :n_tokens]  # [LH, T, T]
             word_of_token = batch.word_of_token[b, :n_tokens]
-            words = word_attention(pattern[None], word_of_token[None], n_words)
-            predicted = head_predictions(words, batch.n_words[b : b + 1])[0]  # [2, LH, n]
+            predicted = attention.predictions[b, :, :, :n_words]  # [2, LH, n]
             sentence = self.sentences[int(batch.index[b])]
             self.candidates.append(
                 {

@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from sklearn.linear_model import LogisticRegression
 
-from analyses.syntax import DIRECTIONS, head_predictions
-from probe.alignment import word_attention
+from analyses.syntax import DIRECTIONS
+from probe.alignment import Attention
 from probe.corpus import Batch
 
 name = "probe"
@@ -57,10 +57,10 @@ class ProbeAnalysis:
         self.right_branching = 0
         self.eval_words = 0
 
-    def update(self, batch: Batch, patterns: torch.Tensor) -> None:
-        B, L, H, T, _ = patterns.shape
+    def update(self, batch: Batch, attention: Attention) -> None:
+        L, H = attention.patterns.shape[1:3]
         n = int(batch.n_words.max())
-        words = word_attention(patterns.reshape(B, L * H, T, T), batch.word_of_token, n)
+        words = attention.words
         gold = batch.heads[:, :n]
         scored = gold >= 0  # [B, n]: words with a head (not the root, not padding)
         held_out = torch.from_numpy(self.is_held_out[batch.index.cpu().numpy()]).to(gold.device)
@@ -75,11 +75,16 @@ class ProbeAnalysis:
         pairs = (scored & ~held_out[:, None])[:, :, None] & real[:, None, :]
         pairs &= position[:, None] != position[None, :]
         b, i, j = pairs.nonzero(as_tuple=True)
-        X = pair_features(words, b, i, j)
-        self._keep(X.cpu().numpy(), (gold[b, i] == j).cpu().numpy())
+        slots, keep = self._reservoir_slots(len(b))
+        keep = torch.from_numpy(keep).to(b.device)
+        b, i, j = b[keep], i[keep], j[keep]  # gather features only for pairs that are kept
+        if self.X is None:
+            self.X = np.zeros((self.max_train_pairs, 2 * L * H), dtype=np.float32)
+        self.X[slots] = pair_features(words, b, i, j).cpu().numpy()
+        self.y[slots] = (gold[b, i] == j).cpu().numpy()
 
         # Held-out sentences, up to the cap: counted words exclude punctuation.
-        predicted = head_predictions(words, batch.n_words)  # [B, 2, LH, n]
+        predicted = attention.predictions  # [B, 2, LH, n]
         counted = scored & ~batch.punct[:, :n]
         right = torch.cat([position[1:], position.new_tensor([-2])])  # the next word, if any
         for s in held_out.nonzero().flatten().tolist():
@@ -94,16 +99,14 @@ class ProbeAnalysis:
             X = pair_features(words, torch.full_like(i, s), i, j)  # [k, k, 2·LH]
             self.eval.append((X.cpu().numpy(), gold[s, :k].cpu().numpy(), c.cpu().numpy()))
 
-    def _keep(self, X: np.ndarray, y: np.ndarray) -> None:
-        """Reservoir sampling (Algorithm R): a uniform sample of all training pairs so far."""
-        if self.X is None:
-            self.X = np.zeros((self.max_train_pairs, X.shape[1]), dtype=np.float32)
-        index = self.seen + np.arange(len(X))
+    def _reservoir_slots(self, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """Reservoir sampling (Algorithm R) for the next ``count`` training pairs: a uniform
+        sample of all pairs so far. Returns the slots of the kept pairs and which are kept."""
+        index = self.seen + np.arange(count)
         slots = np.where(index < self.max_train_pairs, index, self.rng.integers(0, index + 1))
         keep = slots < self.max_train_pairs
-        self.X[slots[keep]] = X[keep]
-        self.y[slots[keep]] = y[keep]
-        self.seen += len(X)
+        self.seen += count
+        return slots[keep], keep
 
     def result(self) -> dict:
         """UAS of the probe, right-branching and the best single head on held-out words."""

@@ -19,6 +19,7 @@ from matplotlib.figure import Figure as MplFigure
 from sklearn.manifold import MDS
 
 from analyses import Figure
+from probe.alignment import Attention
 from probe.corpus import Batch
 
 name = "roles"
@@ -87,9 +88,9 @@ class RolesAnalysis:
         self.cls_rows = 0
         self.js = torch.zeros(LH, LH, dtype=torch.float64)
 
-    def update(self, batch: Batch, patterns: torch.Tensor) -> None:
-        B, L, H, T, _ = patterns.shape
-        p = patterns.reshape(B, L * H, T, T)
+    def update(self, batch: Batch, attention: Attention) -> None:
+        p = attention.flat  # [B, LH, T, T]
+        B, T = p.shape[0], p.shape[-1]
         real = batch.attention_mask.bool()  # [B, T]
         special = batch.special.to(p.dtype)
         word = batch.word_of_token.clamp(min=0)

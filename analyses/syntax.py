@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from matplotlib.figure import Figure as MplFigure
 
 from analyses import Figure, heatmap
-from probe.alignment import word_attention
+from probe.alignment import Attention
 from probe.corpus import Batch
 from probe.treebank import RELATIONS
 
@@ -39,34 +39,6 @@ MAIN_RELATIONS = (
 )
 
 
-def head_predictions(words: torch.Tensor, n_words: torch.Tensor) -> torch.Tensor:
-    """Each head's predicted syntactic head for every word, both directions.
-
-    Parameters
-    ----------
-    words : ``[batch, heads, word, word]``
-        Word-level attention (from row word to column word).
-    n_words : ``[batch]``
-
-    Returns
-    -------
-    torch.Tensor ``[batch, 2, heads, word]`` long
-        Direction 0 (dependent -> head): the word that word i attends to most. Direction 1
-        (head -> dependent): the word that attends most to word i. Self is excluded.
-    """
-    n = words.shape[-1]
-    padding = torch.arange(n, device=words.device)[None, :] >= n_words[:, None]  # [batch, word]
-    # One symmetric mask serves both directions: padding rows, padding columns and self.
-    invalid = (
-        padding[:, :, None]
-        | padding[:, None, :]
-        | torch.eye(n, dtype=torch.bool, device=words.device)
-    )
-    masked = words.masked_fill(invalid[:, None], -torch.inf)
-    # max(...).indices: torch's argmax over a non-last dimension is several times slower.
-    return torch.stack([masked.max(-1).indices, masked.max(-2).indices], dim=1)
-
-
 class SyntaxAnalysis:
     """Accumulates, per relation, correct predictions of every (direction, layer, head) and of
     every fixed offset baseline, with Poisson-bootstrap replicates of both."""
@@ -85,11 +57,10 @@ class SyntaxAnalysis:
         self.generator = torch.Generator().manual_seed(seed)
         self.sentences = 0
 
-    def update(self, batch: Batch, patterns: torch.Tensor) -> None:
-        B, L, H, T, _ = patterns.shape
+    def update(self, batch: Batch, attention: Attention) -> None:
+        B = len(batch.n_words)
         n = int(batch.n_words.max())
-        words = word_attention(patterns.reshape(B, L * H, T, T), batch.word_of_token, n)
-        predicted = head_predictions(words, batch.n_words)  # [B, 2, LH, n]
+        predicted = attention.predictions  # [B, 2, LH, n]
         gold = batch.heads[:, :n]
         scored = gold >= 0  # the root and padding have no head to predict
         relation = F.one_hot(batch.relations[:, :n].clamp(min=0), len(RELATIONS)).float()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -71,3 +73,58 @@ def membership(word_of_token: torch.Tensor, n_words: int) -> torch.Tensor:
     """Bool ``[batch, word, pos]``: token ``pos`` belongs to word ``word``."""
     words = torch.arange(n_words, device=word_of_token.device)
     return word_of_token[:, None, :] == words[None, :, None]
+
+
+def head_predictions(words: torch.Tensor, n_words: torch.Tensor) -> torch.Tensor:
+    """Each head's predicted syntactic head for every word, both directions.
+
+    Parameters
+    ----------
+    words : ``[batch, heads, word, word]``
+        Word-level attention (from row word to column word).
+    n_words : ``[batch]``
+
+    Returns
+    -------
+    torch.Tensor ``[batch, 2, heads, word]`` long
+        Direction 0 (dependent -> head): the word that word i attends to most. Direction 1
+        (head -> dependent): the word that attends most to word i. Self is excluded.
+    """
+    n = words.shape[-1]
+    padding = torch.arange(n, device=words.device)[None, :] >= n_words[:, None]  # [batch, word]
+    # One symmetric mask serves both directions: padding rows, padding columns and self.
+    invalid = (
+        padding[:, :, None]
+        | padding[:, None, :]
+        | torch.eye(n, dtype=torch.bool, device=words.device)
+    )
+    masked = words.masked_fill(invalid[:, None], -torch.inf)
+    # max(...).indices: torch's argmax over a non-last dimension is several times slower.
+    return torch.stack([masked.max(-1).indices, masked.max(-2).indices], dim=1)
+
+
+@dataclass
+class Attention:
+    """One batch's captured attention, with its word-level views computed once and shared by
+    every analysis that reads them."""
+
+    patterns: torch.Tensor  # [batch, layer, head, q_pos, k_pos]
+    word_of_token: torch.Tensor  # [batch, pos]
+    n_words: torch.Tensor  # [batch]
+
+    @property
+    def flat(self) -> torch.Tensor:
+        """``[batch, layer·head, q_pos, k_pos]``: heads numbered layer·n_heads + head."""
+        B, L, H, T, _ = self.patterns.shape
+        return self.patterns.reshape(B, L * H, T, T)
+
+    @cached_property
+    def words(self) -> torch.Tensor:
+        """Word-level attention ``[batch, layer·head, word, word]`` (see ``word_attention``)."""
+        return word_attention(self.flat, self.word_of_token, int(self.n_words.max()))
+
+    @cached_property
+    def predictions(self) -> torch.Tensor:
+        """Every head's predicted head word ``[batch, 2, layer·head, word]``
+        (see ``head_predictions``)."""
+        return head_predictions(self.words, self.n_words)

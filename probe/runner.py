@@ -14,6 +14,7 @@ from typing import Protocol
 import torch
 from transformers import PreTrainedModel
 
+from probe.alignment import Attention
 from probe.corpus import Batch, Corpus
 from probe.hooks import trace
 
@@ -45,8 +46,8 @@ class Analysis(Protocol):
 
     name: str
 
-    def update(self, batch: Batch, patterns: torch.Tensor) -> None:
-        """Add one batch; ``patterns`` is ``[batch, layer, head, q_pos, k_pos]``."""
+    def update(self, batch: Batch, attention: Attention) -> None:
+        """Add one batch; ``attention.patterns`` is ``[batch, layer, head, q_pos, k_pos]``."""
 
 
 def attention_batches(
@@ -75,5 +76,6 @@ def run(
     """Feed every batch's patterns to every analysis, one batch in memory at a time."""
     analyses = list(analyses)
     for batch, patterns in progress(attention_batches(model, corpus, batch_size)):
+        attention = Attention(patterns, batch.word_of_token, batch.n_words)
         for analysis in analyses:
-            analysis.update(batch, patterns)
+            analysis.update(batch, attention)

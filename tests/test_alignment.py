@@ -4,8 +4,7 @@ import pytest
 import torch
 from tokenizers_util import FAMILIES, TEXT
 
-from analyses.syntax import head_predictions
-from probe.alignment import word_attention, word_tokenizer
+from probe.alignment import Attention, head_predictions, word_attention, word_tokenizer
 from probe.corpus import NO_TOKENS, TOO_LONG, encode
 from probe.treebank import Sentence
 
@@ -111,7 +110,8 @@ def test_bootstrap_intervals_are_seeded():
         g = torch.Generator().manual_seed(42)  # the same random attention for both seeds
         for _ in range(40):
             pattern = torch.softmax(3 * torch.randn(1, 1, 1, 6, 6, generator=g), -1)
-            analysis.update(hand_batch(), pattern)
+            batch = hand_batch()
+            analysis.update(batch, Attention(pattern, batch.word_of_token, batch.n_words))
         return analysis.tables()["syntax_best"].set_index("relation").loc["all"]
 
     first, again, other = best(0), best(0), best(1)
@@ -132,7 +132,8 @@ def test_predictions_and_scores_by_hand():
 
     batch = hand_batch()
     analysis = SyntaxAnalysis(1, 1, n_boot=10)
-    analysis.update(batch, TOKEN_ATTENTION[None, None, None])
+    pattern = TOKEN_ATTENTION[None, None, None]
+    analysis.update(batch, Attention(pattern, batch.word_of_token, batch.n_words))
     tables = analysis.tables()
     syntax = tables["syntax"].set_index(["relation", "direction"])
     assert syntax.loc[("det", "dependent_to_head"), "correct"] == 0

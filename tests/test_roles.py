@@ -11,6 +11,7 @@ from tokenizers_util import wordpiece
 
 import probe
 from analyses.roles import RolesAnalysis, Thresholds, heads_table
+from probe.alignment import Attention
 from probe.corpus import encode
 from probe.runner import run
 from probe.treebank import Sentence
@@ -133,8 +134,9 @@ def test_memory_does_not_grow_with_the_corpus(analysed):
 
     batch = next(corpus.batches(2))
     patterns = torch.softmax(torch.randn(2, 2, 4, *batch.input_ids.shape[1:2] * 2), -1)
-    analysis.update(batch, patterns)
+    attention = Attention(patterns, batch.word_of_token, batch.n_words)
+    analysis.update(batch, attention)
     once = state_bytes()
     for _ in range(20):
-        analysis.update(batch, patterns)
+        analysis.update(batch, attention)
     assert state_bytes() == once
