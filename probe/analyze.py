@@ -61,11 +61,15 @@ def default_out(model: str) -> Path:
     return Path("reports") / slug(model)
 
 
+def check_free(out: Path, overwrite: bool) -> None:
+    if out.exists() and not overwrite:
+        raise ProbeError(f"output folder {out} already exists; use --overwrite or another --out")
+
+
 @contextmanager
 def staged(out: Path, overwrite: bool) -> Iterator[Path]:
     """A temporary folder beside ``out`` that becomes ``out`` only if the body completes."""
-    if out.exists() and not overwrite:
-        raise ProbeError(f"output folder {out} already exists; use --overwrite or another --out")
+    check_free(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     temporary = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
@@ -115,9 +119,12 @@ def analyze(
         raise ProbeError(
             f"unknown analysis {', '.join(sorted(unknown))}; choose from {', '.join(ANALYSES)}"
         )
+    known = set(roles.Thresholds.__dataclass_fields__)
+    if set(settings.thresholds) - known:
+        wrong = ", ".join(sorted(set(settings.thresholds) - known))
+        raise ProbeError(f"unknown threshold {wrong}; known: {', '.join(sorted(known))}")
     out = Path(settings.out) if settings.out else default_out(settings.model)
-    if out.exists() and not settings.overwrite:
-        raise ProbeError(f"output folder {out} already exists; use --overwrite or another --out")
+    check_free(out, settings.overwrite)
     timings: dict[str, float] = {}
     started = clock = time.perf_counter()
 

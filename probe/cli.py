@@ -84,6 +84,13 @@ def analyze(
     trust_remote_code: bool = typer.Option(
         False, "--trust-remote-code", help="Run code shipped with the model (only if you trust it)."
     ),
+    threshold: list[str] = typer.Option(
+        None,
+        "--threshold",
+        help="Override a role threshold, e.g. --threshold sink=0.5 (repeatable); names: "
+        "previous_token, next_token, sink, broad, syntactic, relation_min_words, "
+        "relation_min_share.",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars or summary."),
 ) -> None:
     """Run every analysis of every head over a treebank and write an HTML report."""
@@ -94,6 +101,13 @@ def analyze(
 
     if dtype not in (None, "float32", "float16", "bfloat16"):
         _fail(f"unknown --dtype {dtype!r}; use float32, float16 or bfloat16")
+    thresholds = {}
+    for item in threshold or []:
+        name, _, value = item.partition("=")
+        try:
+            thresholds[name.strip().replace("-", "_")] = float(value)
+        except ValueError:
+            _fail(f"--threshold {item!r} is not NAME=NUMBER (e.g. sink=0.5)")
     settings = Settings(
         model=model,
         treebank=treebank or None,
@@ -107,6 +121,7 @@ def analyze(
         overwrite=overwrite,
         revision=revision,
         trust_remote_code=trust_remote_code,
+        thresholds=thresholds,
     )
     console = Console(stderr=True, quiet=quiet)
     progress = Progress(

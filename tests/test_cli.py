@@ -121,6 +121,17 @@ def test_ewt_dev_hundred_sentences(tmp_path, minilm):
     check_html(out / "index.html")
 
 
+def test_thresholds_can_be_overridden(tmp_path, minilm):
+    out = tmp_path / "lenient"
+    result = analyze("--out", str(out), "--threshold", "sink=0.01", "--threshold", "broad=0")
+    assert result.exit_code == 0, result.output
+    run = json.loads((out / "run.json").read_text())
+    assert run["thresholds"]["sink"] == 0.01 and run["thresholds"]["broad"] == 0
+    heads = (out / "heads.csv").read_text().splitlines()[1:]
+    assert all("sink" in row and "broad" in row for row in heads)  # every head passes now
+    assert "≥ 1% of attention on special tokens" in (out / "index.html").read_text()
+
+
 def test_only_some_analyses(tmp_path, minilm):
     out = tmp_path / "spectra-only"
     result = analyze("--analyses", "spectra", "--out", str(out))
@@ -166,6 +177,8 @@ def test_text_from_the_treebank_is_escaped(tmp_path, minilm):
         ),
         (["--model", "minilm", "--analyses", "syntax,magic"], "unknown analysis magic"),
         (["--model", "minilm", "--dtype", "float8"], "unknown --dtype"),
+        (["--model", "minilm", "--threshold", "sink=high"], "is not NAME=NUMBER"),
+        (["--model", "minilm", "--threshold", "sinks=0.5"], "unknown threshold sinks"),
     ],
 )
 def test_bad_input_is_one_clear_line(tmp_path, args, message):
