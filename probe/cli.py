@@ -47,6 +47,7 @@ def _quiet_libraries() -> None:
     import transformers
 
     transformers.logging.set_verbosity_error()
+    logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
     transformers.logging.disable_progress_bar()
     datasets.disable_progress_bars()
     logging.getLogger("datasets").setLevel(logging.ERROR)

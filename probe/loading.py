@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import socket
 from pathlib import Path
 
 import torch
@@ -27,6 +29,19 @@ def resolve_name(name: str) -> str:
     if name == "minilm" and importlib.util.find_spec(DEMO_PACKAGE) is not None:
         return str(Path(importlib.util.find_spec(DEMO_PACKAGE).origin).parent / "model")
     return ALIASES.get(name, name)
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face hub answers (checked once, quickly, instead of letting every
+    file request retry for a minute on a machine without network)."""
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
+        return False
+    host = os.environ.get("HF_ENDPOINT", "https://huggingface.co").split("://")[-1].split("/")[0]
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
 
 
 def resolve_device(device: str) -> str:
@@ -68,6 +83,8 @@ def load(
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
     kwargs = {"revision": revision, "trust_remote_code": trust_remote_code}
+    if not Path(source).exists() and not hub_reachable():
+        kwargs["local_files_only"] = True  # a model in the local cache still loads
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
         model = AutoModel.from_pretrained(source, dtype=dtype or torch.float32, **kwargs)
@@ -90,10 +107,11 @@ def _explain(name: str, source: str, error: Exception) -> str:
     )
     if Path(source).exists():
         return f"{source} is not a loadable model folder ({str(error).splitlines()[0]})"
-    if "offline" in text or "connect" in text or "resolve" in text or "internet" in text:
+    if any(word in text for word in ("offline", "connect", "resolve", "internet", "local_files")):
+        what = f"{name!r} ({source})" if name in ALIASES else f"{name!r}"
         return (
-            f"cannot load {name!r}: it is not an alias or a local folder, and the Hugging Face "
-            f"hub cannot be reached to download it (offline?); {offline_hint}"
+            f"cannot load {what}: it is not a local folder, and the Hugging Face hub cannot be "
+            f"reached to download it (offline?); {offline_hint}"
         )
     if "gated" in text or "401" in text or "403" in text or "permission" in text:
         return f"no permission to download {source!r} (log in with `hf auth login`); {offline_hint}"

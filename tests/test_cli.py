@@ -300,3 +300,21 @@ def test_a_twelve_by_twelve_model_from_a_local_folder(tmp_path):
     assert html.stat().st_size < 10_000_000
     assert html.read_text().count('class="head"') == 144
     check_html(html)
+
+
+def test_no_network_fails_fast_without_the_offline_flag(monkeypatch, tmp_path):
+    import socket
+
+    from probe import loading
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+
+    def unreachable(*args, **kwargs):
+        raise OSError("Name or service not known")
+
+    monkeypatch.setattr(socket, "create_connection", unreachable)
+    assert not loading.hub_reachable()
+    result = runner.invoke(app, ["analyze", "--model", "gpt2", "--out", str(tmp_path / "x")])
+    assert result.exit_code == 1 and result.output.count("\n") == 1
+    assert "cannot load 'gpt2' (openai-community/gpt2)" in result.output
+    assert "hub cannot be reached" in result.output
