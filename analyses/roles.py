@@ -37,6 +37,14 @@ METRICS = (
 )
 
 
+BEST_RELATION_COLUMNS = (
+    "best_relation",
+    "best_relation_direction",
+    "best_relation_accuracy",
+    "best_relation_margin",
+)
+
+
 @dataclass(frozen=True)
 class Thresholds:
     """When a head gets a role; a head may hold several roles, or none."""
@@ -242,8 +250,7 @@ def best_relation_per_head(
     min_total = max(thresholds.relation_min_words, thresholds.relation_min_share * words)
     rows = syntax[(syntax.relation != "all") & (syntax.total >= min_total)]
     if rows.empty:
-        return pd.DataFrame(columns=["layer", "head", "best_relation", "best_relation_direction",
-                                     "best_relation_accuracy", "best_relation_margin"])  # fmt: skip
+        return pd.DataFrame(columns=["layer", "head", *BEST_RELATION_COLUMNS])
     baseline = baselines.groupby("relation").accuracy.max().rename("baseline")
     rows = rows.join(baseline, on="relation")
     rows = rows.assign(margin=rows.accuracy - rows.baseline)

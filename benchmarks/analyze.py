@@ -12,6 +12,7 @@ timed as whole processes; peak memory is each process's maximum resident size.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -75,7 +76,7 @@ def main() -> None:
             ours.append(seconds)
         html = (out_dir / "index.html").stat().st_size
         folder = sum(p.stat().st_size for p in out_dir.iterdir())
-        timings = __import__("json").loads((out_dir / "run.json").read_text())["timings_s"]
+        timings = json.loads((out_dir / "run.json").read_text())["timings_s"]
     finally:
         shutil.rmtree(work)
     f, o, fw = statistics.median(floor), statistics.median(ours), statistics.median(forward)

@@ -20,15 +20,15 @@ import pandas as pd
 from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup, escape
 
-from analyses import Figure
+from analyses import Figure, roles
+from analyses.roles import BEST_RELATION_COLUMNS
 from probe.errors import ProbeError
 
 matplotlib.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "probe", "figure.dpi": 100})
 
 ROLE_CODES = {"previous-token": "P", "next-token": "N", "sink": "S", "broad": "B", "syntactic": "Y"}
 # Columns the page reads from heads.csv; an analysis that did not run leaves them empty.
-HEAD_COLUMNS = ("roles", "best_relation", "best_relation_direction", "best_relation_accuracy",
-                "best_relation_margin")  # fmt: skip
+HEAD_COLUMNS = ("roles", *BEST_RELATION_COLUMNS)
 TABLES = ("syntax", "syntax_baselines", "syntax_best", "heads", "head_similarity", "spectra")
 
 
@@ -110,7 +110,7 @@ def render(folder: str | Path) -> Path:
     Path
         The written ``index.html``.
     """
-    from analyses import roles, spectra, syntax
+    from analyses import spectra, syntax
 
     folder = Path(folder)
     try:
