@@ -23,17 +23,33 @@ class Figure:
     format: str = "png"
 
 
-def heatmap(ax, grid, *, vmin: float, vmax: float, cmap: str, label: str | None = None):
+def heatmap(
+    ax,
+    grid,
+    *,
+    vmin: float,
+    vmax: float,
+    cmap: str,
+    label: str | None = None,
+    x_axis: bool = True,
+    y_axis: bool = True,
+):
     """A layer x head heatmap (rows: layers, columns: heads, both 0-based).
 
     Drawn with ``imshow`` (seaborn's heatmap re-measures its tick labels by drawing the figure
-    many times, which dominated report rendering).
+    many times, which dominated report rendering). Small multiples label only their outer axes.
     """
     image = ax.imshow(grid.to_numpy(dtype=float), vmin=vmin, vmax=vmax, cmap=cmap, aspect="auto")
-    ax.set_xticks(range(grid.shape[1]), [str(c) for c in grid.columns], fontsize="x-small")
-    ax.set_yticks(range(grid.shape[0]), [str(i) for i in grid.index], fontsize="x-small")
-    ax.set_xlabel("head")
-    ax.set_ylabel("layer")
+    for labelled, size, names, set_ticks, set_label, title in (
+        (x_axis, grid.shape[1], grid.columns, ax.set_xticks, ax.set_xlabel, "head"),
+        (y_axis, grid.shape[0], grid.index, ax.set_yticks, ax.set_ylabel, "layer"),
+    ):
+        if labelled:
+            step = max(1, size // 16)
+            set_ticks(range(0, size, step), [str(n) for n in names[::step]], fontsize="x-small")
+            set_label(title)
+        else:
+            set_ticks([])
     if label is not None:
         ax.figure.colorbar(image, ax=ax, label=label, shrink=0.9)
     return image

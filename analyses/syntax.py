@@ -174,10 +174,15 @@ def figures(tables: dict[str, pd.DataFrame]) -> list[Figure]:
     axes = np.atleast_1d(
         fig.subplots(rows, columns, gridspec_kw=spacing | {"wspace": 0.35, "hspace": 0.55})
     ).ravel()
-    for ax, relation in zip(axes, relations, strict=False):
-        part = syntax[syntax.relation == relation]
-        grid = part.groupby(["layer", "head"]).accuracy.max().unstack("head")
-        image = heatmap(ax, grid, vmin=0, vmax=1, cmap="magma")
+    best_direction = (
+        syntax[syntax.relation.isin(relations)]
+        .groupby(["relation", "layer", "head"])
+        .accuracy.max()
+    )
+    for k, (ax, relation) in enumerate(zip(axes, relations, strict=False)):
+        grid = best_direction.loc[relation].unstack("head")
+        bottom, left = k + columns >= len(relations), k % columns == 0
+        image = heatmap(ax, grid, vmin=0, vmax=1, cmap="magma", x_axis=bottom, y_axis=left)
         row = best[best.relation == relation].iloc[0]
         ax.set_title(f"{relation} (n={row.total}): best {row.accuracy:.0%}", fontsize="medium")
     for ax in axes[len(relations) :]:
