@@ -1,55 +1,122 @@
-"""One module per analysis. Each streams over batches of captures keeping only sums (or, for
-weights, reads the model once), and turns its tables into figures for the report."""
+"""The analyses: one module each, with one ``Analysis`` subclass, listed in ``REGISTRY``.
+
+An analysis follows one life cycle, like a scikit-learn estimator:
+
+1. ``__init__(context)`` stores what it is told about the run (model shape, seed, thresholds);
+2. for every batch: ``begin_batch``, ``update`` once per layer with that layer's captures (in
+   layer order, while the model runs), ``end_batch``; it keeps sums, never attention maps;
+3. ``merge(other)`` adds another instance's state exactly (another process's share);
+4. ``finish()`` once, into typed tables.
+
+What it shows is computed from its tables alone (``heads``, ``figures``, ``section``), so
+``probe report`` can draw a report again from the CSV files. Its report section is the template
+``analyses/templates/<name>.html.j2``, with a ``section`` and a ``card`` macro.
+
+This module imports nothing heavy: the command line reads the registry before loading torch.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import importlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
-import matplotlib
+from analyses.vocabulary import Thresholds
 
-matplotlib.use("Agg")  # figures are rendered to files, never shown
+if TYPE_CHECKING:
+    import pandas as pd
+    from torch import nn
 
-from matplotlib.figure import Figure as _MplFigure
+    from analyses.figures import Figure
+    from probe.corpus import Batch
+    from probe.runner import LayerCapture
+
+# name -> "module:class". Adding an analysis: one module in analyses/ and one line here.
+REGISTRY: dict[str, str] = {
+    "syntax": "analyses.syntax:Syntax",
+    "roles": "analyses.roles:Roles",
+    "spectra": "analyses.spectra:Spectra",
+    "probe": "analyses.probing:AttentionProbe",
+}
+
+# A table's columns and their types: "int", "float", "str", "bool", or "Int64" (an integer
+# that may be missing).
+Schema = dict[str, str]
 
 
-@dataclass
-class Figure:
-    """A figure for the report: heatmaps are embedded as PNG, line charts as inline SVG."""
-
-    id: str
-    title: str
-    alt: str
-    figure: _MplFigure
-    format: str = "png"
+def get(name: str) -> type[Analysis]:
+    """The analysis class registered as ``name`` (its module is imported now)."""
+    module, cls = REGISTRY[name].split(":")
+    return getattr(importlib.import_module(module), cls)
 
 
-def heatmap(
-    ax,
-    grid,
-    *,
-    vmin: float,
-    vmax: float,
-    cmap: str,
-    label: str | None = None,
-    x_axis: bool = True,
-    y_axis: bool = True,
-):
-    """A layer x head heatmap (rows: layers, columns: heads, both 0-based).
+@dataclass(frozen=True)
+class Context:
+    """What an analysis is told about the run when it is created."""
 
-    Drawn with ``imshow`` (seaborn's heatmap re-measures its tick labels by drawing the figure
-    many times, which dominated report rendering). Small multiples label only their outer axes.
-    """
-    image = ax.imshow(grid.to_numpy(dtype=float), vmin=vmin, vmax=vmax, cmap=cmap, aspect="auto")
-    for labelled, size, names, set_ticks, set_label, title in (
-        (x_axis, grid.shape[1], grid.columns, ax.set_xticks, ax.set_xlabel, "head"),
-        (y_axis, grid.shape[0], grid.index, ax.set_yticks, ax.set_ylabel, "layer"),
-    ):
-        if labelled:
-            step = max(1, size // 16)
-            set_ticks(range(0, size, step), [str(n) for n in names[::step]], fontsize="x-small")
-            set_label(title)
-        else:
-            set_ticks([])
-    if label is not None:
-        ax.figure.colorbar(image, ax=ax, label=label, shrink=0.9)
-    return image
+    n_layers: int
+    n_heads: int
+    causal: bool = False
+    seed: int = 0
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    model: nn.Module | None = None  # for analyses of the weights
+
+
+class Analysis:
+    """The protocol every analysis follows (see the module's docstring)."""
+
+    name: ClassVar[str]
+    title: ClassVar[str]
+    # Hook suffixes this analysis reads, layer by layer, while a corpus streams through the
+    # model; none means it reads the weights only, and needs neither treebank nor forward pass.
+    captures: ClassVar[tuple[str, ...]] = ()
+    tables: ClassVar[dict[str, Schema]] = {}
+    head_columns: ClassVar[Schema] = {}  # what this analysis adds to heads.csv
+
+    def __init__(self, context: Context) -> None:
+        self.context = context
+        self.finished = False
+
+    def begin_batch(self, batch: Batch) -> None:
+        """Called before ``batch`` runs through the model."""
+
+    def update(self, batch: Batch, layer: int, capture: LayerCapture) -> None:
+        """Add one layer of one batch."""
+
+    def end_batch(self, batch: Batch) -> None:
+        """Called once the batch has been through every layer."""
+
+    def merge(self, other: Self) -> None:
+        """Add the state of ``other``, an instance that saw other sentences, exactly."""
+        raise NotImplementedError(f"{type(self).__name__} cannot merge")
+
+    def finish(self) -> dict[str, pd.DataFrame]:
+        """The tables (named as in ``tables``), once; the state is spent afterwards."""
+        if self.finished:
+            raise RuntimeError(f"the {self.name} analysis has already finished")
+        self.finished = True
+        return self._tables()
+
+    def _tables(self) -> dict[str, pd.DataFrame]:
+        raise NotImplementedError
+
+    @classmethod
+    def heads(cls, tables: dict[str, pd.DataFrame], thresholds: Thresholds) -> pd.DataFrame | None:
+        """One row per head: ``layer``, ``head``, the ``head_columns`` and one bool column per
+        ``Role`` this analysis grants (named by the role); None adds nothing."""
+        return None
+
+    @classmethod
+    def figures(cls, tables: dict[str, pd.DataFrame]) -> list[Figure]:
+        return []
+
+    @classmethod
+    def section(cls, tables: dict[str, pd.DataFrame], run: dict) -> dict[str, Any]:
+        """What the report section's template reads, besides the figures."""
+        return {}
+
+    def _check_mergeable(self, other: Analysis) -> None:
+        if type(other) is not type(self) or other.context.n_layers != self.context.n_layers:
+            raise ValueError(f"cannot merge {type(other).__name__} into {type(self).__name__}")
+        if self.finished or other.finished:
+            raise RuntimeError("an analysis that has finished cannot merge")

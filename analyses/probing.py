@@ -3,135 +3,242 @@ heads' attention find each word's syntactic head?
 
 For word i and candidate head word j, the features are the word-level attention i -> j and
 j -> i of every head (2 x layers x heads). A logistic regression scores each pair; a word's
-predicted head is its best-scoring candidate. It is trained on a seeded split of the sentences
-and evaluated on the others, by unlabelled attachment score (UAS, punctuation excluded), beside
-the right-branching baseline and the best single head on the same words.
+predicted head is its best-scoring candidate. It is trained on some sentences and evaluated on
+the others, by unlabelled attachment score (UAS, punctuation excluded), beside the
+right-branching baseline and the best single head on the same words.
 
-Memory stays bounded: training pairs are kept by reservoir sampling (at most ``max_train_pairs``)
-and at most ``max_eval_sentences`` held-out sentences are kept for evaluation.
+Every random choice is keyed to the sentence (``probe.keys``), so the result does not depend on
+the batch size or the order of batches: a sentence is held out when its key says so; the
+training pairs kept are those with the smallest keys (a bottom-k sample, uniform over all pairs
+and exact to merge); the held-out sentences evaluated are those with the smallest keys that fit.
+Memory is bounded in bytes, whatever the depth of the model or the size of the corpus.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import numpy as np
+import pandas as pd
 import torch
-from sklearn.linear_model import LogisticRegression
 
-from analyses.syntax import DIRECTIONS
-from probe.alignment import Attention
+from analyses import Analysis, Context, Schema
+from analyses.vocabulary import Direction
 from probe.corpus import Batch
+from probe.keys import keys, uniform
+from probe.runner import LayerCapture
 
-name = "probe"
+HELD_OUT = 0.2  # share of sentences held out for evaluation
+MAX_TRAIN_PAIRS = 150_000
+MAX_EVAL_SENTENCES = 400
+FEATURE_BYTES = 48 * 2**20  # for training pairs, and as much again for held-out sentences
+PARSERS = ("attention_probe", "right_branching", "best_single_head")
 
 
-def pair_features(words: torch.Tensor, b: torch.Tensor, i: torch.Tensor, j: torch.Tensor):
-    """Features of word pairs (i, j) of sentences b: the attention i -> j and j -> i of every
-    head, ``[pairs, 2·heads]``, from word attention ``[batch, heads, n, n]``."""
-    by_pair = words.permute(0, 2, 3, 1)  # [batch, n, n, heads], a view
-    return torch.cat([by_pair[b, i, j], by_pair[b, j, i]], dim=-1)
+@dataclass
+class _Held:
+    """A held-out sentence kept for evaluation: its pair features and what single heads and
+    right-branching get right on it."""
+
+    key: int
+    features: np.ndarray  # [word, word, feature]
+    gold: np.ndarray  # [word] 0-based head, -1 for the root
+    counted: np.ndarray  # [word] bool: scored and not punctuation
+    head_correct: np.ndarray  # [direction, layer, head]
+    right_branching: int
 
 
-class ProbeAnalysis:
-    """Collects features for the attention-only probe; ``result()`` fits and evaluates it."""
+class AttentionProbe(Analysis):
+    """Collects pair features for the attention-only probe; ``finish`` fits and evaluates it."""
 
-    name = name
+    name = "probe"
+    title = "Attention-only probe"
+    captures = ("hook_pattern",)
+    tables: ClassVar[dict[str, Schema]] = {
+        "probe": {
+            "parser": "str", "layer": "Int64", "head": "Int64", "direction": "str",
+            "correct": "int", "words": "int", "sentences": "int", "uas": "float",
+            "train_pairs": "Int64", "train_pairs_seen": "Int64",
+        }
+    }  # fmt: skip
 
     def __init__(
         self,
-        n_sentences: int,
+        context: Context,
         *,
-        seed: int = 0,
-        held_out: float = 0.2,
-        max_train_pairs: int = 150_000,
-        max_eval_sentences: int = 400,
-    ):
-        self.rng = np.random.default_rng(seed)
-        self.is_held_out = self.rng.random(n_sentences) < held_out
-        self.max_train_pairs = max_train_pairs
+        held_out: float = HELD_OUT,
+        max_train_pairs: int = MAX_TRAIN_PAIRS,
+        max_eval_sentences: int = MAX_EVAL_SENTENCES,
+        feature_bytes: int = FEATURE_BYTES,
+    ) -> None:
+        super().__init__(context)
+        L, H = context.n_layers, context.n_heads
+        self.n_features = 2 * L * H
+        pair_bytes = self.n_features * 4
+        self.held_out = held_out
+        self.capacity = max(1, min(max_train_pairs, feature_bytes // pair_bytes))
         self.max_eval_sentences = max_eval_sentences
-        self.X: np.ndarray | None = None
-        self.y = np.zeros(max_train_pairs, dtype=bool)
-        self.seen = 0
-        self.eval: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        self.head_correct: torch.Tensor | None = None  # single heads on the held-out words
-        self.right_branching = 0
-        self.eval_words = 0
+        self.max_eval_pairs = feature_bytes // pair_bytes
+        # np.zeros maps pages lazily: memory is taken as the sample fills.
+        self.X = np.zeros((self.capacity, self.n_features), dtype=np.float32)
+        self.y = np.zeros(self.capacity, dtype=bool)
+        self.keys = np.zeros(self.capacity, dtype=np.uint64)
+        self.filled = 0
+        self.seen = 0  # training pairs offered
+        self.held: dict[int, _Held] = {}  # by sentence index
+        self.too_long = 0  # held-out sentences whose features alone exceed the budget
 
-    def update(self, batch: Batch, attention: Attention) -> None:
-        L, H = attention.patterns.shape[1:3]
+    # -- streaming ------------------------------------------------------------------------
+
+    def begin_batch(self, batch: Batch) -> None:
         n = int(batch.n_words.max())
-        words = attention.words
         gold = batch.heads[:, :n]
         scored = gold >= 0  # [B, n]: words with a head (not the root, not padding)
-        held_out = torch.from_numpy(self.is_held_out[batch.index.cpu().numpy()]).to(gold.device)
-        if self.head_correct is None:
-            self.head_correct = torch.zeros(2, L * H, dtype=torch.long)
-            self.n_heads = H
+        index = batch.index.cpu().numpy()
+        held = uniform(self.context.seed, "held-out", index) < self.held_out
+        held_t = torch.from_numpy(held).to(gold.device)
 
         # Training pairs (i, j): every scored word i of a training sentence and every other
-        # word j of its sentence, gathered for the whole batch at once.
+        # word j of its sentence; only those entering the sample get features.
         position = torch.arange(n, device=gold.device)
         real = position[None, :] < batch.n_words[:, None]
-        pairs = (scored & ~held_out[:, None])[:, :, None] & real[:, None, :]
+        pairs = (scored & ~held_t[:, None])[:, :, None] & real[:, None, :]
         pairs &= position[:, None] != position[None, :]
         b, i, j = pairs.nonzero(as_tuple=True)
-        slots, keep = self._reservoir_slots(len(b))
-        keep = torch.from_numpy(keep).to(b.device)
-        b, i, j = b[keep], i[keep], j[keep]  # gather features only for pairs that are kept
-        if self.X is None:
-            self.X = np.zeros((self.max_train_pairs, 2 * L * H), dtype=np.float32)
-        self.X[slots] = pair_features(words, b, i, j).cpu().numpy()
-        self.y[slots] = (gold[b, i] == j).cpu().numpy()
+        pair_keys = keys(
+            self.context.seed, "pair", index[b.cpu().numpy()], i.cpu().numpy(), j.cpu().numpy()
+        )
+        slots, chosen = self._admit(pair_keys)
+        chosen = torch.from_numpy(chosen).to(b.device)
+        self._pairs = (b[chosen], i[chosen], j[chosen], slots)
+        self.y[slots] = (gold[b, i] == j)[chosen].cpu().numpy()
 
-        # Held-out sentences, up to the cap: counted words exclude punctuation.
-        predicted = attention.predictions  # [B, 2, LH, n]
+        # Held-out sentences: those with the smallest keys that fit are evaluated.
         counted = scored & ~batch.punct[:, :n]
-        right = torch.cat([position[1:], position.new_tensor([-2])])  # the next word, if any
-        for s in held_out.nonzero().flatten().tolist():
-            if len(self.eval) >= self.max_eval_sentences:
-                break
+        new = []
+        for s in np.flatnonzero(held):
             k = int(batch.n_words[s])
-            c = counted[s, :k]
-            self.head_correct += ((predicted[s, :, :, :k] == gold[s, :k]) & c).sum(-1).cpu()
-            self.right_branching += int(((gold[s, :k] == right[:k]) & c).sum())
-            self.eval_words += int(c.sum())
-            i, j = torch.meshgrid(position[:k], position[:k], indexing="ij")
-            X = pair_features(words, torch.full_like(i, s), i, j)  # [k, k, 2·LH]
-            self.eval.append((X.cpu().numpy(), gold[s, :k].cpu().numpy(), c.cpu().numpy()))
+            c = counted[s, :k].cpu().numpy()
+            if not c.any():
+                continue
+            if k * k > self.max_eval_pairs:
+                self.too_long += 1
+                continue
+            g = gold[s, :k].cpu().numpy()
+            right = np.append(np.arange(1, k), -2)  # the next word, if any
+            self.held[int(index[s])] = entry = _Held(
+                key=int(keys(self.context.seed, "evaluate", index[s])),
+                features=np.zeros((k, k, self.n_features), dtype=np.float32),
+                gold=g,
+                counted=c,
+                head_correct=np.zeros((2, self.context.n_layers, self.context.n_heads), int),
+                right_branching=int(((g == right) & c).sum()),
+            )
+            new.append((s, entry))
+        self._evict()
+        self._held_now = [(s, e) for s, e in new if self.held.get(int(index[s])) is e]
 
-    def _reservoir_slots(self, count: int) -> tuple[np.ndarray, np.ndarray]:
-        """Reservoir sampling (Algorithm R) for the next ``count`` training pairs: a uniform
-        sample of all pairs so far. Returns the slots of the kept pairs and which are kept."""
-        index = self.seen + np.arange(count)
-        slots = np.where(index < self.max_train_pairs, index, self.rng.integers(0, index + 1))
-        keep = slots < self.max_train_pairs
-        self.seen += count
-        return slots[keep], keep
+    def update(self, batch: Batch, layer: int, capture: LayerCapture) -> None:
+        H, LH = self.context.n_heads, self.n_features // 2
+        forward = slice(layer * H, (layer + 1) * H)  # attention i -> j of this layer's heads
+        backward = slice(LH + layer * H, LH + (layer + 1) * H)  # attention j -> i
+        words = capture.words  # [B, H, n, n]
+        b, i, j, slots = self._pairs
+        if len(slots):
+            self.X[slots, forward] = words[b, :, i, j].cpu().numpy()
+            self.X[slots, backward] = words[b, :, j, i].cpu().numpy()
+        for s, entry in self._held_now:
+            k = len(entry.gold)
+            w = words[s, :, :k, :k].cpu().numpy()  # [H, k, k]
+            entry.features[:, :, forward] = w.transpose(1, 2, 0)
+            entry.features[:, :, backward] = w.transpose(2, 1, 0)
+            predicted = capture.predictions[s, :, :, :k].cpu().numpy()  # [2, H, k]
+            entry.head_correct[:, layer] = ((predicted == entry.gold) & entry.counted).sum(-1)
 
-    def result(self) -> dict:
-        """UAS of the probe, right-branching and the best single head on held-out words."""
-        if self.X is None or not self.eval or self.eval_words == 0:
-            return {"skipped": "too few sentences to train and evaluate the probe"}
-        n = min(self.seen, self.max_train_pairs)
+    def _admit(self, new_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Keep the ``capacity`` smallest keys among those kept so far and ``new_keys``.
+
+        Returns the slots the admitted new pairs take, and which new pairs they are.
+        """
+        self.seen += len(new_keys)
+        candidates = np.arange(len(new_keys))
+        if self.filled == self.capacity:
+            candidates = np.flatnonzero(new_keys < self.keys.max())
+        total = self.filled + len(candidates)
+        if total <= self.capacity:
+            slots = np.arange(self.filled, total)
+            self.filled = total
+        else:
+            combined = np.concatenate([self.keys[: self.filled], new_keys[candidates]])
+            keep = np.argpartition(combined, self.capacity - 1)[: self.capacity]
+            kept_old = np.zeros(self.filled, dtype=bool)
+            kept_old[keep[keep < self.filled]] = True
+            candidates = candidates[keep[keep >= self.filled] - self.filled]
+            free = np.concatenate(
+                [np.flatnonzero(~kept_old), np.arange(self.filled, self.capacity)]
+            )
+            slots = free[: len(candidates)]
+            self.filled = self.capacity
+        self.keys[slots] = new_keys[candidates]
+        return slots, candidates
+
+    def _evict(self) -> None:
+        """Keep the held-out sentences with the smallest keys that fit the budget: the longest
+        prefix, in key order, within ``max_eval_sentences`` and ``max_eval_pairs``."""
+        pairs = sum(len(e.gold) ** 2 for e in self.held.values())
+        by_key = sorted(self.held, key=lambda s: self.held[s].key)
+        while len(by_key) > self.max_eval_sentences or pairs > self.max_eval_pairs:
+            dropped = self.held.pop(by_key.pop())
+            pairs -= len(dropped.gold) ** 2
+
+    # -- merging and finishing ------------------------------------------------------------
+
+    def merge(self, other: AttentionProbe) -> None:
+        self._check_mergeable(other)
+        seen = self.seen + other.seen
+        n = other.filled
+        slots, chosen = self._admit(other.keys[:n])
+        self.X[slots], self.y[slots] = other.X[:n][chosen], other.y[:n][chosen]
+        self.seen = seen
+        self.held.update(other.held)
+        self._evict()
+        self.too_long += other.too_long
+
+    def _tables(self) -> dict[str, pd.DataFrame]:
+        """``probe``: one row per parser on the same held-out words."""
+        held = [self.held[s] for s in sorted(self.held, key=lambda s: self.held[s].key)]
+        y = self.y[: self.filled]
+        if not held or y.all() or not y.any():
+            return {"probe": pd.DataFrame(columns=list(self.tables["probe"]))}
+        from sklearn.linear_model import LogisticRegression
+
+        order = np.argsort(self.keys[: self.filled])  # the fit must not depend on arrival order
         model = LogisticRegression(C=1.0, max_iter=1000)
-        model.fit(self.X[:n], self.y[:n])
-        correct = total = 0
-        for features, gold, counted in self.eval:
-            k = len(gold)
-            scores = model.decision_function(features.reshape(k * k, -1)).reshape(k, k)
+        model.fit(self.X[order], y[order])
+        correct = words = right = 0
+        head_correct = np.zeros_like(held[0].head_correct)
+        for entry in held:
+            k = len(entry.gold)
+            scores = model.decision_function(entry.features.reshape(k * k, -1)).reshape(k, k)
             np.fill_diagonal(scores, -np.inf)
-            correct += int((scores.argmax(1) == gold)[counted].sum())
-            total += int(counted.sum())
-        direction, flat = divmod(int(self.head_correct.argmax()), self.head_correct.shape[1])
-        return {
-            "uas": correct / total,
-            "eval_words": total,
-            "eval_sentences": len(self.eval),
-            "train_pairs": n,
-            "train_pairs_seen": self.seen,
-            "right_branching_uas": self.right_branching / self.eval_words,
-            "best_head_uas": float(self.head_correct.max()) / self.eval_words,
-            "best_head_direction": DIRECTIONS[direction],
-            "best_head_layer": flat // self.n_heads,
-            "best_head_head": flat % self.n_heads,
-        }
+            correct += int((scores.argmax(1) == entry.gold)[entry.counted].sum())
+            words += int(entry.counted.sum())
+            right += entry.right_branching
+            head_correct += entry.head_correct
+        direction, layer, head = np.unravel_index(int(head_correct.argmax()), head_correct.shape)
+        rows = [
+            {"parser": "attention_probe", "correct": correct, "train_pairs": self.filled,
+             "train_pairs_seen": self.seen},
+            {"parser": "right_branching", "correct": right},
+            {"parser": "best_single_head", "correct": int(head_correct.max()), "layer": layer,
+             "head": head, "direction": str(list(Direction)[direction])},
+        ]  # fmt: skip
+        table = pd.DataFrame(rows).assign(words=words, sentences=len(held))
+        table["uas"] = table.correct / words
+        return {"probe": table.reindex(columns=list(self.tables["probe"]))}
+
+    @classmethod
+    def section(cls, tables: dict[str, pd.DataFrame], run: dict) -> dict:
+        table = tables["probe"]
+        return {"parsers": table.set_index("parser").to_dict("index") if len(table) else {}}

@@ -1,31 +1,77 @@
-"""Weight-circuit analysis: effective rank of every head's QK and OV circuits, and spectra."""
+"""Weight-circuit analysis: effective rank of every head's QK and OV circuits, and spectra.
+
+It reads the weights only: no treebank, no forward pass.
+"""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
+import matplotlib as mpl
 import numpy as np
 import pandas as pd
-import seaborn as sns
 from matplotlib.figure import Figure as MplFigure
 
-from analyses import Figure
+from analyses import Analysis, Schema
+from analyses.figures import Figure, heatmap
+from analyses.vocabulary import Thresholds
 from probe.circuits import spectra
 
-name = "spectra"
 
+class Spectra(Analysis):
+    """The spectra of W_i^Q W_i^Kᵀ and W_i^V W_i^O of every head (see ``probe.spectra``)."""
 
-def tables(model) -> dict[str, pd.DataFrame]:
-    """``spectra.csv``: one row per (layer, head, circuit); singular values space-separated."""
-    table = spectra(model)
-    table["singular_values"] = [" ".join(f"{x:.6g}" for x in s) for s in table.singular_values]
-    return {"spectra": table}
+    name = "spectra"
+    title = "Weight circuits"
+    tables: ClassVar[dict[str, Schema]] = {
+        "spectra": {
+            "layer": "int", "head": "int", "circuit": "str", "d_model": "int", "d_head": "int",
+            "singular_values": "str", "numerical_rank": "int", "effective_rank": "float",
+            "stable_rank": "float", "symmetry": "float", "params_factored": "int",
+            "params_full": "int",
+        }
+    }  # fmt: skip
+    head_columns: ClassVar[Schema] = {"qk_effective_rank": "float", "ov_effective_rank": "float"}
+
+    def merge(self, other: Spectra) -> None:
+        self._check_mergeable(other)  # the weights are the same everywhere: nothing to add
+
+    def _tables(self) -> dict[str, pd.DataFrame]:
+        """``spectra``: one row per (layer, head, circuit); singular values space-separated."""
+        table = spectra(self.context.model)
+        table["singular_values"] = [" ".join(f"{x:.6g}" for x in s) for s in table.singular_values]
+        return {"spectra": table}
+
+    @classmethod
+    def heads(cls, tables: dict[str, pd.DataFrame], thresholds: Thresholds) -> pd.DataFrame:
+        ranks = tables["spectra"].pivot_table(
+            index=["layer", "head"], columns="circuit", values="effective_rank"
+        )
+        ranks = ranks.rename(columns={"QK": "qk_effective_rank", "OV": "ov_effective_rank"})
+        return ranks.reset_index().rename_axis(columns=None)
+
+    @classmethod
+    def figures(cls, tables: dict[str, pd.DataFrame]) -> list[Figure]:
+        return charts(tables["spectra"])
+
+    @classmethod
+    def section(cls, tables: dict[str, pd.DataFrame], run: dict) -> dict:
+        summary = tables["spectra"].groupby(["layer", "circuit"]).effective_rank.mean()
+        summary = summary.unstack("circuit")
+        return {
+            "layers": [
+                {"layer": layer, "QK": row.get("QK"), "OV": row.get("OV")}
+                for layer, row in summary.iterrows()
+            ]
+        }
 
 
 def singular_values(table: pd.DataFrame) -> list[np.ndarray]:
     return [np.array(s.split(), dtype=float) for s in table.singular_values]
 
 
-def figures(tables: dict[str, pd.DataFrame]) -> list[Figure]:
-    table = tables["spectra"]
+def charts(table: pd.DataFrame) -> list[Figure]:
+    """Effective-rank heatmaps, and the mean normalised spectrum of each layer."""
     out = []
     fig = MplFigure(figsize=(10, 3.8))
     axes = fig.subplots(
@@ -36,9 +82,7 @@ def figures(tables: dict[str, pd.DataFrame]) -> list[Figure]:
         grid = table[table.circuit == circuit].pivot(
             index="layer", columns="head", values="effective_rank"
         )
-        sns.heatmap(
-            grid, ax=ax, vmin=0, vmax=top, cmap="viridis", cbar_kws={"label": "effective rank"}
-        )
+        heatmap(ax, grid, vmin=0, vmax=top, cmap="viridis", label="effective rank")
         ax.set_title(f"{circuit}: effective rank (of at most d_head = {int(top)})")
     out.append(
         Figure(
@@ -56,17 +100,17 @@ def figures(tables: dict[str, pd.DataFrame]) -> list[Figure]:
         gridspec_kw={"left": 0.08, "right": 0.99, "bottom": 0.14, "top": 0.9, "wspace": 0.05},
     )
     layers = sorted(table.layer.unique())
-    colors = sns.color_palette("viridis", len(layers))
+    colours = mpl.colormaps["viridis"](np.linspace(0, 1, len(layers)))
     for ax, circuit in zip(axes, ("QK", "OV"), strict=True):
         part = table[table.circuit == circuit]
-        for layer, color in zip(layers, colors, strict=True):
+        for layer, colour in zip(layers, colours, strict=True):
             rows = part[part.layer == layer]
             curves = [s / s[0] for s in singular_values(rows) if s.size and s[0] > 0]
             if curves:
                 width = min(len(c) for c in curves)
                 ax.plot(
                     np.mean([c[:width] for c in curves], axis=0),
-                    color=color,
+                    color=colour,
                     label=f"layer {layer}",
                 )
         ax.set_yscale("log")

@@ -1,7 +1,7 @@
 """Syntax analysis (Clark et al. 2019): how often each head's attention points from a word to
 its syntactic head, or from the head to its dependent, per UD relation.
 
-Streaming: per batch, word-level attention for every layer and head at once, then counts per
+Streaming: per batch and layer, word-level attention for every head at once, then counts per
 relation. The 95% intervals use the Poisson bootstrap over sentences: each sentence gets a
 Poisson(1) weight in each of ``n_boot`` replicates, so the replicates are sums too and memory
 does not grow with the corpus.
@@ -9,20 +9,23 @@ does not grow with the corpus.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
 from matplotlib.figure import Figure as MplFigure
 
-from analyses import Figure, heatmap
-from probe.alignment import Attention
+from analyses import Analysis, Context, Schema
+from analyses.figures import Figure, heatmap
+from analyses.vocabulary import Direction, Role, Thresholds
 from probe.corpus import Batch
+from probe.runner import LayerCapture
 from probe.treebank import RELATIONS
 
-name = "syntax"
-DIRECTIONS = ("dependent_to_head", "head_to_dependent")
 OFFSETS = tuple(range(-5, 6))
+N_BOOT = 1000  # bootstrap replicates
 MAIN_RELATIONS = (
     "nsubj",
     "obj",
@@ -37,81 +40,118 @@ MAIN_RELATIONS = (
     "compound",
     "conj",
 )
+BEST_RELATION = {
+    "best_relation": "str",
+    "best_relation_direction": "str",
+    "best_relation_accuracy": "float",
+    "best_relation_margin": "float",
+}
 
 
-class SyntaxAnalysis:
+class Syntax(Analysis):
     """Accumulates, per relation, correct predictions of every (direction, layer, head) and of
     every fixed offset baseline, with Poisson-bootstrap replicates of both."""
 
-    name = name
+    name = "syntax"
+    title = "Syntax"
+    captures = ("hook_pattern",)
+    tables: ClassVar[dict[str, Schema]] = {
+        "syntax": {
+            "relation": "str", "direction": "str", "layer": "int", "head": "int",
+            "correct": "int", "total": "int", "accuracy": "float",
+        },
+        "syntax_baselines": {
+            "relation": "str", "offset": "int", "correct": "int", "total": "int",
+            "accuracy": "float",
+        },
+        "syntax_best": {
+            "relation": "str", "total": "int", "direction": "str", "layer": "int", "head": "int",
+            "accuracy": "float", "ci_low": "float", "ci_high": "float",
+            "baseline_offset": "int", "baseline_accuracy": "float", "beats_baseline": "bool",
+        },
+    }  # fmt: skip
+    head_columns: ClassVar[Schema] = BEST_RELATION
 
-    def __init__(self, n_layers: int, n_heads: int, *, seed: int = 0, n_boot: int = 1000):
-        self.n_layers, self.n_heads, self.n_boot = n_layers, n_heads, n_boot
-        R, LH, O = len(RELATIONS), n_layers * n_heads, len(OFFSETS)
-        self.correct = torch.zeros(R, 2, LH, dtype=torch.float64)
+    def __init__(self, context: Context, *, n_boot: int = N_BOOT) -> None:
+        super().__init__(context)
+        self.n_boot = n_boot
+        L, H, R, O = context.n_layers, context.n_heads, len(RELATIONS), len(OFFSETS)
+        # Per layer first, so that each layer's update adds to one contiguous block.
+        self.correct = torch.zeros(L, R, 2, H, dtype=torch.float64)
         self.total = torch.zeros(R, dtype=torch.float64)
         self.baseline = torch.zeros(R, O, dtype=torch.float64)
-        self.boot_correct = torch.zeros(n_boot, R, 2, LH)
+        self.boot_correct = torch.zeros(L, n_boot, R * 2 * H)
         self.boot_total = torch.zeros(n_boot, R)
-        self.boot_baseline = torch.zeros(n_boot, R, O)
-        self.generator = torch.Generator().manual_seed(seed)
+        self.boot_baseline = torch.zeros(n_boot, R * O)
+        self.generator = torch.Generator().manual_seed(context.seed)
         self.sentences = 0
 
-    def update(self, batch: Batch, attention: Attention) -> None:
-        B = len(batch.n_words)
+    def begin_batch(self, batch: Batch) -> None:
+        B = len(batch)
         n = int(batch.n_words.max())
-        predicted = attention.predictions  # [B, 2, LH, n]
         gold = batch.heads[:, :n]
         scored = gold >= 0  # the root and padding have no head to predict
         relation = F.one_hot(batch.relations[:, :n].clamp(min=0), len(RELATIONS)).float()
-        relation = relation * scored[..., None]  # [B, n, R]
-
-        hits = (predicted == gold[:, None, None, :]).float()
-        correct = torch.einsum("bdhn,bnr->brdh", hits, relation)  # per sentence
-        totals = relation.sum(1)
+        self._relation = relation * scored[..., None]  # [B, n, R]
         position = torch.arange(n, device=gold.device)
         offsets = torch.tensor(OFFSETS, device=gold.device)
         offset_hits = (gold[:, :, None] == position[None, :, None] + offsets).float()
-        baseline = torch.einsum("bno,bnr->bro", offset_hits, relation)
-
-        correct, totals, baseline = correct.cpu(), totals.cpu(), baseline.cpu()
-        self.correct += correct.sum(0).double()
+        baseline = torch.einsum("bno,bnr->bro", offset_hits, self._relation).cpu()
+        totals = self._relation.sum(1).cpu()
+        self._weights = torch.poisson(torch.ones(self.n_boot, B), generator=self.generator)
         self.total += totals.sum(0).double()
         self.baseline += baseline.sum(0).double()
-        weights = torch.poisson(torch.ones(self.n_boot, B), generator=self.generator)
-        self.boot_correct.view(self.n_boot, -1).addmm_(weights, correct.reshape(B, -1))
-        self.boot_total.addmm_(weights, totals)
-        self.boot_baseline.view(self.n_boot, -1).addmm_(weights, baseline.reshape(B, -1))
+        self.boot_total.addmm_(self._weights, totals)
+        self.boot_baseline.addmm_(self._weights, baseline.reshape(B, -1))
         self.sentences += B
 
-    def _with_all(self):
-        """Counts with an extra relation 'all' (every word but the root) appended."""
+    def update(self, batch: Batch, layer: int, capture: LayerCapture) -> None:
+        n = self._relation.shape[1]
+        hits = (capture.predictions == batch.heads[:, None, None, :n]).float()  # [B, 2, H, n]
+        correct = torch.einsum("bdhn,bnr->brdh", hits, self._relation).cpu()  # per sentence
+        self.correct[layer] += correct.sum(0).double()
+        self.boot_correct[layer].addmm_(self._weights, correct.reshape(len(batch), -1))
+
+    def merge(self, other: Syntax) -> None:
+        self._check_mergeable(other)
+        for name in ("correct", "total", "baseline", "boot_correct", "boot_total", "boot_baseline"):
+            getattr(self, name).add_(getattr(other, name))
+        self.sentences += other.sentences
+
+    def _counts(self):
+        """Counts with heads flat (``[..., layer·head]``) and an extra relation 'all' (every
+        word but the root) appended."""
+        L, H, R, B = self.context.n_layers, self.context.n_heads, len(RELATIONS), self.n_boot
+        correct = self.correct.permute(1, 2, 0, 3).reshape(R, 2, L * H)
+        boot_correct = self.boot_correct.view(L, B, R, 2, H).permute(1, 2, 3, 0, 4)
+        boot_correct = boot_correct.reshape(B, R, 2, L * H)
+        boot_baseline = self.boot_baseline.view(B, R, len(OFFSETS))
         cat = lambda x, dim: torch.cat([x, x.sum(dim, keepdim=True)], dim)  # noqa: E731
         return (
             [*RELATIONS, "all"],
-            cat(self.correct, 0),
+            cat(correct, 0),
             cat(self.total, 0),
             cat(self.baseline, 0),
-            cat(self.boot_correct, 1),
+            cat(boot_correct, 1),
             cat(self.boot_total, 1),
-            cat(self.boot_baseline, 1),
+            cat(boot_baseline, 1),
         )
 
-    def tables(self) -> dict[str, pd.DataFrame]:
+    def _tables(self) -> dict[str, pd.DataFrame]:
         """``syntax``, ``syntax_baselines`` and ``syntax_best`` (0-based layer and head)."""
-        names, correct, total, baseline, b_correct, b_total, b_baseline = self._with_all()
+        names, correct, total, baseline, b_correct, b_total, b_baseline = self._counts()
         present = [r for r in range(len(names)) if total[r] > 0 and names[r] != "root"]
-        L, H = self.n_layers, self.n_heads
+        L, H = self.context.n_layers, self.context.n_heads
         layer, head = np.divmod(np.arange(L * H), H)
         rows, base_rows, best_rows = [], [], []
         for r in present:
-            for d, direction in enumerate(DIRECTIONS):
-                c = correct[r, d].numpy()
+            for direction in Direction:
+                c = correct[r, direction.index].numpy()
                 rows.append(
                     pd.DataFrame(
                         {
                             "relation": names[r],
-                            "direction": direction,
+                            "direction": str(direction),
                             "layer": layer,
                             "head": head,
                             "correct": c.astype(int),
@@ -142,7 +182,7 @@ class SyntaxAnalysis:
                 {
                     "relation": names[r],
                     "total": int(total[r]),
-                    "direction": DIRECTIONS[d],
+                    "direction": str(list(Direction)[d]),
                     "layer": int(h // H),
                     "head": int(h % H),
                     "accuracy": float(correct[r, d, h] / total[r]),
@@ -153,6 +193,9 @@ class SyntaxAnalysis:
                     "beats_baseline": bool(np.percentile(difference, 2.5) > 0),
                 }
             )
+        columns = self.tables
+        if not present:  # no word with a head: a corpus of one-word sentences
+            return {name: pd.DataFrame(columns=list(schema)) for name, schema in columns.items()}
         best = pd.DataFrame(best_rows).sort_values("total", ascending=False, kind="stable")
         return {
             "syntax": pd.concat(rows, ignore_index=True),
@@ -160,8 +203,51 @@ class SyntaxAnalysis:
             "syntax_best": best.reset_index(drop=True),
         }
 
+    @classmethod
+    def heads(cls, tables: dict[str, pd.DataFrame], thresholds: Thresholds) -> pd.DataFrame:
+        """Each head's best relation (either direction), its margin over that relation's best
+        offset baseline, and the syntactic role where the margin is large enough."""
+        best = best_relation_per_head(tables["syntax"], tables["syntax_baselines"], thresholds)
+        best[str(Role.SYNTACTIC)] = best.best_relation_margin >= thresholds.syntactic
+        return best
 
-def figures(tables: dict[str, pd.DataFrame]) -> list[Figure]:
+    @classmethod
+    def figures(cls, tables: dict[str, pd.DataFrame]) -> list[Figure]:
+        return heatmaps(tables)
+
+    @classmethod
+    def section(cls, tables: dict[str, pd.DataFrame], run: dict) -> dict:
+        return {"best": tables["syntax_best"]}
+
+
+def best_relation_per_head(
+    syntax: pd.DataFrame, baselines: pd.DataFrame, thresholds: Thresholds = Thresholds()
+) -> pd.DataFrame:
+    """Each head's best relation (either direction) and its margin over that relation's best
+    offset baseline, among relations frequent enough for the margin to mean something
+    (``thresholds.relation_min_words`` and ``relation_min_share`` of all scored words)."""
+    words = syntax.loc[syntax.relation == "all", "total"].max()
+    min_total = max(thresholds.relation_min_words, thresholds.relation_min_share * words)
+    rows = syntax[(syntax.relation != "all") & (syntax.total >= min_total)]
+    if rows.empty:
+        return pd.DataFrame(columns=["layer", "head", *BEST_RELATION])
+    baseline = baselines.groupby("relation").accuracy.max().rename("baseline")
+    rows = rows.join(baseline, on="relation")
+    rows = rows.assign(margin=rows.accuracy - rows.baseline)
+    best = rows.loc[rows.groupby(["layer", "head"]).margin.idxmax()]
+    return pd.DataFrame(
+        {
+            "layer": best.layer.to_numpy(),
+            "head": best["head"].to_numpy(),
+            "best_relation": best.relation.to_numpy(),
+            "best_relation_direction": best.direction.to_numpy(),
+            "best_relation_accuracy": best.accuracy.to_numpy(),
+            "best_relation_margin": best.margin.to_numpy(),
+        }
+    )
+
+
+def heatmaps(tables: dict[str, pd.DataFrame]) -> list[Figure]:
     """A layer x head heatmap of accuracy (best direction) for each main relation present."""
     syntax, best = tables["syntax"], tables["syntax_best"]
     relations = [r for r in (*MAIN_RELATIONS, "all") if r in set(best.relation)]

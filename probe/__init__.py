@@ -5,20 +5,37 @@
 >>> with probe.trace(model, ["hook_pattern"]) as cache:
 ...     model(**tokenizer("The cat sat.", return_tensors="pt"))
 >>> cache["blocks.0.attn.hook_pattern"].shape  # [batch, head, q_pos, k_pos]
+
+Names are imported on first use, so ``import probe`` (and the ``probe`` command's start-up)
+does not pay for torch and transformers until they are needed.
 """
 
-from probe.ablation import ablate
-from probe.architectures import HeadWeights, head_weights
-from probe.attention import MultiHeadAttention
-from probe.circuits import spectra
-from probe.errors import ProbeError
-from probe.hooks import Cache, HookPoint, hooks, trace
-from probe.loading import load
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
+# Public name -> the module that defines it.
+_EXPORTS = {
+    "ablate": "probe.ablation",
+    "HeadWeights": "probe.architectures",
+    "head_weights": "probe.architectures",
+    "MultiHeadAttention": "probe.attention",
+    "spectra": "probe.circuits",
+    "ProbeError": "probe.errors",
+    "HeadId": "probe.heads",
+    "Cache": "probe.hookpoints",
+    "HookPoint": "probe.hookpoints",
+    "hooks": "probe.hookpoints",
+    "trace": "probe.hookpoints",
+    "load": "probe.loading",
+}
+
 __all__ = [
     "Cache",
+    "HeadId",
     "HeadWeights",
     "HookPoint",
     "MultiHeadAttention",
@@ -31,3 +48,26 @@ __all__ = [
     "spectra",
     "trace",
 ]
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'probe' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
+
+if TYPE_CHECKING:
+    from probe.ablation import ablate
+    from probe.architectures import HeadWeights, head_weights
+    from probe.attention import MultiHeadAttention
+    from probe.circuits import spectra
+    from probe.errors import ProbeError
+    from probe.heads import HeadId
+    from probe.hookpoints import Cache, HookPoint, hooks, trace
+    from probe.loading import load

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from probe.hooks import hooks
+from probe.hookpoints import hooks
 
 
 @contextmanager

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass
-from functools import cached_property
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -101,30 +99,3 @@ def head_predictions(words: torch.Tensor, n_words: torch.Tensor) -> torch.Tensor
     masked = words.masked_fill(invalid[:, None], -torch.inf)
     # max(...).indices: torch's argmax over a non-last dimension is several times slower.
     return torch.stack([masked.max(-1).indices, masked.max(-2).indices], dim=1)
-
-
-@dataclass
-class Attention:
-    """One batch's captured attention, with its word-level views computed once and shared by
-    every analysis that reads them."""
-
-    patterns: torch.Tensor  # [batch, layer, head, q_pos, k_pos]
-    word_of_token: torch.Tensor  # [batch, pos]
-    n_words: torch.Tensor  # [batch]
-
-    @property
-    def flat(self) -> torch.Tensor:
-        """``[batch, layer·head, q_pos, k_pos]``: heads numbered layer·n_heads + head."""
-        B, L, H, T, _ = self.patterns.shape
-        return self.patterns.reshape(B, L * H, T, T)
-
-    @cached_property
-    def words(self) -> torch.Tensor:
-        """Word-level attention ``[batch, layer·head, word, word]`` (see ``word_attention``)."""
-        return word_attention(self.flat, self.word_of_token, int(self.n_words.max()))
-
-    @cached_property
-    def predictions(self) -> torch.Tensor:
-        """Every head's predicted head word ``[batch, 2, layer·head, word]``
-        (see ``head_predictions``)."""
-        return head_predictions(self.words, self.n_words)

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from probe.hooks import HookPoint
+from probe.hookpoints import HookPoint
 
 
 class MultiHeadAttention(nn.Module):

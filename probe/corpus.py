@@ -1,12 +1,17 @@
-"""A treebank as model inputs: tokenized, aligned to words, filtered and batched."""
+"""A treebank as model inputs, streamed: tokenized, aligned to words, filtered and batched.
+
+Sentences are read lazily and handled a chunk at a time (tokenized together, then sorted by
+length so that batches carry little padding), so memory is bounded by one chunk whatever the
+size of the treebank, and reading stops as soon as the caller stops asking for batches.
+"""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, fields
+from itertools import islice
 
-import datasets
 import torch
 from transformers import PreTrainedTokenizerBase
 
@@ -16,6 +21,8 @@ from probe.treebank import RELATIONS, Sentence
 RELATION_ID = {r: i for i, r in enumerate(RELATIONS)}
 TOO_LONG = "longer than the model's maximum length"
 NO_TOKENS = "a word has no tokens"
+CHUNK_SENTENCES = 4096  # sentences tokenized and length-sorted together
+CELLS_PER_SENTENCE = 24 * 24  # attention cells a batch may hold per sentence of its size
 
 
 @dataclass
@@ -32,7 +39,8 @@ class Batch:
     relations: torch.Tensor  # index into RELATIONS; -1 for padding
     punct: torch.Tensor  # bool: the word is punctuation (UPOS PUNCT)
     n_words: torch.Tensor  # [batch]
-    index: torch.Tensor  # [batch] sentence number in the corpus
+    index: torch.Tensor  # [batch] the sentence's 0-based position in the treebank
+    sentences: list[Sentence] = field(default_factory=list)  # in batch order
 
     @property
     def special(self) -> torch.Tensor:
@@ -43,24 +51,61 @@ class Batch:
     def inputs(self) -> dict[str, torch.Tensor]:
         return {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
 
+    def __len__(self) -> int:
+        return len(self.n_words)
+
     def to(self, device: torch.device | str) -> Batch:
-        return Batch(**{k: v.to(device) for k, v in vars(self).items()})
+        moved = {f.name: getattr(self, f.name) for f in fields(self)}
+        return Batch(**{k: v.to(device) if torch.is_tensor(v) else v for k, v in moved.items()})
 
 
 @dataclass
+class _Encoded:
+    """One sentence, tokenized."""
+
+    index: int
+    sentence: Sentence
+    input_ids: list[int]
+    word_of_token: list[int]
+
+
 class Corpus:
-    """Encoded sentences, and how many were skipped and why."""
+    """Sentences streamed as batches; counts what was read, analysed and skipped, and why.
 
-    dataset: datasets.Dataset
-    sentences: list[Sentence]
-    skipped: Counter
+    Parameters
+    ----------
+    sentences : iterable of Sentence
+        Read lazily, once per call of ``batches`` (a list can be passed over again).
+    tokenizer : PreTrainedTokenizerBase
+        A fast tokenizer (word alignment needs ``word_ids``).
+    max_length : int
+        Sentences with more tokens than this, special tokens included, are skipped (never
+        truncated: that would silently cut trees).
+    max_sentences : int, optional
+        Stop reading after this many sentences.
+    chunk_size : int
+        Sentences tokenized and sorted by length together.
+    """
 
-    def __post_init__(self) -> None:
-        # One conversion from Arrow to Python lists; batches are then cut from the lists.
-        self.columns = self.dataset.to_dict()
+    def __init__(
+        self,
+        sentences: Iterable[Sentence],
+        tokenizer: PreTrainedTokenizerBase,
+        max_length: int,
+        *,
+        max_sentences: int | None = None,
+        chunk_size: int = CHUNK_SENTENCES,
+    ) -> None:
+        self.sentences = sentences
+        self.tokenizer = word_tokenizer(tokenizer)
+        self.max_length = max_length
+        self.max_sentences = max_sentences
+        self.chunk_size = chunk_size
+        self.read = self.analysed = self.words = 0
+        self.skipped: Counter[str] = Counter()
 
-    def batches(self, batch_size: int, max_cells: int | None = None) -> Iterator[Batch]:
-        """Batches of similar length (less padding), in a fixed order.
+    def batches(self, batch_size: int = 32, max_cells: int | None = None) -> Iterator[Batch]:
+        """Batches of similar length (less padding), in an order fixed by the treebank.
 
         Parameters
         ----------
@@ -71,101 +116,79 @@ class Corpus:
             sentences come in smaller batches and memory stays bounded by one batch whatever
             the corpus holds; default ``batch_size * 24²``.
         """
-        for group in self.groups(batch_size, max_cells):
-            yield collate({k: [v[i] for i in group] for k, v in self.columns.items()})
+        self.read = self.analysed = self.words = 0
+        self.skipped = Counter()
+        max_cells = max_cells or batch_size * CELLS_PER_SENTENCE
+        stream = enumerate(islice(self.sentences, self.max_sentences))
+        while chunk := list(islice(stream, self.chunk_size)):
+            self.read += len(chunk)
+            kept = self._encode(chunk)
+            self.analysed += len(kept)
+            self.words += sum(len(e.sentence.words) for e in kept)
+            for group in _groups([len(e.input_ids) for e in kept], batch_size, max_cells):
+                yield collate([kept[i] for i in group])
 
-    def groups(self, batch_size: int, max_cells: int | None = None) -> list[list[int]]:
-        """The sentence indices of each batch that ``batches`` yields."""
-        max_cells = max_cells or batch_size * 24 * 24
-        lengths = self.columns["length"]
-        order = sorted(range(len(lengths)), key=lengths.__getitem__)
-        groups: list[list[int]] = []
-        for i in order:
-            group = groups[-1] if groups else None
-            if (
-                group is None
-                or len(group) >= batch_size
-                or (len(group) + 1) * lengths[i] ** 2 > max_cells
-            ):
-                groups.append([i])
+    def _encode(self, chunk: list[tuple[int, Sentence]]) -> list[_Encoded]:
+        """Tokenize pre-split words, align tokens to words, and drop what cannot be scored."""
+        encoded = self.tokenizer(
+            [s.words for _, s in chunk],
+            is_split_into_words=True,
+            truncation=False,
+            return_attention_mask=False,
+            return_token_type_ids=False,
+        )
+        kept = []
+        for row, (index, sentence) in enumerate(chunk):
+            ids = encoded["input_ids"][row]
+            word_ids = [-1 if w is None else w for w in encoded.word_ids(row)]
+            if len(ids) > self.max_length:
+                self.skipped[TOO_LONG] += 1
+            elif len({w for w in word_ids if w >= 0}) < len(sentence.words):
+                self.skipped[NO_TOKENS] += 1
             else:
-                group.append(i)
-        return groups
+                kept.append(_Encoded(index, sentence, ids, word_ids))
+        return kept
 
-    def __len__(self) -> int:
-        return len(self.dataset)
+
+def _groups(lengths: list[int], batch_size: int, max_cells: int) -> list[list[int]]:
+    """Positions grouped into batches of similar length: sorted by length (stable), a batch
+    closed when it holds ``batch_size`` sentences or would exceed ``max_cells``."""
+    groups: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lengths.__getitem__):
+        group = groups[-1] if groups else None
+        if (
+            group is None
+            or len(group) >= batch_size
+            or (len(group) + 1) * lengths[i] ** 2 > max_cells
+        ):
+            groups.append([i])
+        else:
+            group.append(i)
+    return groups
 
 
 def max_tokens(model_config, tokenizer: PreTrainedTokenizerBase) -> int:
+    """The longest input, special tokens included, that both the model and tokenizer accept."""
     limits = [getattr(model_config, "max_position_embeddings", None), tokenizer.model_max_length]
     return min(int(x) for x in limits if x and x < 1e9) if any(limits) else 512
 
 
-def encode(
-    sentences: list[Sentence], tokenizer: PreTrainedTokenizerBase, max_length: int
-) -> Corpus:
-    """Tokenize pre-split words, align tokens to words, and drop what cannot be scored.
-
-    Sentences with more than ``max_length`` tokens, or with a word that gets no token, are
-    skipped and counted in ``Corpus.skipped`` (never truncated: that would silently cut trees).
-    """
-    tok = word_tokenizer(tokenizer)
-    table = datasets.Dataset.from_dict(
-        {
-            "index": list(range(len(sentences))),
-            "words": [s.words for s in sentences],
-            "heads": [[h - 1 for h in s.heads] for s in sentences],
-            "relations": [[RELATION_ID[r] for r in s.relations] for s in sentences],
-            "punct": [[u == "PUNCT" for u in s.upos] for s in sentences],
-        }
-    )
-
-    def tokenize(rows):
-        encoded = tok(rows["words"], is_split_into_words=True, truncation=False)
-        word_ids = [
-            [-1 if w is None else w for w in encoded.word_ids(i)] for i in range(len(rows["words"]))
-        ]
-        n_words = [len(w) for w in rows["words"]]
-        covered = [
-            len({w for w in ids if w >= 0}) == n for ids, n in zip(word_ids, n_words, strict=True)
-        ]
-        return {
-            "input_ids": encoded["input_ids"],
-            "word_of_token": word_ids,
-            "length": [len(ids) for ids in encoded["input_ids"]],
-            "covered": covered,
-        }
-
-    table = table.map(tokenize, batched=True, desc="tokenizing", keep_in_memory=True)
-    skipped = Counter()
-    for length, covered in zip(table["length"], table["covered"], strict=True):
-        if length > max_length:
-            skipped[TOO_LONG] += 1
-        elif not covered:
-            skipped[NO_TOKENS] += 1
-    keep = [
-        i
-        for i, (n, c) in enumerate(zip(table["length"], table["covered"], strict=True))
-        if n <= max_length and c
-    ]
-    return Corpus(table.select(keep), sentences, skipped)
-
-
-def collate(rows: dict[str, list]) -> Batch:
-    def pad(key: str, value: int, dtype=torch.long) -> torch.Tensor:
-        seqs = rows[key]
+def collate(rows: list[_Encoded]) -> Batch:
+    def pad(seqs: list[list], value, dtype=torch.long) -> torch.Tensor:
         width = max(len(s) for s in seqs)
         return torch.tensor([list(s) + [value] * (width - len(s)) for s in seqs], dtype=dtype)
 
-    input_ids = pad("input_ids", 0)
-    lengths = torch.tensor(rows["length"])
+    input_ids = pad([r.input_ids for r in rows], 0)
+    lengths = torch.tensor([len(r.input_ids) for r in rows])
+    sentences = [r.sentence for r in rows]
     return Batch(
         input_ids=input_ids,
         attention_mask=(torch.arange(input_ids.shape[1])[None] < lengths[:, None]).long(),
-        word_of_token=pad("word_of_token", -1),
-        heads=pad("heads", -1).clamp(min=-1),
-        relations=pad("relations", -1),
-        punct=pad("punct", False, torch.bool),
-        n_words=torch.tensor([len(w) for w in rows["words"]]),
-        index=torch.tensor(rows["index"]),
+        word_of_token=pad([r.word_of_token for r in rows], -1),
+        heads=pad([s.heads for s in sentences], -1),
+        relations=pad([[RELATION_ID[r] for r in s.relations] for s in sentences], -1),
+        punct=pad([[u == "PUNCT" for u in s.upos] for s in sentences], False, torch.bool),
+        n_words=torch.tensor([len(s.words) for s in sentences]),
+        index=torch.tensor([r.index for r in rows]),
+        sentences=sentences,
     )

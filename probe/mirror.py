@@ -19,7 +19,7 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 from probe.architectures import architecture, blocks, head_dim, output_weights
-from probe.hooks import HookPoint
+from probe.hookpoints import HookPoint
 
 IMPLEMENTATION = "probe"
 SUFFIXES = (

@@ -1,22 +1,24 @@
-"""Stream a corpus through a mirrored model and hand each batch's attention to the analyses.
+"""Stream a corpus through a mirrored model and hand each layer's captures to the consumers.
 
-Only one batch of captures exists at a time; analyses keep sums, so memory does not grow with
-the corpus.
+Captures reach the consumers one layer at a time, from inside the forward pass, and are dropped
+before the next layer runs: memory holds one layer of one batch, whatever the depth of the model
+or the size of the corpus. Consumers keep sums, or the few features they need across layers.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Sequence
+from functools import cached_property
 from typing import Protocol
 
 import torch
 from transformers import PreTrainedModel
 
-from probe.alignment import Attention
-from probe.corpus import Batch, Corpus
-from probe.hooks import trace
+from probe.alignment import head_predictions, word_attention
+from probe.corpus import Batch
+from probe.hookpoints import hooks
 
 
 def _find_malloc_trim() -> Callable[[int], int] | None:
@@ -41,41 +43,87 @@ def release_memory() -> None:
         _malloc_trim(0)
 
 
-class Analysis(Protocol):
-    """What the runner needs of an analysis."""
+class LayerCapture(dict):
+    """One layer's captures for one batch, by hook suffix (``capture["hook_pattern"]``), with
+    the word-level views of the attention pattern computed once and shared by every consumer."""
 
-    name: str
+    def __init__(self, tensors: dict[str, torch.Tensor], batch: Batch) -> None:
+        super().__init__(tensors)
+        self.batch = batch
 
-    def update(self, batch: Batch, attention: Attention) -> None:
-        """Add one batch; ``attention.patterns`` is ``[batch, layer, head, q_pos, k_pos]``."""
+    @cached_property
+    def pattern(self) -> torch.Tensor:
+        """Attention weights ``[batch, head, q_pos, k_pos]`` in float32."""
+        return self["hook_pattern"].float()
+
+    @cached_property
+    def words(self) -> torch.Tensor:
+        """Word-level attention ``[batch, head, word, word]`` (see ``word_attention``)."""
+        return word_attention(self.pattern, self.batch.word_of_token, int(self.batch.n_words.max()))
+
+    @cached_property
+    def predictions(self) -> torch.Tensor:
+        """Every head's predicted head word ``[batch, 2, head, word]``, direction 0 dependent ->
+        head, 1 head -> dependent (see ``head_predictions``)."""
+        return head_predictions(self.words, self.batch.n_words)
 
 
-def attention_batches(
-    model: PreTrainedModel, corpus: Corpus, batch_size: int = 32
-) -> Iterator[tuple[Batch, torch.Tensor]]:
-    """Each batch with every layer's attention pattern ``[batch, layer, head, q_pos, k_pos]``."""
-    device = next(model.parameters()).device
-    with torch.inference_mode(), trace(model, "hook_pattern") as cache:
-        for batch in corpus.batches(batch_size):
-            batch = batch.to(device)
-            model(**batch.inputs)
-            patterns = cache.stack("hook_pattern", dim=1).float()
-            cache.clear()  # only the stacked copy lives on
-            yield batch, patterns
-    release_memory()
+class Consumer(Protocol):
+    """What the runner needs of whatever reads the captures (an analysis, say)."""
+
+    def begin_batch(self, batch: Batch) -> None:
+        """Called before the batch runs through the model."""
+
+    def update(self, batch: Batch, layer: int, capture: LayerCapture) -> None:
+        """Called once per layer, in layer order, while the batch runs through the model."""
+
+    def end_batch(self, batch: Batch) -> None:
+        """Called after every layer of the batch has been seen."""
 
 
-def run(
+def _layer(name: str) -> int:
+    return int(name.split(".")[1])  # blocks.{layer}.attn.hook_...
+
+
+def stream(
     model: PreTrainedModel,
-    corpus: Corpus,
-    analyses: Iterable[Analysis],
-    *,
-    batch_size: int = 32,
-    progress: Callable[[Iterator], Iterator] = iter,
+    batches: Iterable[Batch],
+    consumers: Sequence[Consumer],
+    captures: Collection[str] = ("hook_pattern",),
 ) -> None:
-    """Feed every batch's patterns to every analysis, one batch in memory at a time."""
-    analyses = list(analyses)
-    for batch, patterns in progress(attention_batches(model, corpus, batch_size)):
-        attention = Attention(patterns, batch.word_of_token, batch.n_words)
-        for analysis in analyses:
-            analysis.update(batch, attention)
+    """Run every batch through ``model`` and hand each layer's captures to every consumer.
+
+    Parameters
+    ----------
+    model : PreTrainedModel
+        A supported Hugging Face model; it is mirrored for the duration of the call.
+    batches : iterable of Batch
+        E.g. ``Corpus.batches()``, wrapped in a progress bar if wanted.
+    consumers : sequence of Consumer
+    captures : collection of str
+        Hook suffixes (``"hook_pattern"``, ``"hook_z"``…) a layer's capture holds; the consumers
+        see a layer once all of them have been computed.
+    """
+    device = next(model.parameters()).device
+    wanted = set(captures)
+    pending: dict[int, dict[str, torch.Tensor]] = {}
+    current: list[Batch] = []
+
+    def receive(tensor: torch.Tensor, name: str) -> None:
+        layer = _layer(name)
+        got = pending.setdefault(layer, {})
+        got[name.rsplit(".", 1)[1]] = tensor
+        if len(got) == len(wanted):
+            capture = LayerCapture(pending.pop(layer), current[0])
+            for consumer in consumers:
+                consumer.update(current[0], layer, capture)
+
+    with torch.inference_mode(), hooks(model, dict.fromkeys(wanted, receive)):
+        for batch in batches:
+            current[:] = [batch.to(device)]
+            for consumer in consumers:
+                consumer.begin_batch(current[0])
+            model(**current[0].inputs)
+            for consumer in consumers:
+                consumer.end_batch(current[0])
+    release_memory()

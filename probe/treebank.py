@@ -8,6 +8,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 
 from probe.errors import ProbeError
@@ -62,8 +63,9 @@ UD_URL = "https://raw.githubusercontent.com/UniversalDependencies/{repo}/{releas
 class Sentence:
     """One sentence's basic dependency tree.
 
-    ``heads[i]`` is the 1-based index of word i's head (0 for the root), as in CoNLL-U;
-    ``relations[i]`` is its universal relation with the subtype folded (``obl:tmod`` -> ``obl``).
+    ``heads[i]`` is the 0-based index of word i's head, -1 for the root (CoNLL-U's 1-based HEAD
+    column is converted here, once); ``relations[i]`` is its universal relation with the subtype
+    folded (``obl:tmod`` -> ``obl``).
     """
 
     words: list[str]
@@ -75,7 +77,12 @@ class Sentence:
 
 
 def read_conllu(path: str | Path) -> list[Sentence]:
-    """Read and validate a CoNLL-U file.
+    """Read and validate a whole CoNLL-U file (``iter_conllu`` streams it)."""
+    return list(iter_conllu(path))
+
+
+def iter_conllu(path: str | Path) -> Iterator[Sentence]:
+    """Stream the sentences of a CoNLL-U file, validating each as it is read.
 
     Comment lines, multiword-token ranges (``3-4``) and empty nodes (``8.1``) are skipped.
 
@@ -83,20 +90,20 @@ def read_conllu(path: str | Path) -> list[Sentence]:
     ------
     ProbeError
         ``file:line: what is wrong`` for a wrong column count, a non-integer or out-of-range
-        head, a sentence with no root or several, or a cycle.
+        head, a sentence with no root or several, or a cycle; or when the file cannot be read.
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open(encoding="utf-8") as lines:
+            yield from _parse(lines, str(path))
     except (OSError, UnicodeDecodeError) as e:
         raise ProbeError(f"cannot read treebank {path}: {e}") from e
-    return list(_parse(text.splitlines(), str(path)))
 
 
 def _parse(lines: Iterable[str], name: str) -> Iterator[Sentence]:
     rows: list[tuple[int, list[str]]] = []
     sent_id = ""
-    for number, line in enumerate([*lines, ""], start=1):
+    for number, line in enumerate(chain(lines, [""]), start=1):
         line = line.rstrip("\r\n")
         if not line.strip():
             if rows:
@@ -136,10 +143,10 @@ def _sentence(rows: list[tuple[int, list[str]]], name: str, sent_id: str) -> Sen
         if (relation == "root") != (head == 0):
             raise ProbeError(f"{name}:{number}: only the root (head 0) has relation 'root'")
         words.append(cols[1])
-        heads.append(head)
+        heads.append(head - 1)
         relations.append(relation)
         upos.append(cols[3])
-    roots = [i for i, h in enumerate(heads) if h == 0]
+    roots = [i for i, h in enumerate(heads) if h < 0]
     first_line = rows[0][0]
     if len(roots) != 1:
         found = "no root" if not roots else f"{len(roots)} roots"
@@ -147,12 +154,12 @@ def _sentence(rows: list[tuple[int, list[str]]], name: str, sent_id: str) -> Sen
             f"{name}:{first_line}: sentence has {found} (head 0); it needs exactly one"
         )
     for i in range(n):
-        seen, j = set(), i + 1
-        while j != 0:
+        seen, j = set(), i
+        while j >= 0:
             if j in seen:
                 raise ProbeError(f"{name}:{rows[i][0]}: word {i + 1} is in a cycle of heads")
             seen.add(j)
-            j = heads[j - 1]
+            j = heads[j]
     return Sentence(words, heads, relations, upos, sent_id, name)
 
 
@@ -195,21 +202,34 @@ def download_ud(spec: str) -> list[Path]:
     return [target]
 
 
-def load_treebank(specs: str | Path | Iterable[str | Path] | None = None) -> list[Sentence]:
-    """Sentences from ``.conllu`` paths and ``ud:`` names; None is the bundled sample."""
+def treebank_paths(specs: str | Path | Iterable[str | Path] | None = None) -> list[Path]:
+    """The local files of ``.conllu`` paths and ``ud:`` names (downloaded once); None is the
+    bundled sample. Checks that each exists, so a run fails before any compute starts."""
     if specs is None:
         specs = [SAMPLE]
     elif isinstance(specs, str | Path):
         specs = [specs]
-    sentences: list[Sentence] = []
+    paths = []
     for spec in specs:
-        paths = download_ud(spec) if str(spec).startswith("ud:") else [Path(spec)]
-        for path in paths:
+        for path in download_ud(spec) if str(spec).startswith("ud:") else [Path(spec)]:
             if not path.is_file():
                 raise ProbeError(
                     f"treebank {path} does not exist (give a .conllu file or ud:en_ewt)"
                 )
-            sentences += read_conllu(path)
+            paths.append(path)
+    return paths
+
+
+def iter_treebank(paths: Iterable[Path]) -> Iterator[Sentence]:
+    """The sentences of several CoNLL-U files, one after another, read lazily."""
+    for path in paths:
+        yield from iter_conllu(path)
+
+
+def load_treebank(specs: str | Path | Iterable[str | Path] | None = None) -> list[Sentence]:
+    """All sentences of ``.conllu`` paths and ``ud:`` names; None is the bundled sample."""
+    paths = treebank_paths(specs)
+    sentences = list(iter_treebank(paths))
     if not sentences:
-        raise ProbeError(f"no sentences in {', '.join(map(str, specs))}")
+        raise ProbeError(f"no sentences in {', '.join(map(str, paths))}")
     return sentences

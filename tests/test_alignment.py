@@ -2,16 +2,18 @@
 
 import pytest
 import torch
+from streams import context, feed
 from tokenizers_util import FAMILIES, TEXT
 
-from probe.alignment import Attention, head_predictions, word_attention, word_tokenizer
-from probe.corpus import NO_TOKENS, TOO_LONG, encode
+from analyses.syntax import Syntax
+from probe.alignment import head_predictions, word_attention, word_tokenizer
+from probe.corpus import NO_TOKENS, TOO_LONG, Corpus
 from probe.treebank import Sentence
 
 
 def sentence(words):
     n = len(words)
-    return Sentence(words, [0] + [1] * (n - 1), ["root"] + ["dep"] * (n - 1), ["X"] * n)
+    return Sentence(words, [-1] + [0] * (n - 1), ["root"] + ["dep"] * (n - 1), ["X"] * n)
 
 
 WORDS = ["Unbelievably", ",", "the", "dogs", "were", "barking", "at", "strangers", "."]
@@ -20,20 +22,20 @@ WORDS = ["Unbelievably", ",", "the", "dogs", "were", "barking", "at", "strangers
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_every_word_gets_its_own_tokens(family):
     tokenizer = FAMILIES[family]()
-    corpus = encode([sentence(WORDS)], tokenizer, max_length=100)
-    row = corpus.dataset[0]
-    pieces = tokenizer.convert_ids_to_tokens(row["input_ids"])
+    (batch,) = Corpus([sentence(WORDS)], tokenizer, max_length=100).batches()
+    word_of_token = batch.word_of_token[0].tolist()
+    pieces = tokenizer.convert_ids_to_tokens(batch.input_ids[0].tolist())
     for w, word in enumerate(WORDS):
-        tokens = [p for p, owner in zip(pieces, row["word_of_token"], strict=True) if owner == w]
+        tokens = [p for p, owner in zip(pieces, word_of_token, strict=True) if owner == w]
         assert tokens, f"{word!r} has no token"
         text = "".join(tokens).replace("##", "").replace("Ġ", "").replace("▁", "")
         assert text == word.lower() if family == "wordpiece" else text == word
-    special = [p for p, owner in zip(pieces, row["word_of_token"], strict=True) if owner < 0]
+    special = [p for p, owner in zip(pieces, word_of_token, strict=True) if owner < 0]
     assert (
         special
         == {"wordpiece": ["[CLS]", "[SEP]"], "unigram": ["</s>"], "byte_level_bpe": []}[family]
     )
-    assert max(row["word_of_token"]) == len(WORDS) - 1
+    assert max(word_of_token) == len(WORDS) - 1
 
 
 def test_byte_level_words_are_tokenized_as_inside_running_text():
@@ -43,7 +45,8 @@ def test_byte_level_words_are_tokenized_as_inside_running_text():
     running = tokenizer.tokenize(" " + " ".join(WORDS[2:6]))
     split = fixed.convert_ids_to_tokens(fixed(WORDS[2:6], is_split_into_words=True)["input_ids"])
     assert split == running and split[0].startswith("Ġ")
-    assert word_tokenizer(FAMILIES["wordpiece"]()) is not None
+    wordpiece = FAMILIES["wordpiece"]()
+    assert word_tokenizer(wordpiece) is wordpiece  # nothing to fix: the very same tokenizer
 
 
 def test_words_without_tokens_and_long_sentences_are_counted():
@@ -53,9 +56,10 @@ def test_words_without_tokens_and_long_sentences_are_counted():
         sentence(TEXT[0].split()),
         sentence(["a"] * 30),
     ]
-    corpus = encode(sentences, tokenizer, max_length=20)
+    corpus = Corpus(sentences, tokenizer, max_length=20)
+    (batch,) = corpus.batches()
     assert corpus.skipped == {NO_TOKENS: 1, TOO_LONG: 1}
-    assert len(corpus) == 1 and corpus.dataset[0]["index"] == 1
+    assert (corpus.read, corpus.analysed) == (3, 1) and batch.index.tolist() == [1]
 
 
 # The hand-worked example: "the cats sleep", with "cats" split into "cat" + "##s".
@@ -103,16 +107,16 @@ def hand_batch():
 
 
 def test_bootstrap_intervals_are_seeded():
-    from analyses.syntax import SyntaxAnalysis
-
     def best(seed):
-        analysis = SyntaxAnalysis(1, 1, seed=seed, n_boot=200)
+        analysis = Syntax(context(1, 1, seed=seed), n_boot=200)
         g = torch.Generator().manual_seed(42)  # the same random attention for both seeds
         for _ in range(40):
-            pattern = torch.softmax(3 * torch.randn(1, 1, 1, 6, 6, generator=g), -1)
-            batch = hand_batch()
-            analysis.update(batch, Attention(pattern, batch.word_of_token, batch.n_words))
-        return analysis.tables()["syntax_best"].set_index("relation").loc["all"]
+            feed(
+                analysis,
+                hand_batch(),
+                torch.softmax(3 * torch.randn(1, 1, 1, 6, 6, generator=g), -1),
+            )
+        return analysis.finish()["syntax_best"].set_index("relation").loc["all"]
 
     first, again, other = best(0), best(0), best(1)
     assert (first.ci_low, first.ci_high) == (again.ci_low, again.ci_high)
@@ -121,8 +125,6 @@ def test_bootstrap_intervals_are_seeded():
 
 
 def test_predictions_and_scores_by_hand():
-    from analyses.syntax import SyntaxAnalysis
-
     words = word_attention(TOKEN_ATTENTION[None, None], WORD_OF_TOKEN, 3)
     predicted = head_predictions(words, torch.tensor([3]))[0, :, 0]
     # dependent -> head: the -> sleep (0.6 > 0.2), cats -> sleep (0.3 > 0.2), sleep -> cats.
@@ -130,11 +132,9 @@ def test_predictions_and_scores_by_hand():
     # head -> dependent: who attends most to "the"? cats (0.2 > 0.1); to "cats"? sleep (0.6).
     assert predicted[1].tolist()[:2] == [1, 2]
 
-    batch = hand_batch()
-    analysis = SyntaxAnalysis(1, 1, n_boot=10)
-    pattern = TOKEN_ATTENTION[None, None, None]
-    analysis.update(batch, Attention(pattern, batch.word_of_token, batch.n_words))
-    tables = analysis.tables()
+    analysis = Syntax(context(1, 1), n_boot=10)
+    feed(analysis, hand_batch(), TOKEN_ATTENTION[None, None, None])
+    tables = analysis.finish()
     syntax = tables["syntax"].set_index(["relation", "direction"])
     assert syntax.loc[("det", "dependent_to_head"), "correct"] == 0
     assert syntax.loc[("det", "head_to_dependent"), "correct"] == 1

@@ -7,13 +7,15 @@ import pytest
 import torch
 import transformers as tf
 from scipy.spatial.distance import jensenshannon
+from streams import context, feed
 from tokenizers_util import wordpiece
 
 import probe
-from analyses.roles import RolesAnalysis, Thresholds, heads_table
-from probe.alignment import Attention
-from probe.corpus import encode
-from probe.runner import run
+from analyses.roles import Roles
+from analyses.vocabulary import Thresholds
+from probe.app.run import join_heads
+from probe.corpus import Corpus
+from probe.runner import stream
 from probe.treebank import Sentence
 
 WORDS = [
@@ -25,7 +27,7 @@ WORDS = [
 
 def sentence(words):
     n = len(words)
-    return Sentence(words, [0] + [1] * (n - 1), ["root"] + ["dep"] * (n - 1),
+    return Sentence(words, [-1] + [0] * (n - 1), ["root"] + ["dep"] * (n - 1),
                     ["PUNCT" if w in ".," else "X" for w in words])  # fmt: skip
 
 
@@ -51,17 +53,22 @@ def analysed():
                            intermediate_size=64, vocab_size=200)  # fmt: skip
     model = tf.BertModel(config).eval()
     tokenizer = wordpiece()
-    corpus = encode([sentence(w) for w in WORDS], tokenizer, max_length=64)
-    lengths = np.array(corpus.dataset["length"])
-    analysis = RolesAnalysis(2, 4, js_queries_per_batch=10_000)
+    corpus = Corpus([sentence(w) for w in WORDS], tokenizer, max_length=64)
+    lengths = np.array([len(tokenizer(w, is_split_into_words=True).input_ids) for w in WORDS])
+    analysis = Roles(context(2, 4), js_queries_per_batch=10_000)
     with probe.hooks(model, {"blocks.0.attn.hook_pattern": set_patterns}):
-        run(model, corpus, [analysis], batch_size=2)
-    return analysis, lengths, corpus
+        stream(model, corpus.batches(batch_size=2), [analysis])
+    return analysis.finish(), lengths, corpus
+
+
+def roles_of(tables, thresholds=Thresholds()):
+    heads = join_heads([Roles], tables, thresholds, n_layers=2, n_heads=4)
+    return heads.set_index(["layer", "head"]).roles
 
 
 def test_statistics_by_hand(analysed):
-    analysis, n, _ = analysed
-    stats = analysis.tables()["head_stats"].set_index(["layer", "head"])
+    tables, n, _ = analysed
+    stats = tables["head_stats"].set_index(["layer", "head"])
     total = n.sum()
     prev, cls, uniform = stats.loc[(0, 0)], stats.loc[(0, 1)], stats.loc[(0, 2)]
     assert prev.previous == pytest.approx((n - 1).sum() / total)
@@ -81,27 +88,18 @@ def test_statistics_by_hand(analysed):
 
 
 def test_roles_are_exactly_the_set_ones(analysed):
-    analysis, n, _ = analysed
-    tables = analysis.tables()
+    tables, n, _ = analysed
     share = (n - 1).sum() / n.sum()  # queries with a previous token
-    heads = heads_table(
-        tables["head_stats"],
-        tables["head_similarity"],
-        thresholds=Thresholds(previous_token=share - 1e-9),
-    )
-    roles = heads.set_index(["layer", "head"]).roles
+    roles = roles_of(tables, Thresholds(previous_token=share - 1e-9))
     assert roles[(0, 0)] == "previous-token"
     assert roles[(0, 1)] == "sink"
     assert roles[(0, 2)] == "broad"
-    strict = heads_table(
-        tables["head_stats"], tables["head_similarity"], thresholds=Thresholds(broad=1.01)
-    )
-    assert strict.set_index(["layer", "head"]).roles[(0, 2)] == ""
+    assert roles_of(tables, Thresholds(broad=1.01))[(0, 2)] == ""
 
 
 def test_js_divergence_between_set_heads(analysed):
-    analysis, n, _ = analysed
-    sim = analysis.tables()["head_similarity"].set_index(["layer_a", "head_a", "layer_b", "head_b"])
+    tables, n, _ = analysed
+    sim = tables["head_similarity"].set_index(["layer_a", "head_a", "layer_b", "head_b"])
     # previous-token and [CLS] heads agree on queries 0 and 1 (both look at [CLS]), else log 2.
     assert sim.js_divergence[(0, 0, 0, 1)] == pytest.approx((n - 2).sum() * math.log(2) / n.sum())
     for h in range(4):
@@ -111,9 +109,8 @@ def test_js_divergence_between_set_heads(analysed):
 def test_js_divergence_against_scipy():
     torch.manual_seed(1)
     p = torch.softmax(torch.randn(2, 1, 3, 5, 5), -1)  # [batch, layer, head, q, k]
-    analysis = RolesAnalysis(1, 3, js_queries_per_batch=100)
-    real = torch.ones(2, 5, dtype=torch.bool)
-    analysis._add_js(p.reshape(2, 3, 5, 5), real)
+    analysis = Roles(context(1, 3))
+    analysis._add_js(p[:, 0].permute(0, 2, 1, 3).reshape(10, 3, 5))  # every query
     expected = np.zeros((3, 3))
     for b in range(2):
         for q in range(5):
@@ -125,18 +122,22 @@ def test_js_divergence_against_scipy():
 
 def test_memory_does_not_grow_with_the_corpus(analysed):
     _, _, corpus = analysed
-    analysis = RolesAnalysis(2, 4)
+    analysis = Roles(context(2, 4))
 
     def state_bytes():
         return sum(
-            v.numel() * v.element_size() for v in vars(analysis).values() if torch.is_tensor(v)
+            v.numel() * v.element_size()
+            for k, v in vars(analysis).items()
+            if torch.is_tensor(v) and not k.startswith("_")  # the state, not the batch at hand
         )
 
     batch = next(corpus.batches(2))
-    patterns = torch.softmax(torch.randn(2, 2, 4, *batch.input_ids.shape[1:2] * 2), -1)
-    attention = Attention(patterns, batch.word_of_token, batch.n_words)
-    analysis.update(batch, attention)
+    T = batch.input_ids.shape[1]
+    patterns = torch.softmax(
+        torch.randn(2, 2, 4, T, T, generator=torch.Generator().manual_seed(0)), -1
+    )
+    feed(analysis, batch, patterns)
     once = state_bytes()
     for _ in range(20):
-        analysis.update(batch, attention)
+        feed(analysis, batch, patterns)
     assert state_bytes() == once

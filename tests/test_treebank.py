@@ -29,7 +29,7 @@ def write(tmp_path, text, name="t.conllu"):
 def test_ranges_empty_nodes_and_subtypes(tmp_path):
     first, second = read_conllu(write(tmp_path, GOOD))
     assert first.words == ["They", "do", "n't", "sleep", "."]
-    assert first.heads == [4, 4, 4, 0, 4]
+    assert first.heads == [3, 3, 3, -1, 3]  # 0-based, -1 for the root
     assert first.relations == ["nsubj", "aux", "advmod", "root", "punct"]
     assert first.upos[-1] == "PUNCT" and first.sent_id == "1"
     assert second.relations == ["obl", "root"]

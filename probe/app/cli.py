@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import typer
@@ -13,6 +13,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+from analyses import REGISTRY
+from analyses.vocabulary import Thresholds
+from probe.app.run import Settings, check
+from probe.app.run import analyze as analyze_run
+from probe.errors import ProbeError
 
 app = typer.Typer(
     help="What does each attention head do? Analyse a model, write a self-contained report.",
@@ -25,7 +31,7 @@ err = Console(stderr=True)
 
 def _version(value: bool) -> None:
     if value:
-        from probe import __version__
+        from probe import __version__  # light: names are imported on first use
 
         typer.echo(f"probe {__version__}")
         raise typer.Exit()
@@ -42,15 +48,11 @@ def main(
 
 def _quiet_libraries() -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
-    import datasets
     import transformers
 
     transformers.logging.set_verbosity_error()
     logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
     transformers.logging.disable_progress_bar()
-    datasets.disable_progress_bars()
-    logging.getLogger("datasets").setLevel(logging.ERROR)
 
 
 def _fail(message: str) -> None:
@@ -77,7 +79,7 @@ def analyze(
     device: str = typer.Option("cpu", "--device", help="cpu, cuda or auto."),
     dtype: str = typer.Option(None, "--dtype", help="float32 (default), float16 or bfloat16."),
     analyses: str = typer.Option(
-        "syntax,roles,spectra,probe", "--analyses", "-a", help="Comma-separated analyses to run."
+        ",".join(REGISTRY), "--analyses", "-a", help="Comma-separated analyses to run."
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap, the probe's split and MDS."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output folder."),
@@ -89,17 +91,11 @@ def analyze(
         None,
         "--threshold",
         help="Override a role threshold, e.g. --threshold sink=0.5 (repeatable); names: "
-        "previous_token, next_token, sink, broad, syntactic, relation_min_words, "
-        "relation_min_share.",
+        f"{', '.join(Thresholds.names())}.",
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars or summary."),
 ) -> None:
     """Run every analysis of every head over a treebank and write an HTML report."""
-    _quiet_libraries()
-    from probe.analyze import Settings
-    from probe.analyze import analyze as run_analysis
-    from probe.errors import ProbeError
-
     if dtype not in (None, "float32", "float16", "bfloat16"):
         _fail(f"unknown --dtype {dtype!r}; use float32, float16 or bfloat16")
     thresholds = {}
@@ -124,6 +120,11 @@ def analyze(
         trust_remote_code=trust_remote_code,
         thresholds=thresholds,
     )
+    try:
+        check(settings)  # before torch is imported: a mistake is answered at once
+    except ProbeError as e:
+        _fail(str(e))
+    _quiet_libraries()
     console = Console(stderr=True, quiet=quiet)
     progress = Progress(
         TextColumn("{task.description}"),
@@ -136,18 +137,18 @@ def analyze(
     )
 
     def bar(description: str, total: int | None):
-        def wrap(items: Iterator) -> Iterator:
+        def wrap(batches: Iterable) -> Iterator:
             task = progress.add_task(description, total=total)
-            for item in items:
-                yield item
-                progress.advance(task)
+            for batch in batches:
+                yield batch
+                progress.advance(task, len(batch))
 
         return wrap
 
     try:
         with progress:
             status_task = progress.add_task("starting", total=None)
-            path = run_analysis(
+            path = analyze_run(
                 settings,
                 progress=bar,
                 status=lambda message: progress.update(status_task, description=message),
@@ -172,7 +173,7 @@ def _summary(console: Console, path: Path) -> None:
     )
     best_path = path / "syntax_best.csv"
     if best_path.exists():
-        best = pd.read_csv(best_path)
+        best = pd.read_csv(best_path, keep_default_na=False)
         main = ["nsubj", "obj", "det", "amod", "case", "advmod", "aux", "mark", "all"]
         table = Table("relation", "words", "best head", "direction", "accuracy", "baseline")
         for row in best[best.relation.isin(main)].itertuples():
@@ -189,12 +190,14 @@ def _summary(console: Console, path: Path) -> None:
     counts = heads.roles.str.split(";").explode().loc[lambda r: r != ""].value_counts()
     if len(counts):
         console.print("roles: " + ", ".join(f"{n} {role}" for role, n in counts.items()))
-    if run.get("probe") and "uas" in run["probe"]:
-        p = run["probe"]
-        console.print(
-            f"attention probe UAS {p['uas']:.1%} (right-branching {p['right_branching_uas']:.1%}, "
-            f"best single head {p['best_head_uas']:.1%})"
-        )
+    probe_path = path / "probe.csv"
+    if probe_path.exists():
+        uas = pd.read_csv(probe_path).set_index("parser").uas
+        if len(uas):
+            console.print(
+                f"attention probe UAS {uas['attention_probe']:.1%} (right-branching "
+                f"{uas['right_branching']:.1%}, best single head {uas['best_single_head']:.1%})"
+            )
     console.print(
         f"report: [link=file://{(path / 'index.html').resolve()}]{path / 'index.html'}[/]"
     )
@@ -205,8 +208,7 @@ def report(
     folder: Path = typer.Argument(..., help="A folder written by `probe analyze`."),
 ) -> None:
     """Re-render index.html from the tables of an earlier run (no model needed)."""
-    from probe.errors import ProbeError
-    from probe.report import render
+    from probe.app.report import render
 
     try:
         path = render(folder)

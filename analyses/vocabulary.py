@@ -1,0 +1,84 @@
+"""The words the analyses, their tables and the report share: roles, directions, thresholds.
+
+Imports nothing heavy, so the command line can check a user's options before loading torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from enum import StrEnum
+
+
+class Direction(StrEnum):
+    """Which way a head's attention is read as a dependency arc (Clark et al. 2019)."""
+
+    DEPENDENT_TO_HEAD = "dependent_to_head"  # the word a dependent attends to most
+    HEAD_TO_DEPENDENT = "head_to_dependent"  # the word that attends most to a head
+
+    @property
+    def index(self) -> int:
+        """Position along the direction axis of ``LayerCapture.predictions``."""
+        return list(Direction).index(self)
+
+    @property
+    def label(self) -> str:
+        return self.value.replace("_", " ")
+
+
+class Role(StrEnum):
+    """What a head does, as the report and ``heads.csv`` name it; a head may hold several."""
+
+    PREVIOUS_TOKEN = "previous-token"
+    NEXT_TOKEN = "next-token"
+    SINK = "sink"
+    BROAD = "broad"
+    SYNTACTIC = "syntactic"
+
+    @property
+    def code(self) -> str:
+        """One letter for the overview grid."""
+        return _STYLE[self][0]
+
+    @property
+    def colour(self) -> str:
+        """The colour of the role in the report (a CSS colour)."""
+        return _STYLE[self][1]
+
+
+_STYLE = {
+    Role.PREVIOUS_TOKEN: ("P", "#e07b39"),
+    Role.NEXT_TOKEN: ("N", "#d6b23a"),
+    Role.SINK: ("S", "#7b61c4"),
+    Role.BROAD: ("B", "#54a37c"),
+    Role.SYNTACTIC: ("Y", "#d0457a"),
+}
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When a head gets a role; a head may hold several roles, or none."""
+
+    previous_token: float = 0.9  # share of queries whose maximum is on the previous token
+    next_token: float = 0.9  # share of queries whose maximum is on the next token
+    sink: float = 0.6  # mean attention on special tokens and punctuation
+    broad: float = 0.9  # mean entropy / log(number of keys)
+    syntactic: float = 0.10  # best relation accuracy above its best offset baseline
+    relation_min_words: int = 20  # relations scored for roles have at least this many words
+    relation_min_share: float = 0.01  # … and at least this share of all scored words
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    def describe(self) -> dict[Role, str]:
+        """Each role's rule, in words, with this run's numbers."""
+        return {
+            Role.PREVIOUS_TOKEN: f"maximum on the previous token for ≥ {self.previous_token:.0%} "
+            "of queries",
+            Role.NEXT_TOKEN: f"maximum on the next token for ≥ {self.next_token:.0%} of queries",
+            Role.SINK: f"≥ {self.sink:.0%} of attention on special tokens and punctuation",
+            Role.BROAD: f"normalised entropy ≥ {self.broad:.2f}",
+            Role.SYNTACTIC: f"best relation accuracy ≥ {self.syntactic * 100:.0f} points above "
+            f"its best offset baseline, among relations with ≥ {self.relation_min_words} words "
+            f"and ≥ {self.relation_min_share:.0%} of all words",
+        }

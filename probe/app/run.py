@@ -1,0 +1,255 @@
+"""``probe analyze``: one model, one treebank, the chosen analyses, one output folder.
+
+The run is a loop over the analyses the user chose (``analyses.REGISTRY``): what they need
+decides the work (the corpus is read and the model run only for analyses that capture
+attention), they stream layer by layer, finish into tables, and the report is drawn from those
+tables alone.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import suppress
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import analyses
+from analyses.vocabulary import Role, Thresholds
+from probe.app.output import check_free, default_out, staged
+from probe.errors import ProbeError
+
+PACKAGES = ("probe", "torch", "transformers", "scikit-learn", "numpy", "pandas")
+Progress = Callable[[str, int | None], Callable[[Iterable], Iterator]]
+
+
+@dataclass
+class Settings:
+    """Everything ``probe analyze`` needs; the CLI's options, one to one."""
+
+    model: str
+    treebank: Sequence[str] | None = None
+    out: Path | None = None
+    max_sentences: int | None = None
+    batch_size: int = 32
+    device: str = "cpu"
+    dtype: str | None = None
+    analyses: Sequence[str] = tuple(analyses.REGISTRY)
+    seed: int = 0
+    overwrite: bool = False
+    revision: str | None = None
+    trust_remote_code: bool = False
+    thresholds: dict = field(default_factory=dict)
+
+    @property
+    def output(self) -> Path:
+        return Path(self.out) if self.out else default_out(self.model)
+
+
+def check(settings: Settings) -> Thresholds:
+    """Check the options that need nothing loaded; returns the thresholds they set.
+
+    Raises
+    ------
+    ProbeError
+        For an unknown analysis or threshold, or an output folder that is taken.
+    """
+    unknown = [a for a in settings.analyses if a not in analyses.REGISTRY]
+    if unknown or not settings.analyses:
+        known = ", ".join(analyses.REGISTRY)
+        raise ProbeError(f"unknown analysis {', '.join(unknown) or '(none)'}; choose from {known}")
+    wrong = sorted(set(settings.thresholds) - set(Thresholds.names()))
+    if wrong:
+        known = ", ".join(Thresholds.names())
+        raise ProbeError(f"unknown threshold {', '.join(wrong)}; known: {known}")
+    check_free(settings.output, settings.overwrite)
+    return Thresholds(**settings.thresholds)
+
+
+def package_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for package in PACKAGES:
+        with suppress(PackageNotFoundError):
+            versions[package] = version(package)
+    return versions
+
+
+def join_heads(
+    classes: Sequence[type[analyses.Analysis]],
+    tables: dict,
+    thresholds: Thresholds,
+    n_layers: int,
+    n_heads: int,
+):
+    """``heads``: one row per head, joining what every analysis says about it, with its roles.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``layer``, ``head``, each analysis's ``head_columns`` (in registry order), and ``roles``
+        (the roles granted, ``;``-separated, in the order of ``Role``).
+    """
+    import pandas as pd
+
+    from probe.heads import all_heads
+
+    heads = pd.DataFrame(all_heads(n_layers, n_heads), columns=["layer", "head"])
+    for cls in classes:
+        part = cls.heads(tables, thresholds)
+        if part is not None:
+            heads = heads.merge(part, on=["layer", "head"], how="left")
+    granted = {
+        role: heads.pop(role).astype("boolean").fillna(False).to_numpy()
+        for role in map(str, Role)
+        if role in heads
+    }
+    heads["roles"] = [
+        ";".join(role for role, held in granted.items() if held[i]) for i in range(len(heads))
+    ]
+    return heads
+
+
+def heads_schema(classes: Sequence[type[analyses.Analysis]]) -> dict[str, str]:
+    schema = {"layer": "int", "head": "int"}
+    for cls in classes:
+        schema |= cls.head_columns
+    return schema | {"roles": "str"}
+
+
+def analyze(
+    settings: Settings,
+    progress: Progress | None = None,
+    status: Callable[[str], None] = lambda message: None,
+) -> Path:
+    """Run the analyses and write the report folder; returns its path.
+
+    Parameters
+    ----------
+    settings : Settings
+    progress : callable, optional
+        ``progress(description, total)`` returns a wrapper that shows progress over an
+        iterable of batches (the CLI passes rich progress bars); None shows nothing.
+    status : callable
+        Receives one-line messages about the stage that starts.
+    """
+    thresholds = check(settings)
+    out = settings.output
+    timings: dict[str, float] = {}
+    started = clock = time.perf_counter()
+
+    def lap(stage: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        timings[stage] = round(now - clock, 3)
+        clock = now
+
+    classes = [analyses.get(name) for name in analyses.REGISTRY if name in settings.analyses]
+    streaming = any(cls.captures for cls in classes)
+
+    import torch
+
+    from analyses import Context
+    from probe.app import tables as table_io
+    from probe.app.examples import Examples
+    from probe.app.report import render_html
+    from probe.architectures import blocks, is_causal
+    from probe.corpus import Corpus, max_tokens
+    from probe.loading import load, resolve_name
+    from probe.runner import stream
+    from probe.treebank import iter_treebank, treebank_paths
+
+    paths = treebank_paths(settings.treebank) if streaming else []
+    lap("start")
+
+    status(f"loading {settings.model}")
+    torch.manual_seed(settings.seed)
+    model, tokenizer = load(
+        settings.model,
+        device=settings.device,
+        dtype=settings.dtype,
+        revision=settings.revision,
+        trust_remote_code=settings.trust_remote_code,
+    )
+    config = model.config
+    n_layers, n_heads = len(blocks(model)), config.num_attention_heads
+    causal = is_causal(model)
+    context = Context(n_layers, n_heads, causal, settings.seed, thresholds, model)
+    chosen = [cls(context) for cls in classes]
+    lap("load")
+
+    corpus, examples = None, None
+    if streaming:
+        status(f"analysing {', '.join(map(str, paths))}")
+        corpus = Corpus(
+            iter_treebank(paths),
+            tokenizer,
+            max_tokens(config, tokenizer),
+            max_sentences=settings.max_sentences,
+        )
+        examples = Examples(tokenizer, n_layers, n_heads)
+        consumers = [a for a in chosen if a.captures]
+        captures = sorted({c for a in consumers for c in a.captures})
+        batches = corpus.batches(settings.batch_size)
+        if progress is not None:
+            batches = progress("analysing sentences", None)(batches)
+        stream(model, batches, [*consumers, examples], captures)
+        if corpus.read == 0:
+            raise ProbeError(f"no sentences in {', '.join(map(str, paths))}")
+        if corpus.analysed == 0:
+            reasons = ", ".join(f"{n} {why}" for why, n in corpus.skipped.items())
+            raise ProbeError(f"no sentence can be analysed ({reasons}); try another treebank")
+    lap("analyses")
+
+    status("finishing the analyses")
+    tables = {}
+    for analysis in chosen:
+        tables |= analysis.finish()
+    tables["heads"] = join_heads(classes, tables, thresholds, n_layers, n_heads)
+    schemas = {name: schema for cls in classes for name, schema in cls.tables.items()}
+    schemas["heads"] = heads_schema(classes)
+    tables = {name: table_io.typed(tables[name], schema) for name, schema in schemas.items()}
+    example_maps = examples.choose(tables["heads"]) if examples else {"sentences": [], "heads": {}}
+    lap("tables")
+
+    run_card = {
+        "model": settings.model,
+        "model_source": resolve_name(settings.model),
+        "model_type": config.model_type,
+        "revision": settings.revision or getattr(config, "_commit_hash", None),
+        "tokenizer": type(tokenizer).__name__,
+        "layers": n_layers,
+        "heads": n_heads,
+        "d_model": config.hidden_size,
+        "causal": causal,
+        "device": str(next(model.parameters()).device),
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "treebank": [str(p) for p in paths],
+        "sentences_read": corpus.read if corpus else 0,
+        "sentences_analysed": corpus.analysed if corpus else 0,
+        "sentences_skipped": dict(corpus.skipped) if corpus else {},
+        "words_analysed": corpus.words if corpus else 0,
+        "analyses": [cls.name for cls in classes],
+        "seed": settings.seed,
+        "batch_size": settings.batch_size,
+        "thresholds": asdict(thresholds),
+        "packages": package_versions(),
+        "command": " ".join(["probe", *sys.argv[1:]]) if sys.argv else "probe analyze",
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "timings_s": timings,
+    }
+    with staged(out, settings.overwrite) as folder:
+        for name, table in tables.items():
+            table_io.write(table, schemas[name], folder / f"{name}.csv")
+        (folder / "examples.json").write_text(json.dumps(example_maps), encoding="utf-8")
+        status("rendering the report")
+        html = render_html(run_card, tables, example_maps)
+        (folder / "index.html").write_text(html, encoding="utf-8")
+        lap("render")
+        timings["total"] = round(time.perf_counter() - started, 3)
+        (folder / "run.json").write_text(json.dumps(run_card, indent=2), encoding="utf-8")
+    return out

@@ -1,0 +1,41 @@
+"""Tables as CSV files with declared column types, so that a table read back from a report
+folder is the table that was written (``Schema`` in ``analyses``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+DTYPES = {"int": "int64", "float": "float64", "str": "object", "bool": "bool", "Int64": "Int64"}
+
+
+def typed(table: pd.DataFrame, schema: dict[str, str]) -> pd.DataFrame:
+    """``table`` with exactly the schema's columns, in its order and of its types (missing
+    text is the empty string)."""
+    missing = set(schema) - set(table.columns)
+    if missing:
+        raise ValueError(f"table lacks columns {sorted(missing)}")
+    table = table[list(schema)].copy()
+    for column, kind in schema.items():
+        if kind == "str":
+            table[column] = table[column].astype(object).where(table[column].notna(), "")
+            table[column] = table[column].map(str)
+        else:
+            table[column] = table[column].astype(DTYPES[kind])
+    return table.reset_index(drop=True)
+
+
+def write(table: pd.DataFrame, schema: dict[str, str], path: Path) -> None:
+    typed(table, schema).to_csv(path, index=False)
+
+
+def read(path: Path, schema: dict[str, str]) -> pd.DataFrame:
+    text = [c for c, kind in schema.items() if kind == "str"]
+    table = pd.read_csv(
+        path,
+        dtype={c: DTYPES[kind] for c, kind in schema.items()},
+        keep_default_na=False,
+        na_values={c: [""] for c in schema if c not in text},
+    )
+    return typed(table, schema)
