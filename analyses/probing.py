@@ -16,7 +16,7 @@ Memory is bounded in bytes, whatever the depth of the model or the size of the c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
@@ -32,7 +32,8 @@ from probe.runner import LayerCapture
 HELD_OUT = 0.2  # share of sentences held out for evaluation
 MAX_TRAIN_PAIRS = 150_000
 MAX_EVAL_SENTENCES = 400
-FEATURE_BYTES = 48 * 2**20  # for training pairs, and as much again for held-out sentences
+TRAIN_BYTES = 32 * 2**20  # features of the sampled training pairs
+EVAL_BYTES = 48 * 2**20  # features of the held-out sentences evaluated
 PARSERS = ("attention_probe", "right_branching", "best_single_head")
 
 
@@ -42,11 +43,12 @@ class _Held:
     right-branching get right on it."""
 
     key: int
-    features: np.ndarray  # [word, word, feature]
+    features: np.ndarray  # [word, word, feature], written once every layer has been seen
     gold: np.ndarray  # [word] 0-based head, -1 for the root
     counted: np.ndarray  # [word] bool: scored and not punctuation
     head_correct: np.ndarray  # [direction, layer, head]
     right_branching: int
+    layers: list = field(default_factory=list)  # word attention per layer, until end_batch
 
 
 class AttentionProbe(Analysis):
@@ -70,16 +72,17 @@ class AttentionProbe(Analysis):
         held_out: float = HELD_OUT,
         max_train_pairs: int = MAX_TRAIN_PAIRS,
         max_eval_sentences: int = MAX_EVAL_SENTENCES,
-        feature_bytes: int = FEATURE_BYTES,
+        train_bytes: int = TRAIN_BYTES,
+        eval_bytes: int = EVAL_BYTES,
     ) -> None:
         super().__init__(context)
         L, H = context.n_layers, context.n_heads
         self.n_features = 2 * L * H
         pair_bytes = self.n_features * 4
         self.held_out = held_out
-        self.capacity = max(1, min(max_train_pairs, feature_bytes // pair_bytes))
+        self.capacity = max(1, min(max_train_pairs, train_bytes // pair_bytes))
         self.max_eval_sentences = max_eval_sentences
-        self.max_eval_pairs = feature_bytes // pair_bytes
+        self.max_eval_pairs = eval_bytes // pair_bytes
         # np.zeros maps pages lazily: memory is taken as the sample fills.
         self.X = np.zeros((self.capacity, self.n_features), dtype=np.float32)
         self.y = np.zeros(self.capacity, dtype=bool)
@@ -112,6 +115,7 @@ class AttentionProbe(Analysis):
         slots, chosen = self._admit(pair_keys)
         chosen = torch.from_numpy(chosen).to(b.device)
         self._pairs = (b[chosen], i[chosen], j[chosen], slots)
+        self._forward, self._backward = [], []
         self.y[slots] = (gold[b, i] == j)[chosen].cpu().numpy()
 
         # Held-out sentences: those with the smallest keys that fit are evaluated.
@@ -129,7 +133,7 @@ class AttentionProbe(Analysis):
             right = np.append(np.arange(1, k), -2)  # the next word, if any
             self.held[int(index[s])] = entry = _Held(
                 key=int(keys(self.context.seed, "evaluate", index[s])),
-                features=np.zeros((k, k, self.n_features), dtype=np.float32),
+                features=np.zeros((0, 0, self.n_features), dtype=np.float32),
                 gold=g,
                 counted=c,
                 head_correct=np.zeros((2, self.context.n_layers, self.context.n_heads), int),
@@ -140,21 +144,28 @@ class AttentionProbe(Analysis):
         self._held_now = [(s, e) for s, e in new if self.held.get(int(index[s])) is e]
 
     def update(self, batch: Batch, layer: int, capture: LayerCapture) -> None:
-        H, LH = self.context.n_heads, self.n_features // 2
-        forward = slice(layer * H, (layer + 1) * H)  # attention i -> j of this layer's heads
-        backward = slice(LH + layer * H, LH + (layer + 1) * H)  # attention j -> i
         words = capture.words  # [B, H, n, n]
-        b, i, j, slots = self._pairs
-        if len(slots):
-            self.X[slots, forward] = words[b, :, i, j].cpu().numpy()
-            self.X[slots, backward] = words[b, :, j, i].cpu().numpy()
+        b, i, j, _ = self._pairs
+        self._forward.append(words[b, :, i, j])  # this layer's heads' attention i -> j
+        self._backward.append(words[b, :, j, i])  # … and j -> i
+        predicted = capture.predictions
         for s, entry in self._held_now:
             k = len(entry.gold)
-            w = words[s, :, :k, :k].cpu().numpy()  # [H, k, k]
-            entry.features[:, :, forward] = w.transpose(1, 2, 0)
-            entry.features[:, :, backward] = w.transpose(2, 1, 0)
-            predicted = capture.predictions[s, :, :, :k].cpu().numpy()  # [2, H, k]
-            entry.head_correct[:, layer] = ((predicted == entry.gold) & entry.counted).sum(-1)
+            entry.layers.append(words[s, :, :k, :k].cpu())
+            correct = (predicted[s, :, :, :k].cpu().numpy() == entry.gold) & entry.counted
+            entry.head_correct[:, layer] = correct.sum(-1)
+
+    def end_batch(self, batch: Batch) -> None:
+        """Write the batch's features, every layer at once, in the column order of
+        ``n_features``: i -> j for every head (flat order), then j -> i."""
+        slots = self._pairs[3]
+        if len(slots):
+            self.X[slots] = torch.cat(self._forward + self._backward, dim=1).cpu().numpy()
+        for _, entry in self._held_now:
+            w = torch.cat(entry.layers)  # [LH, k, k]
+            entry.features = torch.cat([w.permute(1, 2, 0), w.permute(2, 1, 0)], -1).numpy()
+            entry.layers = []
+        self._forward, self._backward, self._held_now = [], [], []
 
     def _admit(self, new_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Keep the ``capacity`` smallest keys among those kept so far and ``new_keys``.

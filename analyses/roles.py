@@ -35,6 +35,7 @@ METRICS = (
     *(f"max_at_{o:+d}" for o in MAX_OFFSETS),
 )
 JS_QUERIES_PER_BATCH = 16
+JS_BLOCK = 2**21  # numbers in one block of the head-similarity computation (8 MiB of float32)
 
 
 class Roles(Analysis):
@@ -75,20 +76,23 @@ class Roles(Analysis):
         self.js_queries = 0
 
     def begin_batch(self, batch: Batch) -> None:
-        """What every layer of the batch shares: which tokens are real, special or punctuation,
-        how many keys each query sees, and the queries sampled for head similarity."""
+        """What every layer of the batch shares: which queries are real, what each key is
+        (special token, punctuation), how many keys each query sees, and the queries sampled
+        for head similarity."""
         real = batch.attention_mask.bool()  # [B, T]
         B, T = real.shape
         word = batch.word_of_token.clamp(min=0)
         punct = torch.gather(batch.punct, 1, word) & (batch.word_of_token >= 0)
-        pos = torch.arange(T, device=real.device)
         keys = real.sum(1, keepdim=True).expand(B, T)
         if self.context.causal:
-            keys = torch.minimum((pos + 1)[None].expand(B, T), keys)
-        self._real, self._keys = real, keys
-        # [B, T, 2]: the key weights of special tokens and of punctuation
-        self._key_kinds = torch.stack([batch.special, punct], -1).float()
-        self._log_keys = torch.log(keys.float().clamp(min=2))
+            keys = torch.minimum(torch.arange(1, T + 1, device=real.device)[None], keys)
+        self._real = real.float()
+        # Per query, what each statistic is weighed by: the metric's sum runs over real queries,
+        # normalised entropy over queries that see more than one key.
+        self._normaliser = (real & (keys > 1)) / torch.log(keys.float().clamp(min=2))
+        self._next = (real[:, :-1] & real[:, 1:]).float()  # the next key must be real too
+        self._key_kinds = torch.stack([batch.special, punct], -1).float()  # [B, T, 2]
+        self._offsets = torch.arange(T, device=real.device) + MAX_OFFSETS[0]
         self._has_cls = batch.special[:, 0] & (not self.context.causal)
         self.queries += int(real.sum())
         self.normalisable += int((real & (keys > 1)).sum())
@@ -103,29 +107,39 @@ class Roles(Analysis):
 
     def update(self, batch: Batch, layer: int, capture: LayerCapture) -> None:
         p = capture.pattern  # [B, H, T, T]
-        T = p.shape[-1]
-        real = self._real
+        real = self._real  # [B, T]
         entropy = -torch.special.xlogy(p, p).sum(-1)  # [B, H, T]
-        shifted = lambda k: torch.diagonal(p, offset=k, dim1=-2, dim2=-1)  # noqa: E731
-        previous = torch.nn.functional.pad(shifted(-1), (1, 0))  # query q -> key q-1
-        following = torch.nn.functional.pad(shifted(1), (0, 1))  # query q -> key q+1
-        following = following * real.roll(-1, 1)[:, None]  # the next key must be real
         confidence, argmax = p.max(-1)
-        offset = argmax - torch.arange(T, device=p.device)  # where each query's maximum lies
-        kinds = p @ self._key_kinds[:, None]  # [B, H, T, 2]: special, punctuation
-        per_query = [
-            kinds,
-            torch.diagonal(p, dim1=-2, dim2=-1)[..., None],
-            previous[..., None],
-            following[..., None],
-            entropy[..., None],
-            (entropy / self._log_keys[:, None])[..., None] * (self._keys > 1)[:, None, :, None],
-            confidence[..., None],
-            *((offset == o).to(p.dtype)[..., None] for o in MAX_OFFSETS),
-        ]
-        stats = torch.cat(per_query, -1)  # [B, H, T, metric]
-        mask = real[:, None, :, None].to(p.dtype)
-        self.sums[:, layer] += (stats * mask).sum((0, 2)).T.double().cpu()
+        # Per query: [special, punct, self, entropy, normalised entropy, confidence]
+        per_query = torch.cat(
+            [
+                p @ self._key_kinds[:, None],
+                torch.stack(
+                    [
+                        p.diagonal(dim1=-2, dim2=-1),
+                        entropy,
+                        entropy * self._normaliser[:, None],
+                        confidence,
+                    ],
+                    -1,
+                ),
+            ],
+            -1,
+        )
+        sums = torch.einsum("bhqm,bq->mh", per_query, real)
+        previous = torch.einsum("bhq,bq->h", p.diagonal(-1, -2, -1), real[:, 1:])  # q -> q-1
+        following = torch.einsum("bhq,bq->h", p.diagonal(1, -2, -1), self._next)  # q -> q+1
+        # Where each query's maximum lies, relative to the query: offsets -2…+2 counted at once.
+        offset = argmax - self._offsets  # 0 for the first offset
+        inside = (offset >= 0) & (offset < len(MAX_OFFSETS)) & (real[:, None] > 0)
+        head = torch.arange(p.shape[1], device=p.device)[None, :, None].expand_as(offset)
+        at = torch.bincount(
+            (head * len(MAX_OFFSETS) + offset)[inside], minlength=p.shape[1] * len(MAX_OFFSETS)
+        ).view(-1, len(MAX_OFFSETS))  # [H, offset]
+        stats = torch.cat(
+            [sums[:3], previous[None], following[None], sums[3:], at.T.to(sums.dtype)]
+        )  # in the order of METRICS
+        self.sums[:, layer] += stats.double().cpu()
         self.cls_entropy[layer] += entropy[self._has_cls, :, 0].sum(0).double().cpu()
         b, t = self._sample
         self._rows[:, layer] = p[b, :, t, :]
@@ -135,18 +149,21 @@ class Roles(Analysis):
 
     def _add_js(self, q: torch.Tensor) -> None:
         """Add Σ over sampled queries of JS(head a, head b) = H(m) - (H(a) + H(b)) / 2, from
-        each sampled query's attention ``[queries, layer·head, keys]``."""
+        each sampled query's attention ``[queries, layer·head, keys]``.
+
+        Pairs are taken a block at a time, so the work space stays near ``JS_BLOCK`` numbers
+        whatever the number of heads and keys."""
         LH, T = q.shape[1], q.shape[2]
         entropy = lambda x: -torch.special.xlogy(x, x).sum(-1)  # noqa: E731
         own = entropy(q)  # [queries, LH]
         first, second = torch.triu_indices(LH, LH, offset=1, device=q.device)  # JS is symmetric
-        chunk = max(1, int(2e7 // (max(len(first), 1) * T)))
-        for start in range(0, len(q), chunk):
-            part, o = q[start : start + chunk], own[start : start + chunk]
-            mixed = entropy((part[:, first] + part[:, second]) / 2)  # [queries, pairs]
-            pairs = (mixed - (o[:, first] + o[:, second]) / 2).sum(0).double().cpu()
-            self.js[first.cpu(), second.cpu()] += pairs
-            self.js[second.cpu(), first.cpu()] += pairs
+        block = max(1, JS_BLOCK // max(len(q) * T, 1))
+        for start in range(0, len(first), block):
+            a, b = first[start : start + block], second[start : start + block]
+            mixed = entropy((q[:, a] + q[:, b]) / 2)  # [queries, pairs]
+            pairs = (mixed - (own[:, a] + own[:, b]) / 2).sum(0).double().cpu()
+            self.js[a.cpu(), b.cpu()] += pairs
+            self.js[b.cpu(), a.cpu()] += pairs
         self.js_queries += len(q)
 
     def merge(self, other: Roles) -> None:

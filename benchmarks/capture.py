@@ -15,7 +15,7 @@ from _common import ewt_dev, timed
 from transformers import AutoModel
 
 import probe
-from probe.corpus import encode, max_tokens
+from probe.corpus import Corpus, max_tokens
 from probe.loading import resolve_name
 from probe.treebank import read_conllu
 
@@ -32,10 +32,10 @@ def main() -> None:
     model, tokenizer = probe.load("minilm")
     eager = AutoModel.from_pretrained(resolve_name("minilm"), attn_implementation="eager").eval()
     sentences = read_conllu(ewt_dev())[: args.sentences]
-    corpus = encode(sentences, tokenizer, max_tokens(model.config, tokenizer))
+    corpus = Corpus(sentences, tokenizer, max_tokens(model.config, tokenizer))
     batches = [b.inputs for b in corpus.batches(args.batch_size)]
     tokens = sum(int(b["attention_mask"].sum()) for b in batches)
-    print(f"MiniLM, {len(corpus)} EWT dev sentences, {tokens} tokens, {len(batches)} batches")
+    print(f"MiniLM, {corpus.analysed} EWT dev sentences, {tokens} tokens, {len(batches)} batches")
 
     @torch.inference_mode()
     def floor():

@@ -19,10 +19,11 @@ from _common import ewt_dev, timed
 from transformers import AutoModel
 
 import probe
-from analyses.syntax import SyntaxAnalysis
-from probe.corpus import encode, max_tokens
+from analyses import Context
+from analyses.syntax import Syntax
+from probe.corpus import Corpus, max_tokens
 from probe.loading import resolve_name
-from probe.runner import release_memory, run
+from probe.runner import release_memory, stream
 from probe.treebank import read_conllu
 
 
@@ -67,10 +68,10 @@ def trimmed(batches):
 def held(model, corpus, batch_size: int) -> int:
     """Peak resident memory above the start while the syntax analysis streams ``corpus``."""
     release_memory()
-    analysis = SyntaxAnalysis(6, 12)
+    analysis = Syntax(Context(6, 12))
     with PeakMemory() as memory:
-        run(model, corpus, [analysis], batch_size=batch_size, progress=trimmed)
-        analysis.tables()
+        stream(model, trimmed(corpus.batches(batch_size)), [analysis])
+        analysis.finish()
     return memory.growth
 
 
@@ -82,9 +83,10 @@ def main() -> None:
 
     model, tokenizer = probe.load("minilm")
     eager = AutoModel.from_pretrained(resolve_name("minilm"), attn_implementation="eager").eval()
-    corpus = encode(read_conllu(ewt_dev()), tokenizer, max_tokens(model.config, tokenizer))
+    limit = max_tokens(model.config, tokenizer)
+    corpus = Corpus(read_conllu(ewt_dev()), tokenizer, limit)
     batches = [b.inputs for b in corpus.batches(args.batch_size)]
-    print(f"MiniLM, EWT dev: {len(corpus)} sentences, {len(batches)} batches")
+    print(f"MiniLM, EWT dev: {corpus.analysed} sentences, {len(batches)} batches")
 
     @torch.inference_mode()
     def floor():
@@ -92,9 +94,9 @@ def main() -> None:
             eager(**b, output_attentions=True)
 
     def syntax():
-        analysis = SyntaxAnalysis(6, 12)
-        run(model, corpus, [analysis], batch_size=args.batch_size)
-        analysis.tables()
+        analysis = Syntax(Context(6, 12))
+        stream(model, corpus.batches(args.batch_size), [analysis])
+        analysis.finish()
 
     base, mine = timed(floor, args.rounds), timed(syntax, args.rounds)
     print(f"eager + output_attentions (floor)  {base:6.2f} s")
@@ -103,7 +105,7 @@ def main() -> None:
     # Memory, in this process: a first pass over the whole split fills torch's and BLAS's
     # per-shape caches (bounded by the distinct batch shapes, not by the corpus); then 200 and
     # 2,000 sentences are streamed in turn, twice, and the larger peak of each is kept.
-    small = encode(read_conllu(ewt_dev())[:200], tokenizer, max_tokens(model.config, tokenizer))
+    small = Corpus(read_conllu(ewt_dev())[:200], tokenizer, limit)
     held(model, corpus, args.batch_size)
     peaks = {200: 0, 2000: 0}
     for _ in range(2):

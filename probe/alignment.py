@@ -36,6 +36,53 @@ def word_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBas
     return fixed
 
 
+class WordAlignment:
+    """One batch's maps between tokens and words, built once and applied to every layer.
+
+    Parameters
+    ----------
+    word_of_token : ``[batch, pos]`` long
+        The 0-based word of each token, -1 for tokens of no word.
+    n_words : ``[batch]`` long
+        Words per sentence.
+    """
+
+    def __init__(self, word_of_token: torch.Tensor, n_words: torch.Tensor) -> None:
+        n = int(n_words.max())
+        self.to_words, self.from_words = _maps(word_of_token, n)
+        self.invalid = _invalid(n_words, n)[:, None]
+
+    def words(self, pattern: torch.Tensor) -> torch.Tensor:
+        """Word-level attention ``[batch, head, word, word]`` from ``[batch, head, q_pos, k_pos]``
+        (see ``word_attention``)."""
+        return self.from_words[:, None] @ (pattern @ self.to_words[:, None])
+
+    def predictions(self, words: torch.Tensor) -> torch.Tensor:
+        """Each head's predicted head word ``[batch, 2, head, word]`` (see ``head_predictions``)."""
+        return _predict(words, self.invalid)
+
+
+def _maps(word_of_token: torch.Tensor, n_words: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[batch, pos, word]`` summing a key's tokens, ``[batch, word, pos]`` averaging a
+    query's tokens; tokens of no word have no column or row."""
+    member = membership(word_of_token, n_words).float()  # [batch, word, pos]
+    return member.transpose(1, 2), member / member.sum(-1, keepdim=True).clamp(min=1)
+
+
+def _invalid(n_words: torch.Tensor, n: int) -> torch.Tensor:
+    """Bool ``[batch, word, word]``: pairs no prediction may name. One symmetric mask serves both
+    directions: padding rows, padding columns and self."""
+    padding = torch.arange(n, device=n_words.device)[None, :] >= n_words[:, None]
+    self_pairs = torch.eye(n, dtype=torch.bool, device=n_words.device)
+    return padding[:, :, None] | padding[:, None, :] | self_pairs
+
+
+def _predict(words: torch.Tensor, invalid: torch.Tensor) -> torch.Tensor:
+    masked = words.masked_fill(invalid, -torch.inf)
+    # max(...).indices: torch's argmax over a non-last dimension is several times slower.
+    return torch.stack([masked.max(-1).indices, masked.max(-2).indices], dim=1)
+
+
 def word_attention(
     pattern: torch.Tensor, word_of_token: torch.Tensor, n_words: int
 ) -> torch.Tensor:
@@ -59,12 +106,11 @@ def word_attention(
     torch.Tensor ``[batch, ..., n_words, n_words]``
         Entry [i, j] is the attention from word i to word j.
     """
-    member = membership(word_of_token, n_words).to(pattern.dtype)  # [batch, word, pos]
-    tokens = member.sum(-1, keepdim=True).clamp(min=1)
-    extra = pattern.dim() - 3
-    shape = (member.shape[0],) + (1,) * extra + member.shape[1:]
-    to_words = pattern @ member.view(shape).transpose(-1, -2)  # sum over the key's tokens
-    return (member / tokens).view(shape) @ to_words  # mean over the query's tokens
+    to_words, from_words = (m.to(pattern.dtype) for m in _maps(word_of_token, n_words))
+    extra = (1,) * (pattern.dim() - 3)  # head dimensions
+    to_words = to_words.view(to_words.shape[0], *extra, *to_words.shape[1:])
+    from_words = from_words.view(from_words.shape[0], *extra, *from_words.shape[1:])
+    return from_words @ (pattern @ to_words)
 
 
 def membership(word_of_token: torch.Tensor, n_words: int) -> torch.Tensor:
@@ -88,14 +134,4 @@ def head_predictions(words: torch.Tensor, n_words: torch.Tensor) -> torch.Tensor
         Direction 0 (dependent -> head): the word that word i attends to most. Direction 1
         (head -> dependent): the word that attends most to word i. Self is excluded.
     """
-    n = words.shape[-1]
-    padding = torch.arange(n, device=words.device)[None, :] >= n_words[:, None]  # [batch, word]
-    # One symmetric mask serves both directions: padding rows, padding columns and self.
-    invalid = (
-        padding[:, :, None]
-        | padding[:, None, :]
-        | torch.eye(n, dtype=torch.bool, device=words.device)
-    )
-    masked = words.masked_fill(invalid[:, None], -torch.inf)
-    # max(...).indices: torch's argmax over a non-last dimension is several times slower.
-    return torch.stack([masked.max(-1).indices, masked.max(-2).indices], dim=1)
+    return _predict(words, _invalid(n_words, words.shape[-1])[:, None])

@@ -16,20 +16,33 @@ from typing import Protocol
 import torch
 from transformers import PreTrainedModel
 
-from probe.alignment import head_predictions, word_attention
+from probe.alignment import WordAlignment
 from probe.corpus import Batch
 from probe.hookpoints import hooks
 
 
-def _find_malloc_trim() -> Callable[[int], int] | None:
+def _glibc(function: str) -> Callable[..., int] | None:
     name = ctypes.util.find_library("c")
     try:
-        return ctypes.CDLL(name).malloc_trim if name else None
+        return getattr(ctypes.CDLL(name), function) if name else None
     except (OSError, AttributeError):  # not glibc
         return None
 
 
-_malloc_trim = _find_malloc_trim()
+_malloc_trim, _mallopt = _glibc("malloc_trim"), _glibc("mallopt")
+M_MMAP_THRESHOLD = -3  # mallopt's parameter number, from glibc's malloc.h
+MMAP_THRESHOLD = 4 * 2**20
+
+
+def fix_mmap_threshold() -> None:
+    """Keep large tensors in their own memory mappings, returned to the OS when freed.
+
+    glibc raises its mmap threshold each time it frees a mapped block, up to 32 MiB; after a few
+    long sentences, attention maps of every size come from the heap, which fragments, so that
+    resident memory grows with the number of layers run. A fixed threshold prevents that.
+    """
+    if _mallopt is not None:
+        _mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
 
 
 def release_memory() -> None:
@@ -47,9 +60,15 @@ class LayerCapture(dict):
     """One layer's captures for one batch, by hook suffix (``capture["hook_pattern"]``), with
     the word-level views of the attention pattern computed once and shared by every consumer."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor], batch: Batch) -> None:
+    def __init__(
+        self,
+        tensors: dict[str, torch.Tensor],
+        batch: Batch,
+        alignment: WordAlignment | None = None,
+    ) -> None:
         super().__init__(tensors)
         self.batch = batch
+        self.alignment = alignment or WordAlignment(batch.word_of_token, batch.n_words)
 
     @cached_property
     def pattern(self) -> torch.Tensor:
@@ -59,13 +78,13 @@ class LayerCapture(dict):
     @cached_property
     def words(self) -> torch.Tensor:
         """Word-level attention ``[batch, head, word, word]`` (see ``word_attention``)."""
-        return word_attention(self.pattern, self.batch.word_of_token, int(self.batch.n_words.max()))
+        return self.alignment.words(self.pattern)
 
     @cached_property
     def predictions(self) -> torch.Tensor:
         """Every head's predicted head word ``[batch, 2, head, word]``, direction 0 dependent ->
         head, 1 head -> dependent (see ``head_predictions``)."""
-        return head_predictions(self.words, self.batch.n_words)
+        return self.alignment.predictions(self.words)
 
 
 class Consumer(Protocol):
@@ -104,26 +123,29 @@ def stream(
         Hook suffixes (``"hook_pattern"``, ``"hook_z"``…) a layer's capture holds; the consumers
         see a layer once all of them have been computed.
     """
+    fix_mmap_threshold()
     device = next(model.parameters()).device
     wanted = set(captures)
     pending: dict[int, dict[str, torch.Tensor]] = {}
-    current: list[Batch] = []
+    batch: Batch
+    alignment: WordAlignment
 
     def receive(tensor: torch.Tensor, name: str) -> None:
         layer = _layer(name)
         got = pending.setdefault(layer, {})
         got[name.rsplit(".", 1)[1]] = tensor
         if len(got) == len(wanted):
-            capture = LayerCapture(pending.pop(layer), current[0])
+            capture = LayerCapture(pending.pop(layer), batch, alignment)
             for consumer in consumers:
-                consumer.update(current[0], layer, capture)
+                consumer.update(batch, layer, capture)
 
     with torch.inference_mode(), hooks(model, dict.fromkeys(wanted, receive)):
         for batch in batches:
-            current[:] = [batch.to(device)]
+            batch = batch.to(device)
+            alignment = WordAlignment(batch.word_of_token, batch.n_words)
             for consumer in consumers:
-                consumer.begin_batch(current[0])
-            model(**current[0].inputs)
+                consumer.begin_batch(batch)
+            model(**batch.inputs)
             for consumer in consumers:
-                consumer.end_batch(current[0])
+                consumer.end_batch(batch)
     release_memory()
