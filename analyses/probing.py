@@ -114,9 +114,15 @@ class AttentionProbe(Analysis):
         )
         slots, chosen = self._admit(pair_keys)
         chosen = torch.from_numpy(chosen).to(b.device)
-        self._pairs = (b[chosen], i[chosen], j[chosen], slots)
-        self._forward, self._backward = [], []
         self.y[slots] = (gold[b, i] == j)[chosen].cpu().numpy()
+        b, i, j = b[chosen], i[chosen], j[chosen]
+        # Positions in a flattened [B, H, n, n] word attention of each kept pair, for every
+        # head: one index_select per layer and direction gathers their features.
+        heads = torch.arange(self.context.n_heads, device=b.device) * n * n
+        start = b * self.context.n_heads * n * n
+        self._pairs = ((start + i * n + j)[:, None] + heads, (start + j * n + i)[:, None] + heads)
+        self._slots = slots
+        self._forward, self._backward = [], []
 
         # Held-out sentences: those with the smallest keys that fit are evaluated.
         counted = scored & ~batch.punct[:, :n]
@@ -145,9 +151,10 @@ class AttentionProbe(Analysis):
 
     def update(self, batch: Batch, layer: int, capture: LayerCapture) -> None:
         words = capture.words  # [B, H, n, n]
-        b, i, j, _ = self._pairs
-        self._forward.append(words[b, :, i, j])  # this layer's heads' attention i -> j
-        self._backward.append(words[b, :, j, i])  # … and j -> i
+        flat = words.reshape(-1)
+        forward, backward = self._pairs
+        self._forward.append(flat[forward])  # [pairs, H]: this layer's heads' attention i -> j
+        self._backward.append(flat[backward])  # … and j -> i
         predicted = capture.predictions
         for s, entry in self._held_now:
             k = len(entry.gold)
@@ -158,7 +165,7 @@ class AttentionProbe(Analysis):
     def end_batch(self, batch: Batch) -> None:
         """Write the batch's features, every layer at once, in the column order of
         ``n_features``: i -> j for every head (flat order), then j -> i."""
-        slots = self._pairs[3]
+        slots = self._slots
         if len(slots):
             self.X[slots] = torch.cat(self._forward + self._backward, dim=1).cpu().numpy()
         for _, entry in self._held_now:

@@ -110,7 +110,7 @@ def test_js_divergence_against_scipy():
     torch.manual_seed(1)
     p = torch.softmax(torch.randn(2, 1, 3, 5, 5), -1)  # [batch, layer, head, q, k]
     analysis = Roles(context(1, 3))
-    analysis._add_js(p[:, 0].permute(0, 2, 1, 3).reshape(10, 3, 5))  # every query
+    analysis._add_js(p[:, 0].permute(1, 0, 2, 3).reshape(3, 10, 5))  # every query
     expected = np.zeros((3, 3))
     for b in range(2):
         for q in range(5):
