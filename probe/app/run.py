@@ -115,8 +115,23 @@ def join_heads(
 
 
 def heads_schema(classes: Sequence[type[analyses.Analysis]]) -> dict[str, str]:
+    """The columns of ``heads.csv`` and their types.
+
+    Raises
+    ------
+    ValueError
+        When two analyses would add a column of the same name.
+    """
     schema = {"layer": "int", "head": "int"}
+    owner = dict.fromkeys(schema, "the head grid")
     for cls in classes:
+        for column in cls.head_columns:
+            if column in owner or column == "roles":
+                raise ValueError(
+                    f"the {cls.name} analysis adds a column {column!r} to heads.csv that "
+                    f"{owner.get(column, 'the roles')} adds too; rename one"
+                )
+            owner[column] = f"the {cls.name} analysis"
         schema |= cls.head_columns
     return schema | {"roles": "str"}
 
@@ -150,6 +165,8 @@ def analyze(
 
     classes = [analyses.get(name) for name in analyses.REGISTRY if name in settings.analyses]
     streaming = any(cls.captures for cls in classes)
+    schemas = {name: schema for cls in classes for name, schema in cls.tables.items()}
+    schemas["heads"] = heads_schema(classes)
 
     import torch
 
@@ -196,7 +213,7 @@ def analyze(
         captures = sorted({c for a in consumers for c in a.captures})
         batches = corpus.batches(settings.batch_size)
         if progress is not None:
-            batches = progress("analysing sentences", None)(batches)
+            batches = progress("analysing sentences", settings.max_sentences)(batches)
         stream(model, batches, [*consumers, examples], captures)
         if corpus.read == 0:
             raise ProbeError(f"no sentences in {', '.join(map(str, paths))}")
@@ -210,8 +227,6 @@ def analyze(
     for analysis in chosen:
         tables |= analysis.finish()
     tables["heads"] = join_heads(classes, tables, thresholds, n_layers, n_heads)
-    schemas = {name: schema for cls in classes for name, schema in cls.tables.items()}
-    schemas["heads"] = heads_schema(classes)
     tables = {name: table_io.typed(tables[name], schema) for name, schema in schemas.items()}
     example_maps = examples.choose(tables["heads"]) if examples else {"sentences": [], "heads": {}}
     lap("tables")
