@@ -533,7 +533,7 @@ def test_the_import_check_sees_imports(tmp_path):
 
 def test_two_analyses_adding_the_same_head_column_fail_before_any_compute():
     """heads.csv is a join: a column name two analyses share is refused up front."""
-    from probe.app.run import heads_schema
+    from probe.app.tables import heads_schema
 
     class Clash(Diagonal):
         name = "clash"

@@ -24,7 +24,6 @@ import analyses
 from analyses.figures import Figure
 from analyses.vocabulary import Role, Thresholds
 from probe.app import tables as table_io
-from probe.app.run import heads_schema
 from probe.errors import ProbeError
 from probe.heads import HeadId
 
@@ -38,10 +37,11 @@ def read_report(folder: Path) -> tuple[dict, dict[str, pd.DataFrame], dict]:
         classes = [analyses.get(name) for name in run["analyses"]]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ProbeError(f"{folder} is not a probe report folder (no readable run.json)") from e
-    schemas = {name: schema for cls in classes for name, schema in cls.tables.items()}
-    schemas["heads"] = heads_schema(classes)
     try:
-        tables = {name: table_io.read(folder / f"{name}.csv", s) for name, s in schemas.items()}
+        tables = {
+            name: table_io.read(folder / f"{name}.csv", schema)
+            for name, schema in table_io.schemas(classes).items()
+        }
     except (OSError, ValueError) as e:
         raise ProbeError(f"{folder}: a table cannot be read ({e})") from e
     examples_path = folder / "examples.json"

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import analyses
 from analyses.vocabulary import Role, Thresholds
+from probe.app import tables as table_io
 from probe.app.output import check_free, default_out, staged
 from probe.errors import ProbeError
 
@@ -114,28 +115,6 @@ def join_heads(
     return heads
 
 
-def heads_schema(classes: Sequence[type[analyses.Analysis]]) -> dict[str, str]:
-    """The columns of ``heads.csv`` and their types.
-
-    Raises
-    ------
-    ValueError
-        When two analyses would add a column of the same name.
-    """
-    schema = {"layer": "int", "head": "int"}
-    owner = dict.fromkeys(schema, "the head grid")
-    for cls in classes:
-        for column in cls.head_columns:
-            if column in owner or column == "roles":
-                raise ValueError(
-                    f"the {cls.name} analysis adds a column {column!r} to heads.csv that "
-                    f"{owner.get(column, 'the roles')} adds too; rename one"
-                )
-            owner[column] = f"the {cls.name} analysis"
-        schema |= cls.head_columns
-    return schema | {"roles": "str"}
-
-
 def analyze(
     settings: Settings,
     progress: Progress | None = None,
@@ -165,13 +144,11 @@ def analyze(
 
     classes = [analyses.get(name) for name in analyses.REGISTRY if name in settings.analyses]
     streaming = any(cls.captures for cls in classes)
-    schemas = {name: schema for cls in classes for name, schema in cls.tables.items()}
-    schemas["heads"] = heads_schema(classes)
+    schemas = table_io.schemas(classes)  # checked before any compute
 
     import torch
 
     from analyses import Context
-    from probe.app import tables as table_io
     from probe.app.examples import Examples
     from probe.app.report import render_html
     from probe.architectures import blocks, is_causal

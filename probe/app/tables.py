@@ -3,9 +3,14 @@ folder is the table that was written (``Schema`` in ``analyses``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from analyses import Analysis
 
 DTYPES = {"int": "int64", "float": "float64", "str": "object", "bool": "bool", "Int64": "Int64"}
 
@@ -31,6 +36,8 @@ def write(table: pd.DataFrame, schema: dict[str, str], path: Path) -> None:
 
 
 def read(path: Path, schema: dict[str, str]) -> pd.DataFrame:
+    import pandas as pd
+
     text = [c for c, kind in schema.items() if kind == "str"]
     table = pd.read_csv(
         path,
@@ -39,3 +46,31 @@ def read(path: Path, schema: dict[str, str]) -> pd.DataFrame:
         na_values={c: [""] for c in schema if c not in text},
     )
     return typed(table, schema)
+
+
+def schemas(classes: Sequence[type[Analysis]]) -> dict[str, dict[str, str]]:
+    """Every table a run of these analyses writes, ``heads`` included, with its schema."""
+    tables = {name: schema for cls in classes for name, schema in cls.tables.items()}
+    return tables | {"heads": heads_schema(classes)}
+
+
+def heads_schema(classes: Sequence[type[Analysis]]) -> dict[str, str]:
+    """The columns of ``heads.csv`` and their types.
+
+    Raises
+    ------
+    ValueError
+        When two analyses would add a column of the same name.
+    """
+    schema = {"layer": "int", "head": "int"}
+    owner = dict.fromkeys(schema, "the head grid")
+    for cls in classes:
+        for column in cls.head_columns:
+            if column in owner or column == "roles":
+                raise ValueError(
+                    f"the {cls.name} analysis adds a column {column!r} to heads.csv that "
+                    f"{owner.get(column, 'the roles')} adds too; rename one"
+                )
+            owner[column] = f"the {cls.name} analysis"
+        schema |= cls.head_columns
+    return schema | {"roles": "str"}
