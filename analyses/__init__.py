@@ -9,8 +9,9 @@ An analysis follows one life cycle, like a scikit-learn estimator:
 4. ``finish()`` once, into typed tables.
 
 What it shows is computed from its tables alone (``heads``, ``figures``, ``section``), so
-``probe report`` can draw a report again from the CSV files. Its report section is the template
-``analyses/templates/<name>.html.j2``, with a ``section`` and a ``card`` macro.
+``probe report`` can draw a report again from the CSV files. Its report section is a Jinja
+template with a ``section`` and a ``card`` macro: by default ``templates/<name>.html.j2`` beside
+its module (``template`` can return another).
 
 This module imports nothing heavy: the command line reads the registry before loading torch.
 """
@@ -18,7 +19,9 @@ This module imports nothing heavy: the command line reads the registry before lo
 from __future__ import annotations
 
 import importlib
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from analyses.vocabulary import Thresholds
@@ -114,6 +117,13 @@ class Analysis:
     def section(cls, tables: dict[str, pd.DataFrame], run: dict) -> dict[str, Any]:
         """What the report section's template reads, besides the figures."""
         return {}
+
+    @classmethod
+    def template(cls) -> str:
+        """The Jinja source of the report section: ``templates/<name>.html.j2`` beside the
+        module that defines the class."""
+        folder = Path(sys.modules[cls.__module__].__file__).parent
+        return (folder / "templates" / f"{cls.name}.html.j2").read_text(encoding="utf-8")
 
     def _check_mergeable(self, other: Analysis) -> None:
         if type(other) is not type(self) or other.context.n_layers != self.context.n_layers:

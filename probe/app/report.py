@@ -17,7 +17,7 @@ from pathlib import Path
 
 import matplotlib
 import pandas as pd
-from jinja2 import ChoiceLoader, Environment, PackageLoader, select_autoescape
+from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup, escape
 
 import analyses
@@ -132,9 +132,7 @@ def render_html(run: dict, tables: dict[str, pd.DataFrame], examples: dict) -> s
     """The report page: the run card, an overview of every head's roles, one section per
     analysis (its template's ``section`` macro), and a card per head."""
     env = Environment(
-        loader=ChoiceLoader(
-            [PackageLoader("probe.app", "templates"), PackageLoader("analyses", "templates")]
-        ),
+        loader=PackageLoader("probe.app", "templates"),
         autoescape=select_autoescape(["html", "j2"], default_for_string=True),
         trim_blocks=True,
         lstrip_blocks=True,
@@ -153,7 +151,7 @@ def render_html(run: dict, tables: dict[str, pd.DataFrame], examples: dict) -> s
                 "title": cls.title,
                 "figures": [{"figure": f, "html": embed(f)} for f in figures],
                 "data": cls.section(tables, run),
-                "macros": env.get_template(f"{name}.html.j2").module,
+                "macros": env.from_string(cls.template()).module,
             }
         )
         for f in figures:
