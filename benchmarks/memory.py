@@ -1,6 +1,6 @@
 """Peak memory of `probe analyze` against the depth of the model and the size of the corpus.
 
-    python benchmarks/memory.py [--copies 50] [--skip-corpus]
+    python benchmarks/memory.py [--copies 50] [--skip-depth] [--skip-corpus]
 
 Depth: random BERTs of 2 and 24 layers (hidden 64, 8 heads) over sentences of about 1,000
 tokens, every analysis; the goal is at most 150 MB more for 24 layers than for 2.
@@ -93,40 +93,46 @@ def bert_folder(folder: Path, layers: int) -> str:
     return str(folder)
 
 
+def depth_figures(work: Path) -> None:
+    treebank = long_sentences(work / "long.conllu", N_LONG)
+    depth = {}
+    for layers in (2, 24):
+        model = bert_folder(work / f"bert-{layers}", layers)
+        depth[layers] = peak_mib(["-m", model, "-t", treebank, "-o", str(work / f"out-{layers}")])
+    print(f"depth: random BERT, hidden 64, 8 heads, {N_LONG} sentences of ~{LONG_TOKENS} tokens")
+    for layers, (mib, seconds) in depth.items():
+        print(f"  {layers:2d} layers: peak {mib:7.1f} MiB  ({seconds:.1f} s)")
+    growth = (depth[24][0] - depth[2][0]) * 2**20 / 1e6
+    print(f"  24 - 2 layers: {growth:+.0f} MB  (goal ≤ +150 MB)")
+
+
+def corpus_figures(work: Path, copies: int) -> None:
+    dev = ewt_dev().read_text(encoding="utf-8").rstrip("\n") + "\n\n"
+    repeated = work / "repeated.conllu"
+    repeated.write_text(dev * copies, encoding="utf-8")
+    corpus = {}
+    for name, path in (("2k", str(ewt_dev())), (f"{2 * copies}k", str(repeated))):
+        out = str(work / f"corpus-{name}")
+        corpus[name] = peak_mib(["-m", "minilm", "-a", "syntax", "-t", path, "-o", out])
+    print("corpus: MiniLM, syntax only, EWT dev repeated")
+    for name, (mib, seconds) in corpus.items():
+        print(f"  {name:>5s} sentences: peak {mib:7.1f} MiB  ({seconds:.1f} s)")
+    (small, _), (large, _) = corpus.values()
+    print(f"  ratio: {large / small:.2f}x  (goal ≤ 1.1x)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--copies", type=int, default=50)
     parser.add_argument("--skip-corpus", action="store_true")
+    parser.add_argument("--skip-depth", action="store_true")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="probe-memory-"))
     try:
-        treebank = long_sentences(work / "long.conllu", N_LONG)
-        depth = {}
-        for layers in (2, 24):
-            model = bert_folder(work / f"bert-{layers}", layers)
-            out = str(work / f"out-{layers}")
-            depth[layers] = peak_mib(["-m", model, "-t", treebank, "-o", out])
-        print(
-            f"depth: random BERT, hidden 64, 8 heads, {N_LONG} sentences of ~{LONG_TOKENS} tokens"
-        )
-        for layers, (mib, seconds) in depth.items():
-            print(f"  {layers:2d} layers: peak {mib:7.1f} MiB  ({seconds:.1f} s)")
-        growth = (depth[24][0] - depth[2][0]) * 2**20 / 1e6
-        print(f"  24 - 2 layers: {growth:+.0f} MB  (goal ≤ +150 MB)")
-        if args.skip_corpus:
-            return
-        dev = ewt_dev().read_text(encoding="utf-8").rstrip("\n") + "\n\n"
-        repeated = work / "repeated.conllu"
-        repeated.write_text(dev * args.copies, encoding="utf-8")
-        corpus = {}
-        for name, path in (("2k", str(ewt_dev())), (f"{2 * args.copies}k", str(repeated))):
-            out = str(work / f"corpus-{name}")
-            corpus[name] = peak_mib(["-m", "minilm", "-a", "syntax", "-t", path, "-o", out])
-        print("corpus: MiniLM, syntax only, EWT dev repeated")
-        for name, (mib, seconds) in corpus.items():
-            print(f"  {name:>5s} sentences: peak {mib:7.1f} MiB  ({seconds:.1f} s)")
-        (small, _), (large, _) = corpus.values()
-        print(f"  ratio: {large / small:.2f}x  (goal ≤ 1.1x)")
+        if not args.skip_depth:
+            depth_figures(work)
+        if not args.skip_corpus:
+            corpus_figures(work, args.copies)
     finally:
         shutil.rmtree(work)
 

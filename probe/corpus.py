@@ -21,7 +21,7 @@ from probe.treebank import RELATIONS, Sentence
 RELATION_ID = {r: i for i, r in enumerate(RELATIONS)}
 TOO_LONG = "longer than the model's maximum length"
 NO_TOKENS = "a word has no tokens"
-CHUNK_SENTENCES = 4096  # sentences tokenized and length-sorted together
+CHUNK_SENTENCES = 2048  # sentences tokenized and length-sorted together
 CELLS_PER_SENTENCE = 24 * 24  # attention cells a batch may hold per sentence of its size
 
 
