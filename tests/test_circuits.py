@@ -66,10 +66,10 @@ def with_weights(W_Q, W_K, W_V=None, W_O=None) -> probe.MultiHeadAttention:
 
 
 def test_rank_one_factors():
-    # Powers of two keep u cᵀ exactly rank one in float32.
+    # Powers of two keep u cᵀ exactly rank one in float32; W_Q W_Kᵀ = (c·c) u vᵀ, c·c > 0.
     c = 2.0 ** torch.randint(-3, 4, (4, 1, 8)) * torch.sign(torch.randn(4, 1, 8))
     u, v = torch.randn(4, 32, 1), torch.randn(4, 32, 1)
-    mha = with_weights(u * c, v * c.flip(-1))
+    mha = with_weights(u * c, v * c)
     for qk in spectra(mha).query("circuit == 'QK'").itertuples():
         assert qk.numerical_rank == 1
         assert qk.effective_rank == pytest.approx(1, abs=1e-9)
