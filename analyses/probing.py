@@ -61,7 +61,7 @@ class AttentionProbe(Analysis):
         "probe": {
             "parser": "str", "layer": "Int64", "head": "Int64", "direction": "str",
             "correct": "int", "words": "int", "sentences": "int", "uas": "float",
-            "train_pairs": "Int64", "train_pairs_seen": "Int64",
+            "train_pairs": "Int64", "train_pairs_seen": "Int64", "held_out_too_long": "Int64",
         }
     }  # fmt: skip
 
@@ -227,8 +227,11 @@ class AttentionProbe(Analysis):
         """``probe``: one row per parser on the same held-out words."""
         held = [self.held[s] for s in sorted(self.held, key=lambda s: self.held[s].key)]
         y = self.y[: self.filled]
-        if not held or y.all() or not y.any():
-            return {"probe": pd.DataFrame(columns=list(self.tables["probe"]))}
+        probe_row = {"parser": "attention_probe", "train_pairs": self.filled,
+                     "train_pairs_seen": self.seen, "held_out_too_long": self.too_long}  # fmt: skip
+        if not held or y.all() or not y.any():  # nothing to evaluate, or one class to learn
+            table = pd.DataFrame([probe_row | {"correct": 0, "words": 0, "sentences": 0}])
+            return {"probe": table.reindex(columns=list(self.tables["probe"]))}
         from sklearn.linear_model import LogisticRegression
 
         order = np.argsort(self.keys[: self.filled])  # the fit must not depend on arrival order
@@ -246,8 +249,7 @@ class AttentionProbe(Analysis):
             head_correct += entry.head_correct
         direction, layer, head = np.unravel_index(int(head_correct.argmax()), head_correct.shape)
         rows = [
-            {"parser": "attention_probe", "correct": correct, "train_pairs": self.filled,
-             "train_pairs_seen": self.seen},
+            probe_row | {"correct": correct},
             {"parser": "right_branching", "correct": right},
             {"parser": "best_single_head", "correct": int(head_correct.max()), "layer": layer,
              "head": head, "direction": str(list(Direction)[direction])},
@@ -258,5 +260,4 @@ class AttentionProbe(Analysis):
 
     @classmethod
     def section(cls, tables: dict[str, pd.DataFrame], run: dict) -> dict:
-        table = tables["probe"]
-        return {"parsers": table.set_index("parser").to_dict("index") if len(table) else {}}
+        return {"parsers": tables["probe"].set_index("parser").to_dict("index")}

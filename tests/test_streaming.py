@@ -99,3 +99,16 @@ def test_probe_features_stay_within_their_budgets():
     table = probe.finish()["probe"].set_index("parser")
     assert table.loc["attention_probe", "train_pairs"] == 200
     assert table.loc["attention_probe", "words"] > 0
+
+
+def test_probe_says_why_it_could_not_evaluate():
+    """Held-out sentences too long for the evaluation budget are counted, not silently lost."""
+    probe = AttentionProbe(context(1, 4), eval_bytes=10 * 2 * 4 * 4)  # 10 pairs: 3 words at most
+    corpus = Corpus([chain(6 + i % 5) for i in range(40)], wordpiece(), max_length=64)
+    g = torch.Generator().manual_seed(0)
+    for batch in corpus.batches(batch_size=8):
+        T = batch.input_ids.shape[1]
+        feed(probe, batch, torch.softmax(torch.randn(len(batch), 1, 4, T, T, generator=g), -1))
+    (row,) = probe.finish()["probe"].to_dict("records")
+    assert row["parser"] == "attention_probe" and row["words"] == 0
+    assert row["held_out_too_long"] > 0 and row["train_pairs"] > 0

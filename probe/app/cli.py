@@ -192,8 +192,9 @@ def _summary(console: Console, path: Path) -> None:
         console.print("roles: " + ", ".join(f"{n} {role}" for role, n in counts.items()))
     probe_path = path / "probe.csv"
     if probe_path.exists():
-        uas = pd.read_csv(probe_path).set_index("parser").uas
-        if len(uas):
+        probe = pd.read_csv(probe_path).set_index("parser")
+        uas = probe.uas
+        if probe.words.iloc[0] > 0:
             console.print(
                 f"attention probe UAS {uas['attention_probe']:.1%} (right-branching "
                 f"{uas['right_branching']:.1%}, best single head {uas['best_single_head']:.1%})"
