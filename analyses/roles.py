@@ -291,14 +291,14 @@ def charts(tables: dict[str, pd.DataFrame]) -> list[Figure]:
     )
     points = ax1.scatter(heads.mds_x, heads.mds_y, c=heads.layer, cmap="viridis", s=30)
     fig.colorbar(points, ax=ax1, label="layer", shrink=0.8)
-    ax1.set_title("Heads by similarity of attention (MDS of √JS), by layer")
+    ax1.set_title("Heads by similarity of attention (MDS of √JS), by layer", fontsize="medium")
     primary = heads.roles.fillna("").map(lambda r: r.split(";")[0] if r else "none")
     for role in [*Role, "none"]:
         chosen = primary == role
         if chosen.any():
             colour = role.colour if isinstance(role, Role) else "#b0b4bb"
             ax2.scatter(heads.mds_x[chosen], heads.mds_y[chosen], color=colour, s=30, label=role)
-    ax2.set_title("… by role")
+    ax2.set_title("… by role", fontsize="medium")
     ax2.legend(fontsize="x-small")
     for ax in (ax1, ax2):
         ax.set_xticks([])
