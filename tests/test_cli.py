@@ -321,3 +321,25 @@ def test_no_network_fails_fast_without_the_offline_flag(monkeypatch, tmp_path):
     assert result.exit_code == 1 and result.output.count("\n") == 1
     assert "cannot load 'gpt2' (openai-community/gpt2)" in result.output
     assert "hub cannot be reached" in result.output
+
+
+def test_a_decoder_end_to_end(tmp_path):
+    """A small random GPT-2 with a byte-level BPE tokenizer: the whole run works on a causal
+    model, and its nearly uniform random attention is normalised by the keys each query sees
+    (its own position and before), not by the sentence length."""
+    import transformers as tf
+    from tokenizers_util import FAMILIES
+
+    folder = tmp_path / "gpt2"
+    tokenizer = FAMILIES["byte_level_bpe"]()
+    config = tf.GPT2Config(n_embd=32, n_head=4, n_layer=2, n_positions=128,
+                           vocab_size=len(tokenizer))  # fmt: skip
+    tf.GPT2Model(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    out = tmp_path / "report"
+    result = runner.invoke(app, ["analyze", "--model", str(folder), "--out", str(out), "-q"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "run.json").read_text())["causal"] is True
+    heads = pd.read_csv(out / "heads.csv")
+    assert heads.entropy_normalised.between(0.95, 1.0 + 1e-6).all()
+    check_html(out / "index.html")
