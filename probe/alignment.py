@@ -55,7 +55,13 @@ class WordAlignment:
     def words(self, pattern: torch.Tensor) -> torch.Tensor:
         """Word-level attention ``[batch, head, word, word]`` from ``[batch, head, q_pos, k_pos]``
         (see ``word_attention``)."""
-        return self.from_words[:, None] @ (pattern @ self.to_words[:, None])
+        # Two matrix products per sentence, every head at once (a broadcast over heads would
+        # run one small product per head).
+        B, H, T, _ = pattern.shape
+        n = self.to_words.shape[-1]
+        to_words = (pattern.reshape(B, H * T, T) @ self.to_words).view(B, H, T, n)
+        both = self.from_words @ to_words.transpose(1, 2).reshape(B, T, H * n)  # [B, n, H·n]
+        return both.view(B, n, H, n).transpose(1, 2)
 
     def predictions(self, words: torch.Tensor) -> torch.Tensor:
         """Each head's predicted head word ``[batch, 2, head, word]`` (see ``head_predictions``)."""
