@@ -113,13 +113,14 @@ class Roles(Analysis):
 
     def update(self, batch: Batch, layer: int, capture: LayerCapture) -> None:
         p = capture.pattern  # [B, H, T, T]
+        B, H, T, _ = p.shape
         real = self._real  # [B, T]
         entropies = entropy(p)  # [B, H, T]
         confidence, argmax = p.max(-1)
         # Per query: [special, punct, self, entropy, normalised entropy, confidence]
         per_query = torch.cat(
             [
-                p @ self._key_kinds[:, None],
+                (p.reshape(B, H * T, T) @ self._key_kinds).view(B, H, T, 2),
                 torch.stack(
                     [
                         p.diagonal(dim1=-2, dim2=-1),
@@ -138,9 +139,9 @@ class Roles(Analysis):
         # Where each query's maximum lies, relative to the query: offsets -2…+2 counted at once.
         offset = argmax - self._offsets  # 0 for the first offset
         inside = (offset >= 0) & (offset < len(MAX_OFFSETS)) & (real[:, None] > 0)
-        head = torch.arange(p.shape[1], device=p.device)[None, :, None].expand_as(offset)
+        head = torch.arange(H, device=p.device)[None, :, None].expand_as(offset)
         at = torch.bincount(
-            (head * len(MAX_OFFSETS) + offset)[inside], minlength=p.shape[1] * len(MAX_OFFSETS)
+            (head * len(MAX_OFFSETS) + offset)[inside], minlength=H * len(MAX_OFFSETS)
         ).view(-1, len(MAX_OFFSETS))  # [H, offset]
         stats = torch.cat(
             [sums[:3], previous[None], following[None], sums[3:], at.T.to(sums.dtype)]
