@@ -343,3 +343,21 @@ def test_a_decoder_end_to_end(tmp_path):
     heads = pd.read_csv(out / "heads.csv")
     assert heads.entropy_normalised.between(0.95, 1.0 + 1e-6).all()
     check_html(out / "index.html")
+
+
+def test_a_treebank_with_no_word_to_score(tmp_path, minilm):
+    """One-word sentences have no dependency to score: every table is still written, with its
+    columns, and the report says the probe could not be evaluated."""
+    treebank = tmp_path / "one-word.conllu"
+    treebank.write_text(
+        "1\tHello\t_\tINTJ\t_\t_\t0\troot\t_\t_\n\n1\tYes\t_\tINTJ\t_\t_\t0\troot\t_\t_\n\n"
+    )
+    out = tmp_path / "report"
+    result = analyze("--treebank", str(treebank), "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert {p.name for p in out.iterdir()} == FILES
+    syntax = pd.read_csv(out / "syntax.csv")
+    assert list(syntax.columns) == ["relation", "direction", "layer", "head", "correct",
+                                    "total", "accuracy"] and syntax.empty  # fmt: skip
+    assert "Not evaluated: too few sentences" in (out / "index.html").read_text()
+    check_html(out / "index.html")
