@@ -40,6 +40,7 @@ REGISTRY: dict[str, str] = {
     "roles": "analyses.roles:Roles",
     "spectra": "analyses.spectra:Spectra",
     "probe": "analyses.probing:AttentionProbe",
+    "coref": "analyses.coreference:Coreference",
 }
 
 # A table's columns and their types: "int", "float", "str", "bool", or "Int64" (an integer
@@ -73,6 +74,9 @@ class Analysis:
     # Hook suffixes this analysis reads, layer by layer, while a corpus streams through the
     # model; none means it reads the weights only, and needs neither treebank nor forward pass.
     captures: ClassVar[tuple[str, ...]] = ()
+    # What the model reads for it: single sentences, or "window"s of consecutive sentences of
+    # one document (``probe.coreference.Windows``), whose batches hold ``Window``s.
+    unit: ClassVar[str] = "sentence"
     tables: ClassVar[dict[str, Schema]] = {}
     head_columns: ClassVar[Schema] = {}  # what this analysis adds to heads.csv
 

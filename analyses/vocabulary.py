@@ -33,6 +33,7 @@ class Role(StrEnum):
     SINK = "sink"
     BROAD = "broad"
     SYNTACTIC = "syntactic"
+    COREFERENCE = "coreference"
 
     @property
     def code(self) -> str:
@@ -51,6 +52,7 @@ _STYLE = {
     Role.SINK: ("S", "#7b61c4"),
     Role.BROAD: ("B", "#54a37c"),
     Role.SYNTACTIC: ("Y", "#d0457a"),
+    Role.COREFERENCE: ("C", "#3a7fc1"),
 }
 
 
@@ -81,4 +83,6 @@ class Thresholds:
             Role.SYNTACTIC: f"best relation accuracy ≥ {self.syntactic * 100:.0f} points above "
             f"its best offset baseline, among relations with ≥ {self.relation_min_words} words "
             f"and ≥ {self.relation_min_share:.0%} of all words",
+            Role.COREFERENCE: "95% interval of antecedent accuracy (all mentions) above the "
+            "best baseline's accuracy",
         }

@@ -53,3 +53,12 @@ def _stable_hash(text: str) -> int:
     for byte in text.encode():
         h = _mix(h ^ np.uint64(byte))
     return int(h)
+
+
+_POISSON_1_CDF = np.cumsum([np.exp(-1.0) / np.prod(np.arange(1.0, k + 1)) for k in range(24)])
+
+
+def poisson(seed: int, purpose: str, *parts) -> np.ndarray:
+    """Poisson(1) counts keyed like ``keys``, e.g. the weights of a Poisson bootstrap
+    (the inverse distribution function of a keyed uniform)."""
+    return np.searchsorted(_POISSON_1_CDF, uniform(seed, purpose, *parts), side="right")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import tempfile
 import urllib.error
 import urllib.request
@@ -14,8 +16,38 @@ from pathlib import Path
 from probe.errors import ProbeError
 
 SAMPLE = Path(__file__).parent / "data" / "sample.conllu"
-UD_RELEASE = "r2.15"
-UD_TREEBANKS = {"en_ewt": "UD_English-EWT"}
+
+
+@dataclass(frozen=True)
+class UDTreebank:
+    """A UD treebank probe can download: its repository, the pinned release, and the SHA-256
+    of each split's file in that release (a split without one is downloaded unverified)."""
+
+    repo: str
+    release: str
+    sha256: dict[str, str]
+
+
+UD_TREEBANKS = {
+    "en_ewt": UDTreebank(
+        "UD_English-EWT",
+        "r2.15",
+        {
+            "dev": "531a54ff90d6ab12201c5a50c3e78e6ddac4de69abc4bce5d275d3cd29efe2b6",
+            "test": "e266e515a0a7547657ed3d90d9ba46487d6bd251f27ad4269d4e8a427c8555cd",
+        },
+    ),
+    # GUM carries coreference (Entity= brackets); its licence is non-commercial (CC BY-NC-SA 4.0
+    # for the UD release), so probe downloads it on request and never ships it.
+    "en_gum": UDTreebank(
+        "UD_English-GUM",
+        "r2.16",
+        {
+            "dev": "581997015a2d878ad49619032d265a9753e1b6b03d75ca18b04a00bb9ee8991d",
+            "test": "fe95c0e744f81cdf2a307ce522604ecc05cd359c7c6d1abaa3a46c85d024f34c",
+        },
+    ),
+}
 # UD v2 universal relations; subtypes (obl:tmod) fold onto these.
 RELATIONS = [
     "acl",
@@ -56,6 +88,10 @@ RELATIONS = [
     "vocative",
     "xcomp",
 ]
+# CorefUD mention brackets: "(" opens a mention (its fields follow), ")" after them closes it on
+# the same word, and "<entity>)" closes one opened earlier.
+ENTITY_BRACKETS_ITEM = re.compile(r"\((?P<open>[^()\s]+)(?P<end>\))?|(?P<close>[^()\s]+)\)")
+ENTITY_BRACKETS = re.compile(f"(?:{ENTITY_BRACKETS_ITEM.pattern})+")
 UD_URL = "https://raw.githubusercontent.com/UniversalDependencies/{repo}/{release}/{file}"
 
 
@@ -74,6 +110,10 @@ class Sentence:
     upos: list[str] = field(default_factory=list)
     sent_id: str = ""
     source: str = ""
+    document: str = ""  # the last ``# newdoc id`` before the sentence
+    feats: list[str] = field(default_factory=list)  # FEATS, raw ("Number=Sing|Person=3")
+    entity: list[str] = field(default_factory=list)  # MISC ``Entity=`` brackets, raw; "" if none
+    entity_fields: tuple[str, ...] = ()  # ``# global.Entity``: what each bracket's fields mean
 
 
 def read_conllu(path: str | Path) -> list[Sentence]:
@@ -102,16 +142,25 @@ def iter_conllu(path: str | Path) -> Iterator[Sentence]:
 
 def _parse(lines: Iterable[str], name: str) -> Iterator[Sentence]:
     rows: list[tuple[int, list[str]]] = []
-    sent_id = ""
+    sent_id = document = ""
+    entity_fields: tuple[str, ...] = ()
     for number, line in enumerate(chain(lines, [""]), start=1):
         line = line.rstrip("\r\n")
         if not line.strip():
             if rows:
-                yield _sentence(rows, name, sent_id)
+                sentence = _sentence(rows, name, sent_id)
+                sentence.document, sentence.entity_fields = document, entity_fields
+                yield sentence
             rows, sent_id = [], ""
         elif line.startswith("#"):
-            if line.startswith("# sent_id"):
-                sent_id = line.split("=", 1)[-1].strip()
+            key, _, value = line[1:].partition("=")
+            key, value = key.strip(), value.strip()
+            if key == "sent_id":
+                sent_id = value
+            elif key in ("newdoc", "newdoc id"):
+                document = value or f"{name}:{number}"  # a document without an id
+            elif key == "global.Entity":
+                entity_fields = tuple(value.split("-"))
         else:
             cols = line.split("\t")
             if len(cols) != 10:
@@ -125,7 +174,7 @@ def _parse(lines: Iterable[str], name: str) -> Iterator[Sentence]:
 
 def _sentence(rows: list[tuple[int, list[str]]], name: str, sent_id: str) -> Sentence:
     n = len(rows)
-    words, heads, relations, upos = [], [], [], []
+    words, heads, relations, upos, feats, entity = [], [], [], [], [], []
     for i, (number, cols) in enumerate(rows, start=1):
         if cols[0] != str(i):
             raise ProbeError(f"{name}:{number}: word ID {cols[0]!r} out of sequence, expected {i}")
@@ -142,10 +191,18 @@ def _sentence(rows: list[tuple[int, list[str]]], name: str, sent_id: str) -> Sen
             )
         if (relation == "root") != (head == 0):
             raise ProbeError(f"{name}:{number}: only the root (head 0) has relation 'root'")
+        brackets = _misc(cols[9]).get("Entity", "")
+        if brackets and not ENTITY_BRACKETS.fullmatch(brackets):
+            raise ProbeError(
+                f"{name}:{number}: malformed Entity={brackets!r} (CorefUD brackets expected, "
+                "e.g. (3-person-new, 3) or (3-person-new))"
+            )
         words.append(cols[1])
         heads.append(head - 1)
         relations.append(relation)
         upos.append(cols[3])
+        feats.append(cols[5])
+        entity.append(brackets)
     roots = [i for i, h in enumerate(heads) if h < 0]
     first_line = rows[0][0]
     if len(roots) != 1:
@@ -160,7 +217,12 @@ def _sentence(rows: list[tuple[int, list[str]]], name: str, sent_id: str) -> Sen
                 raise ProbeError(f"{name}:{rows[i][0]}: word {i + 1} is in a cycle of heads")
             seen.add(j)
             j = heads[j]
-    return Sentence(words, heads, relations, upos, sent_id, name)
+    return Sentence(words, heads, relations, upos, sent_id, name, feats=feats, entity=entity)
+
+
+def _misc(column: str) -> dict[str, str]:
+    """The MISC column's ``Key=Value`` attributes (``_`` is none)."""
+    return dict(item.partition("=")[::2] for item in column.split("|") if "=" in item)
 
 
 def cache_dir() -> Path:
@@ -175,7 +237,9 @@ def cache_dir() -> Path:
 def download_ud(spec: str) -> list[Path]:
     """The local files of ``ud:<treebank>[-dev|-test|-train]``, downloaded once into the cache.
 
-    ``ud:en_ewt`` is the dev split (the one to analyse; keep test for final figures).
+    ``ud:en_ewt`` is the dev split (the one to analyse; keep test for final figures). The file
+    comes from the pinned release, is checked against its SHA-256, and appears in the cache
+    whole or not at all.
     """
     name = spec.removeprefix("ud:")
     treebank, _, split = name.partition("-")
@@ -183,10 +247,11 @@ def download_ud(spec: str) -> list[Path]:
     if treebank not in UD_TREEBANKS or split not in ("dev", "test", "train"):
         known = ", ".join(f"ud:{t}[-dev|-test|-train]" for t in UD_TREEBANKS)
         raise ProbeError(f"unknown treebank {spec!r}; known: {known}, or a .conllu path")
+    source = UD_TREEBANKS[treebank]
     file = f"{treebank}-ud-{split}.conllu"
-    target = cache_dir() / "ud" / UD_RELEASE / file
+    target = cache_dir() / "ud" / source.release / file
     if not target.exists():
-        url = UD_URL.format(repo=UD_TREEBANKS[treebank], release=UD_RELEASE, file=file)
+        url = UD_URL.format(repo=source.repo, release=source.release, file=file)
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
             with urllib.request.urlopen(url, timeout=60) as response:
@@ -196,6 +261,12 @@ def download_ud(spec: str) -> list[Path]:
                 f"cannot download {spec} from {url} ({e}); offline, pass a local .conllu file "
                 "with --treebank, or leave it out for the bundled sample"
             ) from e
+        expected = source.sha256.get(split)
+        if expected is not None and hashlib.sha256(data).hexdigest() != expected:
+            raise ProbeError(
+                f"{url} does not match the checksum of UD {source.release} (a changed or "
+                "truncated download); try again, or pass a local .conllu file with --treebank"
+            )
         with tempfile.NamedTemporaryFile(dir=target.parent, delete=False) as tmp:
             tmp.write(data)
         os.replace(tmp.name, target)  # atomic: no half-written file in the cache

@@ -19,7 +19,7 @@ from probe.app.cli import app
 FILES = {
     "index.html", "run.json", "examples.json", "heads.csv", "head_stats.csv",
     "head_similarity.csv", "spectra.csv", "syntax.csv", "syntax_baselines.csv", "syntax_best.csv",
-    "probe.csv",
+    "probe.csv", "coref.csv", "coref_baselines.csv", "coref_example.csv",
 }  # fmt: skip
 runner = CliRunner()
 
@@ -86,9 +86,18 @@ def check_html(path: Path) -> Checker:
 def test_default_sample_writes_every_file(sample_report):
     assert {p.name for p in sample_report.iterdir()} == FILES
     run = json.loads((sample_report / "run.json").read_text())
-    assert run["sentences_analysed"] == run["sentences_read"] == 65
+    assert run["sentences_analysed"] == run["sentences_read"] == 76
     assert run["treebank"][0].endswith("sample.conllu")
-    assert run["analyses"] == ["syntax", "roles", "spectra", "probe"]
+    assert run["analyses"] == ["syntax", "roles", "spectra", "probe", "coref"]
+    # the sample's three documents with coreference, each one window
+    assert run["coref"] == {"window": 128, "documents": 4, "windows": 3, "mentions": 33,
+                            "sentences_skipped": 0}  # fmt: skip
+    assert (
+        pd.read_csv(sample_report / "coref_baselines.csv")
+        .query("mention_type == 'all'")
+        .total.tolist()
+        == [16] * 3
+    )
     uas = pd.read_csv(sample_report / "probe.csv").set_index("parser").uas
     assert uas["attention_probe"] > uas["right_branching"]
     assert set(run["timings_s"]) == {"start", "load", "analyses", "tables", "render", "total"}
@@ -97,10 +106,12 @@ def test_default_sample_writes_every_file(sample_report):
     assert checker.scripts == 1  # the sorting script, nothing else
     assert (sample_report / "index.html").stat().st_size < 10_000_000
     html = (sample_report / "index.html").read_text()
-    for section in ("run", "overview", "syntax", "roles", "spectra", "probe", "heads", "methods"):
+    for section in ("run", "overview", "syntax", "roles", "spectra", "probe", "coref", "heads",
+                    "methods"):  # fmt: skip
         assert f'id="{section}"' in html
     assert html.count('class="head"') == 72 and 'id="head-5-11"' in html
     assert "0-based" in html or "numbered from 0" in html
+    assert '<svg class="coref"' in html and "An example window read by head" in html
 
 
 def test_report_re_renders_from_tables(sample_report):

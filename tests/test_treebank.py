@@ -1,9 +1,11 @@
 """CoNLL-U reading and its error messages, the bundled sample, and the ud: source."""
 
+import hashlib
+
 import pytest
 
 from probe.errors import ProbeError
-from probe.treebank import SAMPLE, download_ud, load_treebank, read_conllu
+from probe.treebank import SAMPLE, UD_TREEBANKS, download_ud, load_treebank, read_conllu
 
 GOOD = """# sent_id = 1
 # text = They don't sleep.
@@ -107,6 +109,8 @@ def test_ud_source_downloads_once_atomically(tmp_path, monkeypatch):
         return Response()
 
     monkeypatch.setattr("urllib.request.urlopen", fake_urlopen)
+    pinned = UD_TREEBANKS["en_ewt"].sha256
+    monkeypatch.setitem(pinned, "test", hashlib.sha256(GOOD.encode()).hexdigest())
     (path,) = download_ud("ud:en_ewt-test")
     assert path == tmp_path / "ud" / "r2.15" / "en_ewt-ud-test.conllu"
     assert calls == [

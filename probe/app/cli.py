@@ -82,6 +82,12 @@ def analyze(
         ",".join(REGISTRY), "--analyses", "-a", help="Comma-separated analyses to run."
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap, the probe's split and MDS."),
+    coref_window: int = typer.Option(
+        128,
+        "--coref-window",
+        min=8,
+        help="Model tokens per coreference window of whole sentences (capped at the model's).",
+    ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output folder."),
     revision: str = typer.Option(None, "--revision", help="Hub branch, tag or commit."),
     trust_remote_code: bool = typer.Option(
@@ -115,6 +121,7 @@ def analyze(
         dtype=dtype,
         analyses=[a.strip() for a in analyses.split(",") if a.strip()],
         seed=seed,
+        coref_window=coref_window,
         overwrite=overwrite,
         revision=revision,
         trust_remote_code=trust_remote_code,

@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import suppress
+from itertools import islice
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
@@ -26,6 +27,7 @@ from probe.app.output import check_free, default_out, staged
 from probe.errors import ProbeError
 
 PACKAGES = ("probe", "torch", "transformers", "scikit-learn", "numpy", "pandas")
+WINDOWS_PER_BATCH_SHARE = 4  # a batch holds at most a quarter of batch_size full windows
 Progress = Callable[[str, int | None], Callable[[Iterable], Iterator]]
 
 
@@ -42,6 +44,7 @@ class Settings:
     dtype: str | None = None
     analyses: Sequence[str] = tuple(analyses.REGISTRY)
     seed: int = 0
+    coref_window: int = 128
     overwrite: bool = False
     revision: str | None = None
     trust_remote_code: bool = False
@@ -115,6 +118,11 @@ def join_heads(
     return heads
 
 
+def captures(consumers: Sequence[analyses.Analysis]) -> list[str]:
+    """The hook suffixes any of ``consumers`` reads."""
+    return sorted({c for a in consumers for c in a.captures})
+
+
 def analyze(
     settings: Settings,
     progress: Progress | None = None,
@@ -152,6 +160,7 @@ def analyze(
     from probe.app.examples import Examples
     from probe.app.report import render_html
     from probe.architectures import blocks, is_causal
+    from probe.coreference import Windows
     from probe.corpus import Corpus, max_tokens
     from probe.loading import load, resolve_name
     from probe.runner import stream
@@ -176,27 +185,42 @@ def analyze(
     chosen = [cls(context) for cls in classes]
     lap("load")
 
-    corpus, examples = None, None
-    if streaming:
+    corpus, examples, windows = None, None, None
+    limit = max_tokens(config, tokenizer)
+    sentence_analyses = [a for a in chosen if a.captures and a.unit == "sentence"]
+    window_analyses = [a for a in chosen if a.captures and a.unit == "window"]
+    coreference_seen = not sentence_analyses  # unknown until the treebank has been read
+    if sentence_analyses:
         status(f"analysing {', '.join(map(str, paths))}")
-        corpus = Corpus(
-            iter_treebank(paths),
-            tokenizer,
-            max_tokens(config, tokenizer),
-            max_sentences=settings.max_sentences,
-        )
+
+        def sentences():
+            nonlocal coreference_seen
+            for sentence in iter_treebank(paths):
+                coreference_seen = coreference_seen or any(sentence.entity)
+                yield sentence
+
+        corpus = Corpus(sentences(), tokenizer, limit, max_sentences=settings.max_sentences)
         examples = Examples(tokenizer, n_layers, n_heads)
-        consumers = [a for a in chosen if a.captures]
-        captures = sorted({c for a in consumers for c in a.captures})
         batches = corpus.batches(settings.batch_size)
         if progress is not None:
             batches = progress("analysing sentences", settings.max_sentences)(batches)
-        stream(model, batches, [*consumers, examples], captures)
+        stream(model, batches, [*sentence_analyses, examples], captures(sentence_analyses))
         if corpus.read == 0:
             raise ProbeError(f"no sentences in {', '.join(map(str, paths))}")
         if corpus.analysed == 0:
             reasons = ", ".join(f"{n} {why}" for why, n in corpus.skipped.items())
             raise ProbeError(f"no sentence can be analysed ({reasons}); try another treebank")
+    if window_analyses and coreference_seen:  # a treebank without Entity= needs no window pass
+        status("analysing coreference windows")
+        window = min(settings.coref_window, limit)
+        read = islice(iter_treebank(paths), settings.max_sentences)
+        windows = Windows(read, tokenizer, window)
+        # Windows are all near the limit: a batch of them is bounded by cells, as sentences are.
+        cells = settings.batch_size * window * window // WINDOWS_PER_BATCH_SHARE
+        batches = Corpus(windows, tokenizer, window).batches(settings.batch_size, cells)
+        if progress is not None:
+            batches = progress("coreference windows", None)(batches)
+        stream(model, batches, window_analyses, captures(window_analyses))
     lap("analyses")
 
     status("finishing the analyses")
@@ -225,6 +249,13 @@ def analyze(
         "sentences_analysed": corpus.analysed if corpus else 0,
         "sentences_skipped": dict(corpus.skipped) if corpus else {},
         "words_analysed": corpus.words if corpus else 0,
+        "coref": {
+            "window": min(settings.coref_window, limit) if streaming else None,
+            "documents": windows.documents if windows else 0,
+            "windows": windows.windows if windows else 0,
+            "mentions": windows.mentions if windows else 0,
+            "sentences_skipped": windows.skipped if windows else 0,
+        },
         "analyses": [cls.name for cls in classes],
         "seed": settings.seed,
         "batch_size": settings.batch_size,

@@ -1,0 +1,389 @@
+"""Coreference heads (Clark et al. 2019, §4.3): how often the word a head attends to most, from
+the head word of a coreferent mention, is the head word of one of the mention's antecedents.
+
+The model reads windows of whole sentences of one document (``probe.coreference``), not single
+sentences. Per layer, only the rows of word-level attention that are scored are computed (one
+per scored mention, every head at once), not a window's whole word map. The 95% intervals use
+the Poisson bootstrap over documents, with weights keyed to the document: they depend on the
+data and the seed only, not on batches or processes.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+import pandas as pd
+import torch
+from markupsafe import Markup, escape
+from matplotlib.figure import Figure as MplFigure
+
+from analyses import Analysis, Context, Schema
+from analyses.figures import Figure, heatmap
+from analyses.vocabulary import Role, Thresholds
+from probe.coreference import BASELINES, MENTION_TYPES, Window, baselines, nearest, scored
+from probe.corpus import Batch
+from probe.keys import poisson
+from probe.runner import LayerCapture
+
+N_BOOT = 1000  # bootstrap replicates
+EXAMPLE_WORDS = 60  # the example window is the first with at most this many words …
+EXAMPLE_MENTIONS = 3  # … and at least this many scored mentions (else the first with any)
+
+
+class Coreference(Analysis):
+    """Counts, per mention type, the scored mentions each head resolves and the baselines
+    resolve, with bootstrap replicates over documents; keeps one example window."""
+
+    name = "coref"
+    title = "Coreference"
+    captures = ("hook_pattern",)
+    unit = "window"
+    tables: ClassVar[dict[str, Schema]] = {
+        "coref": {
+            "mention_type": "str",
+            "layer": "int",
+            "head": "int",
+            "correct": "int",
+            "total": "int",
+            "accuracy": "float",
+            "ci_low": "float",
+            "ci_high": "float",
+        },
+        "coref_baselines": {
+            "baseline": "str",
+            "mention_type": "str",
+            "correct": "int",
+            "total": "int",
+            "accuracy": "float",
+        },
+        "coref_example": {
+            "document": "str",
+            "position": "int",
+            "word": "str",
+            "mention_type": "str",
+            "antecedent": "Int64",
+            "layer": "int",
+            "head": "int",
+            "predicted": "Int64",
+            "correct": "bool",
+        },
+    }
+    head_columns: ClassVar[Schema] = {"coref_accuracy": "float", "coref_margin": "float"}
+
+    def __init__(self, context: Context, *, n_boot: int = N_BOOT) -> None:
+        super().__init__(context)
+        L, H, K = context.n_layers, context.n_heads, len(MENTION_TYPES)
+        self.n_boot = n_boot
+        self.correct = torch.zeros(L, K, H, dtype=torch.float64)
+        self.total = torch.zeros(K, dtype=torch.float64)
+        self.baseline = torch.zeros(len(BASELINES), K, dtype=torch.float64)
+        self.boot_correct = torch.zeros(L, n_boot, K * H, dtype=torch.float64)
+        self.boot_total = torch.zeros(n_boot, K, dtype=torch.float64)
+        self.example: dict | None = None  # the example window and every head's predictions
+
+    def begin_batch(self, batch: Batch) -> None:
+        """The batch's scored mentions: their window, head word, type and gold antecedents,
+        what the baselines choose, and the bootstrap weights of their documents."""
+        windows: list[Window] = batch.sentences
+        window, slot, query, kinds, gold, hits = [], [], [], [], [], []
+        for b, w in enumerate(windows):
+            found = scored(w.mentions)
+            for s, (mention, antecedents) in enumerate(found):
+                heads = {a.head for a in antecedents}
+                chosen = baselines(mention, w.mentions)
+                window.append(b)
+                slot.append(s)
+                query.append(mention.head)
+                kinds.append(MENTION_TYPES.index(mention.kind))
+                gold.append(sorted(heads))
+                hits.append([chosen[name].head in heads for name in BASELINES])
+            self._consider_example(w, int(batch.index[b]), b, found)
+        self._mentions = len(window)
+        if not self._mentions:
+            return
+        device = batch.input_ids.device
+        M, n = len(window), int(batch.n_words.max())
+        self._window = torch.tensor(window, device=device)
+        self._slot = torch.tensor(slot, device=device)
+        self._query = torch.tensor(query, device=device)
+        self._gold = torch.zeros(M, n, dtype=torch.bool, device=device)
+        for m, heads in enumerate(gold):
+            self._gold[m, heads] = True
+        types = torch.zeros(M, len(MENTION_TYPES), dtype=torch.float64)
+        types[:, 0] = 1  # "all"
+        types[torch.arange(M), torch.tensor(kinds)] = 1
+        self._types = types
+        self.total += types.sum(0)
+        self.baseline += torch.tensor(hits, dtype=torch.float64).T @ types
+        documents = np.array([w.document_index for w in windows])[window]
+        weights = poisson(
+            self.context.seed, "coref-bootstrap", documents[None], np.arange(self.n_boot)[:, None]
+        )
+        self._weights = torch.from_numpy(weights.astype(np.float64))  # [n_boot, M]
+        self.boot_total += self._weights @ types
+        self._rows = None  # the scored rows of word attention, built at the first layer
+
+    def _consider_example(self, w: Window, index: int, b: int, found: list) -> None:
+        if not found:
+            return
+        small = len(w.words) <= EXAMPLE_WORDS and len(found) >= EXAMPLE_MENTIONS
+        key = (not small, index)
+        if self.example is None or key < self.example["key"]:
+            self.example = {
+                "key": key,
+                "batch_row": b,
+                "document": w.document,
+                "words": list(w.words),
+                "mentions": [
+                    (
+                        m.head,
+                        m.kind,
+                        nearest(antecedents).head,
+                        sorted({a.head for a in antecedents}),
+                    )
+                    for m, antecedents in found
+                ],
+                "predicted": torch.zeros(self.context.n_layers, self.context.n_heads, len(found)),
+            }
+
+    def update(self, batch: Batch, layer: int, capture: LayerCapture) -> None:
+        if not self._mentions:
+            return
+        p = capture.pattern  # [B, H, T, T]
+        B, H, T, _ = p.shape
+        alignment = capture.alignment
+        if self._rows is None:
+            # Mentions laid out [window, slot], so that each window's rows meet its pattern in
+            # one batched product.
+            slots = int(self._slot.max()) + 1
+            rows = torch.zeros(B, slots, T, device=p.device)
+            rows[self._window, self._slot] = alignment.from_words[self._window, self._query]
+            self._rows = rows
+            self._invalid = alignment.invalid[self._window, 0, self._query]  # [M, n]
+        attention = (self._rows[:, None] @ p).flatten(1, 2) @ alignment.to_words  # [B, H·S, n]
+        attention = attention.view(B, H, -1, attention.shape[-1])[self._window, :, self._slot]
+        predicted = attention.masked_fill(self._invalid[:, None], -torch.inf).max(-1).indices
+        hits = self._gold.gather(1, predicted).to(torch.float64).cpu()  # [M, H]
+        self.correct[layer] += self._types.T @ hits
+        per_type = (self._types[:, :, None] * hits[:, None, :]).flatten(1)  # [M, types·H]
+        self.boot_correct[layer] += self._weights @ per_type
+        if self.example is not None and self.example.get("batch_row") is not None:
+            mine = (self._window == self.example["batch_row"]).cpu()
+            self.example["predicted"][layer] = predicted.cpu()[mine].T.float()
+
+    def end_batch(self, batch: Batch) -> None:
+        if self.example is not None:
+            self.example["batch_row"] = None  # predictions complete; later batches leave it
+
+    def merge(self, other: Coreference) -> None:
+        self._check_mergeable(other)
+        for name in ("correct", "total", "baseline", "boot_correct", "boot_total"):
+            getattr(self, name).add_(getattr(other, name))
+        if other.example is not None and (
+            self.example is None or other.example["key"] < self.example["key"]
+        ):
+            self.example = other.example
+
+    def _tables(self) -> dict[str, pd.DataFrame]:
+        """``coref`` (one row per mention type and head), ``coref_baselines`` and
+        ``coref_example`` (the example window, one row per word, read by the best head)."""
+        if not self.total[0]:
+            return {name: pd.DataFrame(columns=list(s)) for name, s in self.tables.items()}
+        L, H, K = self.context.n_layers, self.context.n_heads, len(MENTION_TYPES)
+        correct = self.correct.permute(1, 0, 2).reshape(K, L * H).numpy()  # [type, layer·head]
+        boot = self.boot_correct.view(L, self.n_boot, K, H).permute(1, 2, 0, 3)
+        boot = boot.reshape(self.n_boot, K, L * H).numpy()
+        boot_total = self.boot_total.numpy()
+        layer, head = np.divmod(np.arange(L * H), H)
+        rows, base_rows = [], []
+        for k, kind in enumerate(MENTION_TYPES):
+            total = float(self.total[k])
+            if not total:
+                continue
+            drawn = boot_total[:, k] > 0
+            accuracy = boot[drawn, k] / boot_total[drawn, k, None]  # [replicates, heads]
+            rows.append(
+                pd.DataFrame(
+                    {
+                        "mention_type": kind,
+                        "layer": layer,
+                        "head": head,
+                        "correct": correct[k].round().astype(int),
+                        "total": int(total),
+                        "accuracy": correct[k] / total,
+                        "ci_low": np.percentile(accuracy, 2.5, axis=0),
+                        "ci_high": np.percentile(accuracy, 97.5, axis=0),
+                    }
+                )
+            )
+            for i, name in enumerate(BASELINES):
+                c = float(self.baseline[i, k])
+                base_rows.append(
+                    {
+                        "baseline": name,
+                        "mention_type": kind,
+                        "correct": round(c),
+                        "total": int(total),
+                        "accuracy": c / total,
+                    }
+                )
+        coref = pd.concat(rows, ignore_index=True)
+        return {
+            "coref": coref,
+            "coref_baselines": pd.DataFrame(base_rows),
+            "coref_example": self._example_table(coref),
+        }
+
+    def _example_table(self, coref: pd.DataFrame) -> pd.DataFrame:
+        best = coref[coref.mention_type == "all"].sort_values("accuracy", ascending=False).iloc[0]
+        e = self.example
+        predicted = e["predicted"][int(best.layer), int(best["head"])].long().tolist()
+        table = pd.DataFrame(
+            {
+                "document": e["document"],
+                "position": range(len(e["words"])),
+                "word": e["words"],
+                "mention_type": "",
+                "antecedent": pd.array([pd.NA] * len(e["words"]), dtype="Int64"),
+                "layer": int(best.layer),
+                "head": int(best["head"]),
+                "predicted": pd.array([pd.NA] * len(e["words"]), dtype="Int64"),
+                "correct": False,
+            }
+        )
+        for (query, kind, antecedent, gold), guess in zip(e["mentions"], predicted, strict=True):
+            if table.at[query, "mention_type"]:
+                continue  # two mentions share a head word: the first is drawn
+            table.loc[query, ["mention_type", "antecedent", "predicted"]] = kind, antecedent, guess
+            table.at[query, "correct"] = guess in gold
+        return table
+
+    @classmethod
+    def heads(cls, tables: dict[str, pd.DataFrame], thresholds: Thresholds) -> pd.DataFrame:
+        """Each head's accuracy over all scored mentions, its margin over the best baseline, and
+        the coreference role where its 95% interval lies above that baseline."""
+        coref = tables["coref"]
+        if coref.empty:
+            return pd.DataFrame(columns=["layer", "head", *cls.head_columns])
+        every = coref[coref.mention_type == "all"]
+        base = tables["coref_baselines"]
+        best = base[base.mention_type == "all"].accuracy.max()
+        return pd.DataFrame(
+            {
+                "layer": every.layer.to_numpy(),
+                "head": every["head"].to_numpy(),
+                "coref_accuracy": every.accuracy.to_numpy(),
+                "coref_margin": (every.accuracy - best).to_numpy(),
+                str(Role.COREFERENCE): (every.ci_low > best).to_numpy(),
+            }
+        )
+
+    @classmethod
+    def figures(cls, tables: dict[str, pd.DataFrame]) -> list[Figure]:
+        coref = tables["coref"]
+        kinds = [k for k in MENTION_TYPES if k in set(coref.mention_type)]
+        if not kinds:
+            return []
+        fig = MplFigure(figsize=(3.2 * len(kinds), 2.9))
+        axes = np.atleast_1d(
+            fig.subplots(
+                1,
+                len(kinds),
+                gridspec_kw={
+                    "left": 0.06,
+                    "right": 0.9,
+                    "bottom": 0.17,
+                    "top": 0.85,
+                    "wspace": 0.35,
+                },
+            )
+        )
+        for k, (ax, kind) in enumerate(zip(axes, kinds, strict=True)):
+            rows = coref[coref.mention_type == kind]
+            grid = rows.pivot(index="layer", columns="head", values="accuracy")
+            image = heatmap(ax, grid, vmin=0, vmax=1, cmap="magma", y_axis=k == 0)
+            top = rows.loc[rows.accuracy.idxmax()]
+            ax.set_title(f"{kind} (n={top.total}): best {top.accuracy:.0%}", fontsize="medium")
+        fig.colorbar(image, cax=fig.add_axes((0.92, 0.2, 0.012, 0.6)), label="accuracy")
+        return [
+            Figure(
+                "coref-heatmaps",
+                "Antecedent accuracy of every head, per mention type",
+                "Heatmaps of layer by head, one per mention type, brighter where the word the "
+                "head attends to most from a mention is more often one of its antecedents.",
+                fig,
+            )
+        ]
+
+    @classmethod
+    def section(cls, tables: dict[str, pd.DataFrame], run: dict) -> dict:
+        coref, base = tables["coref"], tables["coref_baselines"]
+        if coref.empty:
+            return {"best": [], "windows": run.get("coref", {})}
+        accuracy = base.pivot(index="mention_type", columns="baseline", values="accuracy")
+        best = []
+        for kind in MENTION_TYPES:
+            rows = coref[coref.mention_type == kind]
+            if rows.empty:
+                continue
+            top = rows.loc[rows.accuracy.idxmax()]
+            baseline = accuracy.loc[kind]
+            best.append(
+                {
+                    **top.to_dict(),
+                    "baselines": {name: baseline[name] for name in BASELINES},
+                    "beats": bool(top.ci_low > baseline.max()),
+                }
+            )
+        return {
+            "best": best,
+            "baselines": BASELINES,
+            "example": arcs(tables["coref_example"]),
+            "windows": run.get("coref", {}),
+        }
+
+
+def arcs(example: pd.DataFrame) -> Markup | None:
+    """The example window as one line of words, with an arc above from each scored mention to
+    the word the head attends to most (green when it is an antecedent, red when not) and a
+    dashed arc below to its nearest gold antecedent."""
+    if example.empty:
+        return None
+    x, centres = 8, []
+    for word in example.word:
+        width = 7.2 * len(word) + 4
+        centres.append(x + width / 2)
+        x += width + 6
+    width, base, height = int(x + 8), 70, 110
+    parts = [
+        f'<svg class="coref" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
+        'style="max-width:none" role="img" aria-label="a window of text with an arc from each '
+        'mention to the word the head attends to most, and to its nearest antecedent">'
+    ]
+
+    def arc(a: int, b: int, up: bool, style: str) -> str:
+        x1, x2 = centres[a], centres[b]
+        lift = min(60.0, 12 + 0.12 * abs(x2 - x1))
+        y = base - 14 if up else base + 6
+        control = y - lift if up else y + lift * 0.5
+        return (
+            f'<path d="M{x1:.1f},{y} Q{(x1 + x2) / 2:.1f},{control:.1f} {x2:.1f},{y}" '
+            f'fill="none" {style}/>'
+        )
+
+    for row in example.itertuples():
+        if row.mention_type:
+            colour = "#2e8b57" if row.correct else "#c0392b"
+            parts.append(arc(row.position, int(row.predicted), True,
+                             f'stroke="{colour}" stroke-width="1.8"'))  # fmt: skip
+            parts.append(arc(row.position, int(row.antecedent), False,
+                             'stroke="#888" stroke-dasharray="3 2"'))  # fmt: skip
+    for row, centre in zip(example.itertuples(), centres, strict=True):
+        weight = ' font-weight="bold"' if row.mention_type else ""
+        parts.append(
+            f'<text x="{centre:.1f}" y="{base}" text-anchor="middle"{weight}>'
+            f"{escape(row.word)}</text>"
+        )
+    parts.append("</svg>")
+    return Markup("".join(parts))
