@@ -353,6 +353,11 @@ def test_a_decoder_end_to_end(tmp_path):
     assert json.loads((out / "run.json").read_text())["causal"] is True
     heads = pd.read_csv(out / "heads.csv")
     assert heads.entropy_normalised.between(0.95, 1.0 + 1e-6).all()
+    # coreference on the sample's documents: a causal head can only point back
+    assert pd.read_csv(out / "coref.csv").total.max() > 0
+    example = pd.read_csv(out / "coref_example.csv", keep_default_na=False)
+    mentions = example[example.mention_type != ""]
+    assert len(mentions) >= 3 and (mentions.predicted.astype(int) < mentions.position).all()
     check_html(out / "index.html")
 
 
@@ -370,5 +375,9 @@ def test_a_treebank_with_no_word_to_score(tmp_path, minilm):
     syntax = pd.read_csv(out / "syntax.csv")
     assert list(syntax.columns) == ["relation", "direction", "layer", "head", "correct",
                                     "total", "accuracy"] and syntax.empty  # fmt: skip
-    assert "Not evaluated: too few sentences" in (out / "index.html").read_text()
+    html = (out / "index.html").read_text()
+    assert "Not evaluated: too few sentences" in html
+    assert "Coreference was skipped: the treebank has no <code>Entity=</code>" in html
+    assert pd.read_csv(out / "coref.csv").empty
+    assert json.loads((out / "run.json").read_text())["coref"]["windows"] == 0
     check_html(out / "index.html")
