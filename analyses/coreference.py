@@ -86,14 +86,13 @@ class Coreference(Analysis):
         """The batch's scored mentions: their window, head word, type and gold antecedents,
         what the baselines choose, and the bootstrap weights of their documents."""
         windows: list[Window] = batch.sentences
-        window, slot, query, kinds, gold, hits = [], [], [], [], [], []
+        window, query, kinds, gold, hits = [], [], [], [], []
         for b, w in enumerate(windows):
             found = scored(w.mentions)
-            for s, (mention, antecedents) in enumerate(found):
+            for mention, antecedents in found:
                 heads = {a.head for a in antecedents}
                 chosen = baselines(mention, w.mentions)
                 window.append(b)
-                slot.append(s)
                 query.append(mention.head)
                 kinds.append(MENTION_TYPES.index(mention.kind))
                 gold.append(sorted(heads))
@@ -105,7 +104,6 @@ class Coreference(Analysis):
         device = batch.input_ids.device
         M, n = len(window), int(batch.n_words.max())
         self._window = torch.tensor(window, device=device)
-        self._slot = torch.tensor(slot, device=device)
         self._query = torch.tensor(query, device=device)
         self._gold = torch.zeros(M, n, dtype=torch.bool, device=device)
         for m, heads in enumerate(gold):
@@ -122,7 +120,7 @@ class Coreference(Analysis):
         )
         self._weights = torch.from_numpy(weights.astype(np.float64))  # [n_boot, M]
         self.boot_total += self._weights @ types
-        self._rows = None  # the scored rows of word attention, built at the first layer
+        self._to_words = None  # with what every layer reuses, gathered at the first (``_gather``)
 
     def _consider_example(self, w: Window, index: int, b: int, found: list) -> None:
         if not found:
@@ -151,18 +149,14 @@ class Coreference(Analysis):
         if not self._mentions:
             return
         p = capture.pattern  # [B, H, T, T]
-        B, H, T, _ = p.shape
-        alignment = capture.alignment
-        if self._rows is None:
-            # Mentions laid out [window, slot], so that each window's rows meet its pattern in
-            # one batched product.
-            slots = int(self._slot.max()) + 1
-            rows = torch.zeros(B, slots, T, device=p.device)
-            rows[self._window, self._slot] = alignment.from_words[self._window, self._query]
-            self._rows = rows
-            self._invalid = alignment.invalid[self._window, 0, self._query]  # [M, n]
-        attention = (self._rows[:, None] @ p).flatten(1, 2) @ alignment.to_words  # [B, H·S, n]
-        attention = attention.view(B, H, -1, attention.shape[-1])[self._window, :, self._slot]
+        if self._to_words is None:
+            self._gather(capture.alignment)
+        # The rows of the mentions' head words only (their tokens averaged), every head at once,
+        # then summed over each key word's tokens.
+        window, token, weight = self._tokens
+        rows = torch.zeros(self._mentions, p.shape[1], p.shape[-1], device=p.device)
+        rows.index_add_(0, self._token_mention, p[window, :, token, :] * weight[:, None, None])
+        attention = torch.bmm(rows, self._to_words)  # [M, H, n]
         predicted = attention.masked_fill(self._invalid[:, None], -torch.inf).max(-1).indices
         hits = self._gold.gather(1, predicted).to(torch.float64).cpu()  # [M, H]
         self.correct[layer] += self._types.T @ hits
@@ -171,6 +165,17 @@ class Coreference(Analysis):
         if self.example is not None and self.example.get("batch_row") is not None:
             mine = (self._window == self.example["batch_row"]).cpu()
             self.example["predicted"][layer] = predicted.cpu()[mine].T.float()
+
+    def _gather(self, alignment) -> None:
+        """What every layer of the batch reuses: the tokens of each mention's head word with
+        their averaging weights, each mention's window's token-to-word sums, and the words no
+        prediction may name (itself, padding)."""
+        member = alignment.from_words[self._window, self._query]  # [M, T]
+        mention, token = member.nonzero(as_tuple=True)
+        self._tokens = self._window[mention], token, member[mention, token]
+        self._token_mention = mention
+        self._to_words = alignment.to_words[self._window]  # [M, T, n]
+        self._invalid = alignment.invalid[self._window, 0, self._query]  # [M, n]
 
     def end_batch(self, batch: Batch) -> None:
         if self.example is not None:

@@ -190,16 +190,17 @@ def baselines(mention: Mention, window_mentions: list[Mention]) -> dict[str, Men
     if not candidates:
         return {}
     same_head = [c for c in candidates if c.head_text == mention.head_text]
-    sieve = (
-        [c for c in candidates if c.text == mention.text],
-        same_head,
-        [c for c in candidates if agree(c, mention)],
-        candidates,
-    )
+
+    def sieve() -> Iterator[list[Mention]]:  # lazily: most mentions stop at a string match
+        yield [c for c in candidates if c.text == mention.text]
+        yield same_head
+        yield [c for c in candidates if agree(c, mention)]
+        yield candidates
+
     return {
         "nearest": nearest(candidates),
         "head_match": nearest(same_head or candidates),
-        "rules": nearest(next(step for step in sieve if step)),
+        "rules": nearest(next(step for step in sieve() if step)),
     }
 
 

@@ -155,9 +155,11 @@ def probe_attention(
         key = key.repeat_interleave(group, dim=1)
         value = value.repeat_interleave(group, dim=1)
 
-    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    # In place: the eager implementation's arithmetic, without two more [batch, head, q, k]
+    # tensors to allocate (each a fresh memory mapping at this size).
+    scores = torch.matmul(query, key.transpose(2, 3)).mul_(scaling)
     if attention_mask is not None:
-        scores = scores + attention_mask[:, :, :, : key.shape[-2]]
+        scores.add_(attention_mask[:, :, :, : key.shape[-2]])
     scores = p.hook_attn_scores(scores)
     pattern = p.hook_pattern(F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype))
     z = p.hook_z(torch.matmul(F.dropout(pattern, dropout, module.training), value).transpose(1, 2))
