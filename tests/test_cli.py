@@ -156,12 +156,18 @@ def test_only_some_analyses(tmp_path, minilm):
 
 
 INJECTION = """# text = hostile words
-1\t<script>alert(1)</script>\t_\tX\t_\t_\t3\tnsubj\t_\t_
+1\t<script>alert(1)</script>\t_\tX\t_\t_\t3\tnsubj\t_\tEntity=(1-x)
 2\t</w>\t_\tX\t_\t_\t3\tdet\t_\t_
 3\truns\t_\tVERB\t_\t_\t0\troot\t_\t_
 4\t"quoted"&amp;\t_\tX\t_\t_\t3\tobj\t_\t_
 5\tend\t_\tX\t_\t_\t3\tobl\t_\t_
 6\t.\t_\tPUNCT\t_\t_\t3\tpunct\t_\t_
+
+# text = It </w> again.
+1\tIt\t_\tPRON\t_\t_\t2\tnsubj\t_\tEntity=(1-x)
+2\truns\t_\tVERB\t_\t_\t0\troot\t_\t_
+3\t</w>\t_\tX\t_\t_\t2\tobj\t_\tEntity=(1-x)
+4\tagain\t_\tADV\t_\t_\t2\tadvmod\t_\t_
 """
 
 
@@ -178,6 +184,10 @@ def test_text_from_the_treebank_is_escaped(tmp_path, minilm):
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html  # the caption shows the word as text
     assert "&lt;/w&gt;" in html
     assert "&#34;quoted&#34;&amp;amp;" in html
+    # the coreference example draws the hostile words too, as text
+    svg = html[html.index('<svg class="coref"') :]
+    svg = svg[: svg.index("</svg>")]
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in svg and "&lt;/w&gt;" in svg
 
 
 @pytest.mark.parametrize(

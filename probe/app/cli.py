@@ -69,7 +69,7 @@ def analyze(
         None,
         "--treebank",
         "-t",
-        help="CoNLL-U file(s) or ud:en_ewt[-dev|-test]; default: the bundled sample.",
+        help="CoNLL-U file(s), ud:en_ewt or ud:en_gum [-dev|-test]; default: the bundled sample.",
     ),
     out: Path = typer.Option(None, "--out", "-o", help="Output folder [default: reports/<model>]."),
     max_sentences: int = typer.Option(
