@@ -132,3 +132,34 @@ def test_ud_source_offline_and_unknown(tmp_path, monkeypatch):
     assert not any(tmp_path.rglob("*.conllu"))
     with pytest.raises(ProbeError, match="unknown treebank 'ud:xx'"):
         download_ud("ud:xx")
+
+
+def test_gum_download_is_pinned_and_checked(tmp_path, monkeypatch):
+    """``ud:en_gum-test`` comes from UD r2.16; bytes that do not match the pinned SHA-256 are
+    refused with one line, and nothing is left in the cache."""
+    monkeypatch.setenv("PROBE_CACHE", str(tmp_path))
+    calls = []
+
+    class Response:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def read(self):
+            return GOOD.encode()  # not GUM: its checksum differs
+
+    def fake_urlopen(url, timeout):
+        calls.append(url)
+        return Response()
+
+    monkeypatch.setattr("urllib.request.urlopen", fake_urlopen)
+    with pytest.raises(ProbeError, match=r"does not match the checksum of UD r2\.16"):
+        download_ud("ud:en_gum-test")
+    assert calls == [
+        "https://raw.githubusercontent.com/UniversalDependencies/UD_English-GUM/r2.16/en_gum-ud-test.conllu"
+    ]
+    assert not any(tmp_path.rglob("*.conllu*")) and not any(
+        p.is_file() for p in tmp_path.rglob("*")
+    )
