@@ -90,8 +90,8 @@ def test_bundled_sample_is_valid_and_varied():
     assert read_conllu(SAMPLE) == sentences
 
 
-def test_ud_source_downloads_once_atomically(tmp_path, monkeypatch):
-    monkeypatch.setenv("PROBE_CACHE", str(tmp_path))
+def serve(monkeypatch, data: bytes) -> list[str]:
+    """Answer every download with ``data``; returns the list of URLs asked for."""
     calls = []
 
     class Response:
@@ -102,13 +102,19 @@ def test_ud_source_downloads_once_atomically(tmp_path, monkeypatch):
             return False
 
         def read(self):
-            return GOOD.encode()
+            return data
 
     def fake_urlopen(url, timeout):
         calls.append(url)
         return Response()
 
     monkeypatch.setattr("urllib.request.urlopen", fake_urlopen)
+    return calls
+
+
+def test_ud_source_downloads_once_atomically(tmp_path, monkeypatch):
+    monkeypatch.setenv("PROBE_CACHE", str(tmp_path))
+    calls = serve(monkeypatch, GOOD.encode())
     pinned = UD_TREEBANKS["en_ewt"].sha256
     monkeypatch.setitem(pinned, "test", hashlib.sha256(GOOD.encode()).hexdigest())
     (path,) = download_ud("ud:en_ewt-test")
@@ -138,23 +144,7 @@ def test_gum_download_is_pinned_and_checked(tmp_path, monkeypatch):
     """``ud:en_gum-test`` comes from UD r2.16; bytes that do not match the pinned SHA-256 are
     refused with one line, and nothing is left in the cache."""
     monkeypatch.setenv("PROBE_CACHE", str(tmp_path))
-    calls = []
-
-    class Response:
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def read(self):
-            return GOOD.encode()  # not GUM: its checksum differs
-
-    def fake_urlopen(url, timeout):
-        calls.append(url)
-        return Response()
-
-    monkeypatch.setattr("urllib.request.urlopen", fake_urlopen)
+    calls = serve(monkeypatch, GOOD.encode())  # not GUM: its checksum differs
     with pytest.raises(ProbeError, match=r"does not match the checksum of UD r2\.16"):
         download_ud("ud:en_gum-test")
     assert calls == [
