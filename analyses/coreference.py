@@ -29,6 +29,8 @@ from probe.runner import LayerCapture
 N_BOOT = 1000  # bootstrap replicates
 EXAMPLE_WORDS = 60  # the example window is the first with at most this many words …
 EXAMPLE_MENTIONS = 3  # … and at least this many scored mentions (else the first with any)
+CHAR_WIDTH, WORD_GAP = 7.3, 9  # pixels, for 12 px monospace text in the example's drawing
+ARC_UP, ARC_DOWN = 90, 40  # the highest arc above the words and the deepest below, in pixels
 
 
 class Coreference(Analysis):
@@ -357,21 +359,23 @@ def arcs(example: pd.DataFrame) -> Markup | None:
         return None
     x, centres = 8, []
     for word in example.word:
-        width = 7.2 * len(word) + 4
+        width = CHAR_WIDTH * len(word)
         centres.append(x + width / 2)
-        x += width + 6
-    width, base, height = int(x + 8), 70, 110
+        x += width + WORD_GAP
+    width, base, height = int(x + 8), ARC_UP + 20, ARC_UP + ARC_DOWN + 36
     parts = [
         f'<svg class="coref" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
-        'style="max-width:none" role="img" aria-label="a window of text with an arc from each '
-        'mention to the word the head attends to most, and to its nearest antecedent">'
+        'style="max-width:none" font-family="ui-monospace, monospace" font-size="12" '
+        'role="img" aria-label="a window of text with an arc from each mention to the word the '
+        'head attends to most, and to its nearest antecedent">'
     ]
 
     def arc(a: int, b: int, up: bool, style: str) -> str:
+        """A quadratic curve whose peak rises with the distance it spans, up to the margin."""
         x1, x2 = centres[a], centres[b]
-        lift = min(60.0, 12 + 0.12 * abs(x2 - x1))
         y = base - 14 if up else base + 6
-        control = y - lift if up else y + lift * 0.5
+        lift = min(ARC_UP if up else ARC_DOWN, 10 + 0.15 * abs(x2 - x1))
+        control = y - 2 * lift if up else y + 2 * lift  # a quadratic peaks halfway to it
         return (
             f'<path d="M{x1:.1f},{y} Q{(x1 + x2) / 2:.1f},{control:.1f} {x2:.1f},{y}" '
             f'fill="none" {style}/>'
@@ -380,10 +384,13 @@ def arcs(example: pd.DataFrame) -> Markup | None:
     for row in example.itertuples():
         if row.mention_type:
             colour = "#2e8b57" if row.correct else "#c0392b"
-            parts.append(arc(row.position, int(row.predicted), True,
-                             f'stroke="{colour}" stroke-width="1.8"'))  # fmt: skip
+            guess = f'stroke="{colour}" stroke-width="1.8"'
+            parts.append(arc(row.position, int(row.predicted), True, guess))
             parts.append(arc(row.position, int(row.antecedent), False,
                              'stroke="#888" stroke-dasharray="3 2"'))  # fmt: skip
+            # the arc's start: a dot on the mention, so that the direction can be read
+            parts.append(f'<circle cx="{centres[row.position]:.1f}" cy="{base - 14}" r="2.5" '
+                         f'fill="{colour}"/>')  # fmt: skip
     for row, centre in zip(example.itertuples(), centres, strict=True):
         weight = ' font-weight="bold"' if row.mention_type else ""
         parts.append(
