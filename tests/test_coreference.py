@@ -352,3 +352,32 @@ def test_minilm_on_gum_dev_beats_the_nearest_mention(tmp_path, minilm):
     assert heads.coref_accuracy.max() == best.accuracy
     html = (out / "index.html").read_text()
     assert 'id="coref"' in html and '<svg class="coref"' in html
+
+
+@pytest.mark.parametrize(
+    ("kind", "family"),
+    [("bert", "wordpiece"), ("roberta", "byte_level_bpe"), ("albert", "unigram")],
+)
+def test_encoders_of_every_tokenizer_family(kind, family):
+    """Random encoders with WordPiece, byte-level BPE and SentencePiece (unigram) tokenizers:
+    the sample's windows stream through the model, and every scored mention is counted once."""
+    import transformers as tf
+    from models import CONFIGS
+
+    tokenizer = FAMILIES[family]()
+    torch.manual_seed(0)
+    config = CONFIGS[kind]()
+    config.vocab_size = len(tokenizer)
+    model = tf.AutoModel.from_config(config).eval()
+    windows = list(Windows(read_conllu(SAMPLE), tokenizer, 128))
+    expected = pd.Series([m.kind for w in windows for m, _ in scored(w.mentions)]).value_counts()
+    layers = config.num_hidden_layers
+    analysis = Coreference(context(layers, config.num_attention_heads), n_boot=50)
+    from probe.runner import stream
+
+    stream(model, Corpus(windows, tokenizer, 128).batches(4), [analysis])
+    coref = analysis.finish()["coref"]
+    totals = coref.groupby("mention_type").total.first()
+    assert totals.to_dict() == {"all": expected.sum(), **expected.to_dict()}
+    assert len(coref) == len(totals) * layers * config.num_attention_heads
+    assert expected.sum() >= 10 and (coref.correct <= coref.total).all()
