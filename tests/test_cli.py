@@ -91,7 +91,7 @@ def test_default_sample_writes_every_file(sample_report):
     assert run["analyses"] == ["syntax", "roles", "spectra", "probe", "coref"]
     # the sample's three documents with coreference, each one window
     assert run["coref"] == {"window": 128, "documents": 4, "windows": 3, "mentions": 33,
-                            "sentences_skipped": 0}  # fmt: skip
+                            "sentences_skipped": 0, "windows_skipped": {}}  # fmt: skip
     assert (
         pd.read_csv(sample_report / "coref_baselines.csv")
         .query("mention_type == 'all'")

@@ -185,7 +185,7 @@ def analyze(
     chosen = [cls(context) for cls in classes]
     lap("load")
 
-    corpus, examples, windows = None, None, None
+    corpus, examples, windows, window_corpus = None, None, None, None
     limit = max_tokens(config, tokenizer)
     sentence_analyses = [a for a in chosen if a.captures and a.unit == "sentence"]
     window_analyses = [a for a in chosen if a.captures and a.unit == "window"]
@@ -217,7 +217,8 @@ def analyze(
         windows = Windows(read, tokenizer, window)
         # Windows are all near the limit: a batch of them is bounded by cells, as sentences are.
         cells = settings.batch_size * window * window // WINDOWS_PER_BATCH_SHARE
-        batches = Corpus(windows, tokenizer, window).batches(settings.batch_size, cells)
+        window_corpus = Corpus(windows, tokenizer, window)
+        batches = window_corpus.batches(settings.batch_size, cells)
         if progress is not None:
             batches = progress("coreference windows", None)(batches)
         stream(model, batches, window_analyses, captures(window_analyses))
@@ -255,6 +256,8 @@ def analyze(
             "windows": windows.windows if windows else 0,
             "mentions": windows.mentions if windows else 0,
             "sentences_skipped": windows.skipped if windows else 0,
+            # windows the corpus refused (tokenized in context, one came out too long)
+            "windows_skipped": dict(window_corpus.skipped) if window_corpus else {},
         },
         "analyses": [cls.name for cls in classes],
         "seed": settings.seed,
