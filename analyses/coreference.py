@@ -155,9 +155,9 @@ class Coreference(Analysis):
             self._gather(capture.alignment)
         # The rows of the mentions' head words only (their tokens averaged), every head at once,
         # then summed over each key word's tokens.
-        window, token, weight = self._tokens
+        mention, window, token, weight = self._tokens
         rows = torch.zeros(self._mentions, p.shape[1], p.shape[-1], device=p.device)
-        rows.index_add_(0, self._token_mention, p[window, :, token, :] * weight[:, None, None])
+        rows.index_add_(0, mention, p[window, :, token, :] * weight[:, None, None])
         attention = torch.bmm(rows, self._to_words)  # [M, H, n]
         predicted = attention.masked_fill(self._invalid[:, None], -torch.inf).max(-1).indices
         hits = self._gold.gather(1, predicted).to(torch.float64).cpu()  # [M, H]
@@ -174,8 +174,7 @@ class Coreference(Analysis):
         prediction may name (itself, padding)."""
         member = alignment.from_words[self._window, self._query]  # [M, T]
         mention, token = member.nonzero(as_tuple=True)
-        self._tokens = self._window[mention], token, member[mention, token]
-        self._token_mention = mention
+        self._tokens = mention, self._window[mention], token, member[mention, token]
         self._to_words = alignment.to_words[self._window]  # [M, T, n]
         self._invalid = alignment.invalid[self._window, 0, self._query]  # [M, n]
 

@@ -10,10 +10,12 @@ in the window too, and its gold answers are the head words of those earlier ment
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
-from itertools import groupby
+from functools import cached_property
+from itertools import accumulate, groupby
 
 from transformers import PreTrainedTokenizerBase
 
@@ -55,7 +57,16 @@ class Document:
     id: str
     index: int  # 0-based among the documents of the treebank
     sentences: list[Sentence]
-    mentions: list[Mention]
+    mentions: list[Mention]  # ordered by start, then end
+
+    @cached_property
+    def offsets(self) -> list[int]:
+        """The document position of each sentence's first word, then the number of words."""
+        return [0, *accumulate(len(s.words) for s in self.sentences)]
+
+    @cached_property
+    def starts(self) -> list[int]:
+        return [m.start for m in self.mentions]
 
 
 @dataclass
@@ -95,16 +106,9 @@ def mentions(sentences: list[Sentence]) -> list[Mention]:
     ProbeError
         For a bracket that closes a mention never opened, or one left open at the document's end.
     """
-    words, heads, upos, feats, entity = [], [], [], [], []
-    where = []  # (sentence id, word number) of each document word, for error messages
-    for s in sentences:
-        offset = len(words)
-        words += s.words
-        heads += [h + offset if h >= 0 else -1 for h in s.heads]
-        upos += s.upos or [""] * len(s.words)
-        feats += s.feats or [""] * len(s.words)
-        entity += s.entity or [""] * len(s.words)
-        where += [(s.source, s.sent_id, i + 1) for i in range(len(s.words))]
+    joined = join(sentences)
+    words, heads, upos, feats = (joined[k] for k in ("words", "heads", "upos", "feats"))
+    where = [(s.source, s.sent_id, i + 1) for s in sentences for i in range(len(s.words))]
     fields_ = sentences[0].entity_fields if sentences else ()
     link_at = fields_.index("link") if "link" in fields_ else None
     open_: dict[str, list[tuple[int, str]]] = {}
@@ -120,7 +124,7 @@ def mentions(sentences: list[Sentence]) -> list[Mention]:
         start, link = open_[name].pop()
         spans.append((name, start, end, link))
 
-    for i, value in enumerate(entity):
+    for i, value in enumerate(joined["entity"]):
         for kind, text, closes in brackets(value):
             if kind == "close":
                 close(text, i, i)
@@ -283,25 +287,32 @@ class Windows:
 
 def window(document: Document, sentences: range) -> Window:
     """The window of ``document`` made of the sentences at positions ``sentences``."""
-    offsets = [0]
-    for s in document.sentences:
-        offsets.append(offsets[-1] + len(s.words))
-    first, stop = offsets[sentences.start], offsets[sentences.stop]
+    first, stop = document.offsets[sentences.start], document.offsets[sentences.stop]
     parts = document.sentences[sentences.start : sentences.stop]
-    joined: dict[str, list] = {"words": [], "heads": [], "relations": [], "upos": [], "feats": []}
-    for s in parts:
-        offset = len(joined["words"])
-        joined["words"] += s.words
-        joined["heads"] += [h + offset if h >= 0 else -1 for h in s.heads]
-        joined["relations"] += s.relations
-        joined["upos"] += s.upos or ["X"] * len(s.words)
-        joined["feats"] += s.feats or [""] * len(s.words)
-    inside = [m.shifted(first) for m in document.mentions if first <= m.start and m.end < stop]
+    starting = document.mentions[bisect_left(document.starts, first) :
+                                 bisect_left(document.starts, stop)]  # fmt: skip
     return Window(
-        **joined,
+        **join(parts),
         sent_id=f"{parts[0].sent_id}…{parts[-1].sent_id}" if len(parts) > 1 else parts[0].sent_id,
         source=parts[0].source,
         document=document.id,
         document_index=document.index,
-        mentions=inside,
+        mentions=[m.shifted(first) for m in starting if m.end < stop],
     )
+
+
+def join(sentences: list[Sentence]) -> dict[str, list]:
+    """Consecutive sentences as one sequence of words: each column concatenated, heads moved to
+    the joined positions (each sentence keeps its root, -1)."""
+    joined: dict[str, list] = {
+        "words": [], "heads": [], "relations": [], "upos": [], "feats": [], "entity": []
+    }  # fmt: skip
+    for s in sentences:
+        n, offset = len(s.words), len(joined["words"])
+        joined["words"] += s.words
+        joined["heads"] += [h + offset if h >= 0 else -1 for h in s.heads]
+        joined["relations"] += s.relations
+        joined["upos"] += s.upos or ["X"] * n
+        joined["feats"] += s.feats or [""] * n
+        joined["entity"] += s.entity or [""] * n
+    return joined
