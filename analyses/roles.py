@@ -20,6 +20,7 @@ from analyses import Analysis, Context, Schema
 from analyses.figures import Figure
 from analyses.vocabulary import Role, Thresholds
 from probe.corpus import Batch
+from probe.keys import uniform
 from probe.runner import LayerCapture
 
 MAX_OFFSETS = (-2, -1, 0, 1, 2)
@@ -34,7 +35,9 @@ METRICS = (
     "confidence",
     *(f"max_at_{o:+d}" for o in MAX_OFFSETS),
 )
-JS_QUERIES_PER_BATCH = 16
+# Head similarity is estimated on a keyed sample of the real queries: each is in it with this
+# probability, decided by its sentence and position alone (``probe.keys``).
+JS_QUERY_SHARE = 1 / 32
 JS_BLOCK = 2**21  # numbers in one block of the head-similarity computation (8 MiB of float32)
 
 
@@ -68,11 +71,10 @@ class Roles(Analysis):
         "mds_y": "float",
     }
 
-    def __init__(self, context: Context, *, js_queries_per_batch: int = JS_QUERIES_PER_BATCH):
+    def __init__(self, context: Context, *, js_query_share: float = JS_QUERY_SHARE):
         super().__init__(context)
         L, H = context.n_layers, context.n_heads
-        self.generator = torch.Generator().manual_seed(context.seed)
-        self.js_queries_per_batch = js_queries_per_batch
+        self.js_query_share = js_query_share
         self.sums = torch.zeros(len(METRICS), L, H, dtype=torch.float64)
         self.queries = 0  # real query tokens
         self.normalisable = 0  # queries that see more than one key
@@ -104,12 +106,15 @@ class Roles(Analysis):
         self.normalisable += int((real & (keys > 1)).sum())
         self.cls_rows += int(self._has_cls.sum())
         # Head similarity: every pair of heads costs O(keys) per query, so the mean is estimated
-        # on a seeded uniform sample of real queries from each batch rather than on all of them.
+        # on a sample of the real queries, each drawn by its sentence and position: the same
+        # queries whatever the batches or the number of processes.
         b, t = real.nonzero(as_tuple=True)
-        chosen = torch.randperm(len(b), generator=self.generator)[: self.js_queries_per_batch]
-        self._sample = b[chosen.to(b.device)], t[chosen.to(b.device)]
+        sentence = batch.index.to(b.device)[b]
+        drawn = uniform(self.context.seed, "js-query", sentence.cpu().numpy(), t.cpu().numpy())
+        chosen = torch.from_numpy(drawn < self.js_query_share).to(b.device)
+        self._sample = b[chosen], t[chosen]
         L, H = self.context.n_layers, self.context.n_heads
-        self._rows = torch.zeros(L, H, len(chosen), T, device=real.device)
+        self._rows = torch.zeros(L, H, len(self._sample[0]), T, device=real.device)
 
     def update(self, batch: Batch, layer: int, capture: LayerCapture) -> None:
         p = capture.pattern  # [B, H, T, T]

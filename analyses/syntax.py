@@ -21,6 +21,7 @@ from analyses import Analysis, Context, Schema
 from analyses.figures import Figure, heatmap
 from analyses.vocabulary import Direction, Role, Thresholds
 from probe.corpus import Batch
+from probe.keys import poisson
 from probe.runner import LayerCapture
 from probe.treebank import RELATIONS
 
@@ -83,7 +84,6 @@ class Syntax(Analysis):
         self.boot_correct = torch.zeros(L, n_boot, R * 2 * H)
         self.boot_total = torch.zeros(n_boot, R)
         self.boot_baseline = torch.zeros(n_boot, R * O)
-        self.generator = torch.Generator().manual_seed(context.seed)
         self.sentences = 0
 
     def begin_batch(self, batch: Batch) -> None:
@@ -98,7 +98,11 @@ class Syntax(Analysis):
         offset_hits = (gold[:, :, None] == position[None, :, None] + offsets).float()
         baseline = torch.einsum("bno,bnr->bro", offset_hits, self._relation).cpu()
         totals = self._relation.sum(1).cpu()
-        self._weights = torch.poisson(torch.ones(self.n_boot, B), generator=self.generator)
+        # Each sentence's weight in each replicate is drawn by its index in the treebank: the
+        # same replicates whatever the batches or the number of processes.
+        index, replicate = batch.index.cpu().numpy()[None], np.arange(self.n_boot)[:, None]
+        weights = poisson(self.context.seed, "syntax-bootstrap", index, replicate)
+        self._weights = torch.from_numpy(weights).float()  # [n_boot, B]
         self.total += totals.sum(0).double()
         self.baseline += baseline.sum(0).double()
         self.boot_total.addmm_(self._weights, totals)

@@ -55,7 +55,7 @@ def analysed():
     tokenizer = wordpiece()
     corpus = Corpus([sentence(w) for w in WORDS], tokenizer, max_length=64)
     lengths = np.array([len(tokenizer(w, is_split_into_words=True).input_ids) for w in WORDS])
-    analysis = Roles(context(2, 4), js_queries_per_batch=10_000)
+    analysis = Roles(context(2, 4), js_query_share=1.0)
     with probe.hooks(model, {"blocks.0.attn.hook_pattern": set_patterns}):
         stream(model, corpus.batches(batch_size=2), [analysis])
     return analysis.finish(), lengths, corpus
