@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
@@ -128,6 +128,13 @@ class Analysis:
         module that defines the class."""
         folder = Path(sys.modules[cls.__module__].__file__).parent
         return (folder / "templates" / f"{cls.name}.html.j2").read_text(encoding="utf-8")
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What another process needs to merge this instance (``probe.distributed``): the
+        state, without the model or what was only needed for the current batch (``_`` names)."""
+        state = {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+        state["context"] = replace(self.context, model=None)
+        return state
 
     def _check_mergeable(self, other: Analysis) -> None:
         if type(other) is not type(self) or other.context.n_layers != self.context.n_layers:

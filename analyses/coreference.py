@@ -99,7 +99,7 @@ class Coreference(Analysis):
                 kinds.append(MENTION_TYPES.index(mention.kind))
                 gold.append(sorted(heads))
                 hits.append([chosen[name].head in heads for name in BASELINES])
-            self._consider_example(w, int(batch.index[b]), b, found)
+            self._consider_example(w, b, found)
         self._mentions = len(window)
         if not self._mentions:
             return
@@ -124,11 +124,11 @@ class Coreference(Analysis):
         self.boot_total += self._weights @ types
         self._to_words = None  # with what every layer reuses, gathered at the first (``_gather``)
 
-    def _consider_example(self, w: Window, index: int, b: int, found: list) -> None:
+    def _consider_example(self, w: Window, b: int, found: list) -> None:
         if not found:
             return
         small = len(w.words) <= EXAMPLE_WORDS and len(found) >= EXAMPLE_MENTIONS
-        key = (not small, index)
+        key = (not small, w.document_index, w.first_sentence)  # the first small one
         if self.example is None or key < self.example["key"]:
             self.example = {
                 "key": key,

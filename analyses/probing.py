@@ -212,6 +212,21 @@ class AttentionProbe(Analysis):
 
     # -- merging and finishing ------------------------------------------------------------
 
+    def __getstate__(self) -> dict:
+        """Only the filled part of the training sample travels (``Analysis.__getstate__``)."""
+        state = super().__getstate__()
+        for name in ("X", "y", "keys"):
+            state[name] = state[name][: self.filled]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        for name in ("X", "y", "keys"):  # back to full capacity, so it can admit more pairs
+            kept = getattr(self, name)
+            full = np.zeros((self.capacity, *kept.shape[1:]), dtype=kept.dtype)
+            full[: len(kept)] = kept
+            setattr(self, name, full)
+
     def merge(self, other: AttentionProbe) -> None:
         self._check_mergeable(other)
         seen = self.seen + other.seen

@@ -249,7 +249,7 @@ def embed(similarity: pd.DataFrame, n: int) -> np.ndarray:
     js = similarity.js_divergence.to_numpy().reshape(n, n)
     distance = np.sqrt(np.maximum((js + js.T) / 2, 0))
     np.fill_diagonal(distance, 0)
-    if n < 3:
+    if n < 3 or not distance.any():  # nothing to lay out (a corpus too small to sample)
         return np.zeros((n, 2))
     mds = MDS(n_components=2, metric="precomputed", init="classical_mds", random_state=0)
     return mds.fit_transform(distance)

@@ -3,7 +3,9 @@ into heads. The one place to add an architecture."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, fields
 
 import torch
 from torch import nn
@@ -176,7 +178,23 @@ def head_dim(model: nn.Module) -> int:
     return d_head or config.hidden_size // config.num_attention_heads
 
 
-@torch.no_grad()
+@contextmanager
+def materialized(module: nn.Module) -> Iterator[bool]:
+    """Within the block, the weights of ``module`` that accelerate offloaded (``device_map``
+    with CPU or disk offload, where they otherwise sit on the meta device) are loaded where the
+    module computes; yields whether any were."""
+    offloaded = [m for m in module.modules() if getattr(getattr(m, "_hf_hook", None), "offload", 0)]
+    if not offloaded:
+        yield False
+        return
+    from accelerate.utils import align_module_device
+
+    with ExitStack() as stack:
+        for m in offloaded:
+            stack.enter_context(align_module_device(m))
+        yield True
+
+
 def head_weights(model: nn.Module) -> list[HeadWeights]:
     """Every layer's per-head attention weights, in the layout of ``probe.MultiHeadAttention``.
 
@@ -188,44 +206,55 @@ def head_weights(model: nn.Module) -> list[HeadWeights]:
     Returns
     -------
     list of HeadWeights
-        One per layer, detached views of the model's parameters.
+        One per layer, detached views of the model's parameters (copies, for layers that
+        accelerate offloaded; ``iter_head_weights`` holds one layer at a time).
     """
+    return list(iter_head_weights(model))
+
+
+@torch.no_grad()
+def iter_head_weights(model: nn.Module) -> Iterator[HeadWeights]:
+    """``head_weights`` one layer at a time."""
     arch = architecture(model)
     d_head = head_dim(model)
-    layers = []
     for block in blocks(model):
-        o = block.get_submodule(arch.o)
-        if arch.fused == "gpt2":
-            c_attn = block.get_submodule(arch.qkv)
-            w, b = c_attn.weight.T, c_attn.bias  # as a Linear: [3·d_model, d_model]
-            (W_Q, b_Q), (W_K, b_K), (W_V, b_V) = (
-                _split_in(wi, bi, d_head) for wi, bi in zip(w.chunk(3), b.chunk(3), strict=True)
+        with materialized(block) as copy:
+            weights = _block_weights(block, arch, d_head)
+        if copy:  # the offloaded originals go back to the meta device
+            weights = HeadWeights(
+                **{f.name: getattr(weights, f.name).clone() for f in fields(weights)}
             )
-        elif arch.fused == "neox":
-            qkv = block.get_submodule(arch.qkv)
-            W, b = _split_in(qkv.weight, qkv.bias, 3 * d_head)
-            W_Q, W_K, W_V = W.split(d_head, dim=-1)
-            b_Q, b_K, b_V = b.split(d_head, dim=-1)
-        else:
-            (W_Q, b_Q), (W_K, b_K), (W_V, b_V) = (
-                _split_in(p.weight, p.bias, d_head)
-                for p in (block.get_submodule(n) for n in (arch.q, arch.k, arch.v))
-            )
-        n_heads, n_kv = W_Q.shape[0], W_K.shape[0]
-        W_O = output_weights(o, d_head)
-        layers.append(
-            HeadWeights(
-                W_Q=W_Q.detach(),
-                W_K=W_K.detach(),
-                W_V=W_V.detach(),
-                W_O=W_O.detach(),
-                b_Q=b_Q.detach(),
-                b_K=b_K.detach(),
-                b_V=b_V.detach(),
-                b_O=torch.zeros(W_O.shape[-1], dtype=W_O.dtype)
-                if o.bias is None
-                else o.bias.detach(),
-                kv_head=torch.arange(n_heads) // (n_heads // n_kv),
-            )
+        yield weights
+
+
+def _block_weights(block: nn.Module, arch: Architecture, d_head: int) -> HeadWeights:
+    o = block.get_submodule(arch.o)
+    if arch.fused == "gpt2":
+        c_attn = block.get_submodule(arch.qkv)
+        w, b = c_attn.weight.T, c_attn.bias  # as a Linear: [3·d_model, d_model]
+        (W_Q, b_Q), (W_K, b_K), (W_V, b_V) = (
+            _split_in(wi, bi, d_head) for wi, bi in zip(w.chunk(3), b.chunk(3), strict=True)
         )
-    return layers
+    elif arch.fused == "neox":
+        qkv = block.get_submodule(arch.qkv)
+        W, b = _split_in(qkv.weight, qkv.bias, 3 * d_head)
+        W_Q, W_K, W_V = W.split(d_head, dim=-1)
+        b_Q, b_K, b_V = b.split(d_head, dim=-1)
+    else:
+        (W_Q, b_Q), (W_K, b_K), (W_V, b_V) = (
+            _split_in(p.weight, p.bias, d_head)
+            for p in (block.get_submodule(n) for n in (arch.q, arch.k, arch.v))
+        )
+    n_heads, n_kv = W_Q.shape[0], W_K.shape[0]
+    W_O = output_weights(o, d_head)
+    return HeadWeights(
+        W_Q=W_Q.detach(),
+        W_K=W_K.detach(),
+        W_V=W_V.detach(),
+        W_O=W_O.detach(),
+        b_Q=b_Q.detach(),
+        b_K=b_K.detach(),
+        b_V=b_V.detach(),
+        b_O=torch.zeros(W_O.shape[-1], dtype=W_O.dtype) if o.bias is None else o.bias.detach(),
+        kv_head=torch.arange(n_heads) // (n_heads // n_kv),
+    )

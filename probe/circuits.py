@@ -16,7 +16,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from probe.architectures import HeadWeights, head_weights
+from probe.architectures import HeadWeights, iter_head_weights
 from probe.attention import MultiHeadAttention
 
 COLUMNS = [
@@ -128,7 +128,7 @@ def spectra(model: nn.Module | Iterable[HeadWeights]) -> pd.DataFrame:
             )
         ]  # fmt: skip
     elif isinstance(model, nn.Module):
-        layers = head_weights(model)
+        layers = iter_head_weights(model)
     else:
         layers = model
     rows = [row for layer, w in enumerate(layers) for row in _layer_rows(layer, w)]

@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from itertools import accumulate, groupby
+from itertools import accumulate, groupby, islice
 
 from transformers import PreTrainedTokenizerBase
 
@@ -77,6 +77,7 @@ class Window(Sentence):
     the window, at window positions."""
 
     document_index: int = 0
+    first_sentence: int = 0  # the position of the window's first sentence in its document
     mentions: list[Mention] = field(default_factory=list)
 
 
@@ -250,23 +251,34 @@ class Windows:
     tokenizer : PreTrainedTokenizerBase
     limit : int
         Model tokens per window, special tokens included.
+    shard : (int, int)
+        ``(rank, size)``: only the documents whose index is ``rank`` modulo ``size`` (one
+        process's share, ``probe.distributed``).
 
-    Documents without mentions give no window. Counters: ``documents``, ``windows``,
-    ``mentions``, and ``skipped`` (sentences longer than the limit alone).
+    Documents without mentions give no window. Counters (of the shard's documents):
+    ``documents``, ``windows``, ``mentions``, and ``skipped`` (sentences longer than the limit
+    alone).
     """
 
     def __init__(
-        self, sentences: Iterable[Sentence], tokenizer: PreTrainedTokenizerBase, limit: int
+        self,
+        sentences: Iterable[Sentence],
+        tokenizer: PreTrainedTokenizerBase,
+        limit: int,
+        *,
+        shard: tuple[int, int] = (0, 1),
     ) -> None:
         self.sentences = sentences
         self.tokenizer = word_tokenizer(tokenizer)
         self.limit = limit
+        self.shard = shard
         self.documents = self.windows = self.mentions = self.skipped = 0
 
     def __iter__(self) -> Iterator[Window]:
         self.documents = self.windows = self.mentions = self.skipped = 0
         budget = self.limit - self.tokenizer.num_special_tokens_to_add(pair=False)
-        for document in documents(self.sentences):
+        rank, size = self.shard
+        for document in islice(documents(self.sentences), rank, None, size):
             self.documents += 1
             if not document.mentions:
                 continue
@@ -297,6 +309,7 @@ def window(document: Document, sentences: range) -> Window:
         source=parts[0].source,
         document=document.id,
         document_index=document.index,
+        first_sentence=sentences.start,
         mentions=[m.shifted(first) for m in starting if m.end < stop],
     )
 

@@ -85,6 +85,9 @@ class Corpus:
         Stop reading after this many sentences.
     chunk_size : int
         Sentences tokenized and sorted by length together.
+    shard : (int, int)
+        ``(rank, size)``: only the sentences whose index in the treebank is ``rank`` modulo
+        ``size`` (one process's share, ``probe.distributed``); the counters count those alone.
     """
 
     def __init__(
@@ -95,12 +98,14 @@ class Corpus:
         *,
         max_sentences: int | None = None,
         chunk_size: int = CHUNK_SENTENCES,
+        shard: tuple[int, int] = (0, 1),
     ) -> None:
         self.sentences = sentences
         self.tokenizer = word_tokenizer(tokenizer)
         self.max_length = max_length
         self.max_sentences = max_sentences
         self.chunk_size = chunk_size
+        self.shard = shard
         self.read = self.analysed = self.words = 0
         self.skipped: Counter[str] = Counter()
 
@@ -119,7 +124,8 @@ class Corpus:
         self.read = self.analysed = self.words = 0
         self.skipped = Counter()
         max_cells = max_cells or batch_size * CELLS_PER_SENTENCE
-        stream = enumerate(islice(self.sentences, self.max_sentences))
+        rank, size = self.shard
+        stream = islice(enumerate(islice(self.sentences, self.max_sentences)), rank, None, size)
         while chunk := list(islice(stream, self.chunk_size)):
             self.read += len(chunk)
             kept = self._encode(chunk)

@@ -44,10 +44,25 @@ def hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def resolve_device(device: str) -> str:
+def resolve_device(device: str, local_rank: int = 0) -> str:
+    """``"auto"`` made concrete; under torchrun, a bare ``"cuda"`` is this process's own GPU
+    (``cuda:LOCAL_RANK``)."""
     if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return f"cuda:{local_rank}" if device == "cuda" and local_rank else device
+
+
+def main_device(model: torch.nn.Module) -> torch.device:
+    """Where a model's inputs go and its captures are analysed: its one device, or for a model
+    placed by accelerate (``device_map``) the first device it computes on (offloaded layers
+    compute there too)."""
+    placed = getattr(model, "hf_device_map", None)
+    if placed:
+        for where in placed.values():
+            if where not in ("cpu", "disk"):
+                return torch.device(f"cuda:{where}" if isinstance(where, int) else where)
+        return torch.device("cpu")
+    return next(model.parameters()).device
 
 
 def load(
@@ -57,6 +72,9 @@ def load(
     dtype: torch.dtype | str | None = None,
     revision: str | None = None,
     trust_remote_code: bool = False,
+    device_map: str | dict | None = None,
+    max_memory: dict[int | str, int | str] | None = None,
+    offload_folder: str | os.PathLike | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a supported pretrained model and its fast tokenizer, in eval mode.
 
@@ -74,6 +92,14 @@ def load(
         A hub branch, tag or commit.
     trust_remote_code : bool
         Run code shipped with the model; only when you trust its author.
+    device_map : str or dict, optional
+        Let accelerate place the layers (``"auto"``, ``"balanced"``, ``"sequential"`` or an
+        explicit map) over GPUs, CPU memory and disk, for a model larger than one device;
+        ``device`` is then ignored.
+    max_memory : dict, optional
+        With ``device_map``: memory per device, e.g. ``{0: "70GiB", "cpu": "200GiB"}``.
+    offload_folder : path, optional
+        With ``device_map``: where layers that fit nowhere else are kept, on disk.
 
     Returns
     -------
@@ -85,10 +111,20 @@ def load(
     kwargs = {"revision": revision, "trust_remote_code": trust_remote_code}
     if not Path(source).exists() and not hub_reachable():
         kwargs["local_files_only"] = True  # a model in the local cache still loads
+    placement = {}
+    if device_map is not None:
+        placement = {"device_map": device_map, "max_memory": max_memory,
+                     "offload_folder": offload_folder}  # fmt: skip
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-        model = AutoModel.from_pretrained(source, dtype=dtype or torch.float32, **kwargs)
+        dtype = dtype or torch.float32
+        model = AutoModel.from_pretrained(source, dtype=dtype, **kwargs, **placement)
     except (OSError, ValueError) as e:
+        if device_map is not None and "offload" in str(e).lower():
+            raise ProbeError(
+                f"{name_or_path} does not fit in --max-memory; part of it must be offloaded "
+                "to disk: give --offload-folder DIR (or more memory)"
+            ) from e
         raise ProbeError(_explain(name_or_path, source, e)) from e
     try:
         architecture(model)
@@ -96,7 +132,9 @@ def load(
         raise ProbeError(f"{name_or_path}: {e}") from e
     if not tokenizer.is_fast:
         raise ProbeError(f"{name_or_path}: probe needs a fast tokenizer (for word alignment)")
-    return model.to(resolve_device(device)).eval(), tokenizer
+    if device_map is None:
+        model = model.to(resolve_device(device))
+    return model.eval(), tokenizer
 
 
 def _explain(name: str, source: str, error: Exception) -> str:

@@ -18,7 +18,7 @@ from torch import nn
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
-from probe.architectures import architecture, blocks, head_dim, output_weights
+from probe.architectures import architecture, blocks, head_dim, materialized, output_weights
 from probe.hookpoints import HookPoint
 
 IMPLEMENTATION = "probe"
@@ -166,8 +166,10 @@ def probe_attention(
 
     if p.hook_result.active:
         o = mirror.outputs[layer]
-        result = p.hook_result(torch.einsum("bqhk,hkm->bqhm", z, output_weights(o, mirror.d_head)))
-        mirror.pending[id(o)] = result.sum(dim=2) + (0 if o.bias is None else o.bias)
+        with materialized(o):  # W_O is read before o runs, when accelerate may have offloaded it
+            W_O, b_O = output_weights(o, mirror.d_head), 0 if o.bias is None else o.bias
+            result = p.hook_result(torch.einsum("bqhk,hkm->bqhm", z, W_O))
+            mirror.pending[id(o)] = result.sum(dim=2) + b_O
     return z.contiguous(), pattern
 
 

@@ -19,6 +19,7 @@ from transformers import PreTrainedModel
 from probe.alignment import WordAlignment
 from probe.corpus import Batch
 from probe.hookpoints import hooks
+from probe.loading import main_device
 
 
 def _glibc(function: str) -> Callable[..., int] | None:
@@ -124,7 +125,7 @@ def stream(
         see a layer once all of them have been computed.
     """
     fix_mmap_threshold()
-    device = next(model.parameters()).device
+    device = main_device(model)  # a model spread over devices is analysed on the first
     wanted = set(captures)
     pending: dict[int, dict[str, torch.Tensor]] = {}
     batch: Batch
@@ -133,7 +134,7 @@ def stream(
     def receive(tensor: torch.Tensor, name: str) -> None:
         layer = _layer(name)
         got = pending.setdefault(layer, {})
-        got[name.rsplit(".", 1)[1]] = tensor
+        got[name.rsplit(".", 1)[1]] = tensor.to(device)  # a no-op unless the layer is elsewhere
         if len(got) == len(wanted):
             capture = LayerCapture(pending.pop(layer), batch, alignment)
             for consumer in consumers:

@@ -89,7 +89,7 @@ def test_word_level_attention_by_hand():
     torch.testing.assert_close(words, expected)
 
 
-def hand_batch():
+def hand_batch(index: int = 0):
     from probe.corpus import Batch
     from probe.treebank import RELATIONS
 
@@ -102,7 +102,7 @@ def hand_batch():
         relations=torch.tensor([[rel("det"), rel("nsubj"), rel("root")]]),
         punct=torch.zeros(1, 3, dtype=torch.bool),
         n_words=torch.tensor([3]),
-        index=torch.tensor([0]),
+        index=torch.tensor([index]),
     )
 
 
@@ -110,10 +110,10 @@ def test_bootstrap_intervals_are_seeded():
     def best(seed):
         analysis = Syntax(context(1, 1, seed=seed), n_boot=200)
         g = torch.Generator().manual_seed(42)  # the same random attention for both seeds
-        for _ in range(40):
+        for i in range(40):  # 40 sentences, each with its own bootstrap weights
             feed(
                 analysis,
-                hand_batch(),
+                hand_batch(i),
                 torch.softmax(3 * torch.randn(1, 1, 1, 6, 6, generator=g), -1),
             )
         return analysis.finish()["syntax_best"].set_index("relation").loc["all"]

@@ -5,6 +5,7 @@ without torch; and imports point one way (library <- analyses <- app)."""
 
 import ast
 import json
+import pickle
 import re
 import subprocess
 import sys
@@ -171,12 +172,13 @@ def random_patterns(batch, seed: int) -> torch.Tensor:
 
 
 def split_and_merge(make, batches, patterns):
-    """One instance fed every batch, and two fed the even and odd batches, merged."""
+    """One instance fed every batch, and two fed the even and odd batches, merged; the odd one
+    is pickled on the way, as it travels between processes (``probe.distributed``)."""
     whole, even, odd = make(), make(), make()
     for i, (batch, p) in enumerate(zip(batches, patterns, strict=True)):
         feed(whole, batch, p)
         feed(odd if i % 2 else even, batch, p)
-    even.merge(odd)
+    even.merge(pickle.loads(pickle.dumps(odd)))
     return whole, even
 
 

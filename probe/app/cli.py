@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import signal
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -56,6 +58,7 @@ def _quiet_libraries() -> None:
 
 
 def _fail(message: str) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the error is printed whole, and then we exit
     err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(1)
 
@@ -76,7 +79,21 @@ def analyze(
         None, "--max-sentences", "-n", min=1, help="Use the first N."
     ),
     batch_size: int = typer.Option(32, "--batch-size", "-b", min=1),
-    device: str = typer.Option("cpu", "--device", help="cpu, cuda or auto."),
+    device: str = typer.Option(
+        "cpu", "--device", help="cpu, cuda or auto (under torchrun: each process's own GPU)."
+    ),
+    device_map: str = typer.Option(
+        None,
+        "--device-map",
+        help="Spread a model too large for one device over GPUs, CPU and disk (accelerate): "
+        "auto, balanced or sequential.",
+    ),
+    max_memory: str = typer.Option(
+        None, "--max-memory", help="With --device-map: memory per device, e.g. 0=70GiB,cpu=200GiB."
+    ),
+    offload_folder: Path = typer.Option(
+        None, "--offload-folder", help="With --device-map: where layers that fit nowhere go."
+    ),
     dtype: str = typer.Option(None, "--dtype", help="float32 (default), float16 or bfloat16."),
     analyses: str = typer.Option(
         ",".join(REGISTRY), "--analyses", "-a", help="Comma-separated analyses to run."
@@ -104,6 +121,10 @@ def analyze(
     """Run every analysis of every head over a treebank and write an HTML report."""
     if dtype not in (None, "float32", "float16", "bfloat16"):
         _fail(f"unknown --dtype {dtype!r}; use float32, float16 or bfloat16")
+    if device_map not in (None, "auto", "balanced", "sequential"):
+        _fail(f"unknown --device-map {device_map!r}; use auto, balanced or sequential")
+    if (max_memory or offload_folder) and not device_map:
+        _fail("--max-memory and --offload-folder place a model with --device-map; add it")
     thresholds = {}
     for item in threshold or []:
         name, _, value = item.partition("=")
@@ -119,6 +140,9 @@ def analyze(
         batch_size=batch_size,
         device=device,
         dtype=dtype,
+        device_map=device_map,
+        max_memory=_memory(max_memory) if max_memory else None,
+        offload_folder=offload_folder,
         analyses=[a.strip() for a in analyses.split(",") if a.strip()],
         seed=seed,
         coref_window=coref_window,
@@ -152,6 +176,7 @@ def analyze(
 
         return wrap
 
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         with progress:
             status_task = progress.add_task("starting", total=None)
@@ -161,11 +186,48 @@ def analyze(
                 status=lambda message: progress.update(status_task, description=message),
             )
     except ProbeError as e:
-        _fail(str(e))
+        _fail(_who() + str(e))
     except KeyboardInterrupt:
-        _fail("interrupted; no report was written")
-    if not quiet:
+        _fail(_who() + "interrupted; no report was written")
+    except TerminatedError:
+        _fail(
+            _who() + "stopped by SIGTERM (the job was cancelled, or another process of the run "
+            "failed: see its error); no report was written"
+        )
+    if path is not None and not quiet:
         _summary(console, path)
+
+
+class TerminatedError(Exception):
+    """SIGTERM arrived (a cancelled job, or torchrun stopping the run after a process failed):
+    raised so that the run unwinds and leaves no half-written report behind."""
+
+
+def _terminated(signum, frame) -> None:
+    raise TerminatedError
+
+
+def _who() -> str:
+    """``rank 1: `` before a message, under torchrun (every process reports its own)."""
+    rank, size = os.environ.get("RANK"), int(os.environ.get("WORLD_SIZE", "1"))
+    return f"rank {rank}: " if rank is not None and size > 1 else ""
+
+
+MEMORY = re.compile(r"^(\d+(\.\d+)?)\s*([KMGT]i?B|B)?$", re.IGNORECASE)
+
+
+def _memory(text: str) -> dict[int | str, str]:
+    """``0=70GiB,cpu=200GiB`` -> ``{0: "70GiB", "cpu": "200GiB"}`` (for accelerate)."""
+    limits: dict[int | str, str] = {}
+    for item in text.split(","):
+        where, _, size = (part.strip() for part in item.partition("="))
+        key: int | str = int(where) if where.isdigit() else where.lower()
+        if key not in ("cpu", "mps", "xpu", "npu", "disk") and not isinstance(key, int):
+            _fail(f"--max-memory {item!r}: the device is a GPU index, cpu or disk")
+        if not MEMORY.match(size):
+            _fail(f"--max-memory {item!r}: give a size such as 70GiB or 512MB")
+        limits[key] = size.replace(" ", "")
+    return limits
 
 
 def _summary(console: Console, path: Path) -> None:

@@ -84,6 +84,10 @@ class Examples:
     def end_batch(self, batch: Batch) -> None:
         self._now = []
 
+    def __getstate__(self) -> dict:
+        """The candidates, for a merge in another process; not the tokenizer."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("tokenizer", "_now")}
+
     def merge(self, other: Examples) -> None:
         self.candidates.update(other.candidates)
         while len(self.candidates) > self.n_candidates:

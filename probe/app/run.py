@@ -42,6 +42,9 @@ class Settings:
     batch_size: int = 32
     device: str = "cpu"
     dtype: str | None = None
+    device_map: str | None = None  # accelerate places the model: auto, balanced, sequential
+    max_memory: dict[int | str, str] | None = None  # with device_map: {0: "70GiB", "cpu": …}
+    offload_folder: Path | None = None
     analyses: Sequence[str] = tuple(analyses.REGISTRY)
     seed: int = 0
     coref_window: int = 128
@@ -127,8 +130,12 @@ def analyze(
     settings: Settings,
     progress: Progress | None = None,
     status: Callable[[str], None] = lambda message: None,
-) -> Path:
+) -> Path | None:
     """Run the analyses and write the report folder; returns its path.
+
+    Under torchrun every process runs this: each streams its share of the corpus, the states
+    are merged into rank 0's (``probe.distributed``), and rank 0 alone writes the report; the
+    others return None.
 
     Parameters
     ----------
@@ -162,67 +169,94 @@ def analyze(
     from probe.architectures import blocks, is_causal
     from probe.coreference import Windows
     from probe.corpus import Corpus, max_tokens
-    from probe.loading import load, resolve_name
+    from probe.distributed import Ranks, Tally, joined, merge_to_leader
+    from probe.loading import load, main_device, resolve_device, resolve_name
     from probe.runner import stream
     from probe.treebank import iter_treebank, treebank_paths
 
     paths = treebank_paths(settings.treebank) if streaming else []
-    lap("start")
+    ranks = Ranks.from_environment()
+    device = resolve_device(settings.device, ranks.local_rank)
+    if not ranks.leader:  # one process speaks for the run
+        progress, status = None, lambda message: None
 
-    status(f"loading {settings.model}")
-    torch.manual_seed(settings.seed)
-    model, tokenizer = load(
-        settings.model,
-        device=settings.device,
-        dtype=settings.dtype,
-        revision=settings.revision,
-        trust_remote_code=settings.trust_remote_code,
-    )
-    config = model.config
-    n_layers, n_heads = len(blocks(model)), config.num_attention_heads
-    causal = is_causal(model)
-    context = Context(n_layers, n_heads, causal, settings.seed, thresholds, model)
-    chosen = [cls(context) for cls in classes]
-    lap("load")
+    with joined(ranks, device):
+        lap("start")
+        status(f"loading {settings.model}")
+        torch.manual_seed(settings.seed)
+        model, tokenizer = load(
+            settings.model,
+            device=device,
+            dtype=settings.dtype,
+            revision=settings.revision,
+            trust_remote_code=settings.trust_remote_code,
+            **_placement(settings, ranks),
+        )
+        config = model.config
+        n_layers, n_heads = len(blocks(model)), config.num_attention_heads
+        causal = is_causal(model)
+        context = Context(n_layers, n_heads, causal, settings.seed, thresholds, model)
+        chosen = [cls(context) for cls in classes]
+        lap("load")
 
-    corpus, examples, windows, window_corpus = None, None, None, None
-    limit = max_tokens(config, tokenizer)
-    sentence_analyses = [a for a in chosen if a.captures and a.unit == "sentence"]
-    window_analyses = [a for a in chosen if a.captures and a.unit == "window"]
-    coreference_seen = not sentence_analyses  # unknown until the treebank has been read
-    if sentence_analyses:
-        status(f"analysing {', '.join(map(str, paths))}")
-
-        def sentences():
-            nonlocal coreference_seen
-            for sentence in iter_treebank(paths):
-                coreference_seen = coreference_seen or any(sentence.entity)
-                yield sentence
-
-        corpus = Corpus(sentences(), tokenizer, limit, max_sentences=settings.max_sentences)
-        examples = Examples(tokenizer, n_layers, n_heads)
-        batches = corpus.batches(settings.batch_size)
-        if progress is not None:
-            batches = progress("analysing sentences", settings.max_sentences)(batches)
-        stream(model, batches, [*sentence_analyses, examples], captures(sentence_analyses))
-        if corpus.read == 0:
-            raise ProbeError(f"no sentences in {', '.join(map(str, paths))}")
-        if corpus.analysed == 0:
-            reasons = ", ".join(f"{n} {why}" for why, n in corpus.skipped.items())
-            raise ProbeError(f"no sentence can be analysed ({reasons}); try another treebank")
-    if window_analyses and coreference_seen:  # a treebank without Entity= needs no window pass
-        status("analysing coreference windows")
+        tally = Tally()
+        examples = None
+        limit = max_tokens(config, tokenizer)
         window = min(settings.coref_window, limit)
-        read = islice(iter_treebank(paths), settings.max_sentences)
-        windows = Windows(read, tokenizer, window)
-        # Windows are all near the limit: a batch of them is bounded by cells, as sentences are.
-        cells = settings.batch_size * window * window // WINDOWS_PER_BATCH_SHARE
-        window_corpus = Corpus(windows, tokenizer, window)
-        batches = window_corpus.batches(settings.batch_size, cells)
-        if progress is not None:
-            batches = progress("coreference windows", None)(batches)
-        stream(model, batches, window_analyses, captures(window_analyses))
-    lap("analyses")
+        sentence_analyses = [a for a in chosen if a.captures and a.unit == "sentence"]
+        window_analyses = [a for a in chosen if a.captures and a.unit == "window"]
+        coreference_seen = not sentence_analyses  # unknown until the treebank has been read
+        if sentence_analyses:
+            status(f"analysing {', '.join(map(str, paths))}")
+
+            def sentences():
+                nonlocal coreference_seen
+                for sentence in iter_treebank(paths):  # every process reads every sentence
+                    coreference_seen = coreference_seen or any(sentence.entity)
+                    yield sentence
+
+            corpus = Corpus(sentences(), tokenizer, limit, max_sentences=settings.max_sentences,
+                            shard=ranks.shard)  # fmt: skip
+            examples = Examples(tokenizer, n_layers, n_heads)
+            batches = corpus.batches(settings.batch_size)
+            if progress is not None:
+                total = settings.max_sentences and -(-settings.max_sentences // ranks.size)
+                batches = progress("analysing sentences", total)(batches)
+            stream(model, batches, [*sentence_analyses, examples], captures(sentence_analyses))
+            tally |= {"read": corpus.read, "analysed": corpus.analysed, "words": corpus.words,
+                      "skipped": Tally(corpus.skipped)}  # fmt: skip
+        if window_analyses and coreference_seen:  # a treebank without Entity= needs no windows
+            status("analysing coreference windows")
+            read = islice(iter_treebank(paths), settings.max_sentences)
+            windows = Windows(read, tokenizer, window, shard=ranks.shard)
+            # Windows are all near the limit: a batch of them is bounded by cells, as sentences are.
+            cells = settings.batch_size * window * window // WINDOWS_PER_BATCH_SHARE
+            window_corpus = Corpus(windows, tokenizer, window)
+            batches = window_corpus.batches(settings.batch_size, cells)
+            if progress is not None:
+                batches = progress("coreference windows", None)(batches)
+            stream(model, batches, window_analyses, captures(window_analyses))
+            tally["coref"] = Tally(
+                documents=windows.documents,
+                windows=windows.windows,
+                mentions=windows.mentions,
+                sentences_skipped=windows.skipped,
+                # windows the corpus refused (tokenized in context, one came out too long)
+                windows_skipped=Tally(window_corpus.skipped),
+            )
+        lap("analyses")
+        if ranks.size > 1:
+            status(f"merging the analyses of {ranks.size} processes")
+        merged = merge_to_leader([*chosen, tally, *([examples] if examples else [])], ranks)
+        if ranks.size > 1:
+            lap("merge")
+    if merged is None:
+        return None
+    if sentence_analyses and not tally["read"]:
+        raise ProbeError(f"no sentences in {', '.join(map(str, paths))}")
+    if sentence_analyses and not tally["analysed"]:
+        reasons = ", ".join(f"{n} {why}" for why, n in tally["skipped"].items())
+        raise ProbeError(f"no sentence can be analysed ({reasons}); try another treebank")
 
     status("finishing the analyses")
     tables = {}
@@ -233,6 +267,7 @@ def analyze(
     example_maps = examples.choose(tables["heads"]) if examples else {"sentences": [], "heads": {}}
     lap("tables")
 
+    coref = tally.get("coref", {})
     run_card = {
         "model": settings.model,
         "model_source": resolve_name(settings.model),
@@ -243,21 +278,22 @@ def analyze(
         "heads": n_heads,
         "d_model": config.hidden_size,
         "causal": causal,
-        "device": str(next(model.parameters()).device),
+        "device": str(main_device(model)),
+        "device_map": _device_map(model),
+        "processes": ranks.size,
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
         "treebank": [str(p) for p in paths],
-        "sentences_read": corpus.read if corpus else 0,
-        "sentences_analysed": corpus.analysed if corpus else 0,
-        "sentences_skipped": dict(corpus.skipped) if corpus else {},
-        "words_analysed": corpus.words if corpus else 0,
+        "sentences_read": tally.get("read", 0),
+        "sentences_analysed": tally.get("analysed", 0),
+        "sentences_skipped": dict(tally.get("skipped", {})),
+        "words_analysed": tally.get("words", 0),
         "coref": {
-            "window": min(settings.coref_window, limit) if streaming else None,
-            "documents": windows.documents if windows else 0,
-            "windows": windows.windows if windows else 0,
-            "mentions": windows.mentions if windows else 0,
-            "sentences_skipped": windows.skipped if windows else 0,
-            # windows the corpus refused (tokenized in context, one came out too long)
-            "windows_skipped": dict(window_corpus.skipped) if window_corpus else {},
+            "window": window if streaming else None,
+            "documents": coref.get("documents", 0),
+            "windows": coref.get("windows", 0),
+            "mentions": coref.get("mentions", 0),
+            "sentences_skipped": coref.get("sentences_skipped", 0),
+            "windows_skipped": dict(coref.get("windows_skipped", {})),
         },
         "analyses": [cls.name for cls in classes],
         "seed": settings.seed,
@@ -279,3 +315,27 @@ def analyze(
         timings["total"] = round(time.perf_counter() - started, 3)
         (folder / "run.json").write_text(json.dumps(run_card, indent=2), encoding="utf-8")
     return out
+
+
+def _placement(settings: Settings, ranks) -> dict:
+    """``load``'s arguments for accelerate's placement. Under torchrun each process's copy of
+    the model spans only its own group of GPUs (``Ranks.gpus``)."""
+    if settings.device_map is None:
+        return {}
+    import torch
+
+    max_memory = settings.max_memory
+    if ranks.size > 1 and torch.cuda.is_available():
+        from accelerate.utils import get_max_memory
+
+        mine = ranks.gpus(torch.cuda.device_count())
+        available = get_max_memory() | (max_memory or {})
+        max_memory = {k: v for k, v in available.items() if not isinstance(k, int) or k in mine}
+    return {"device_map": settings.device_map, "max_memory": max_memory,
+            "offload_folder": settings.offload_folder}  # fmt: skip
+
+
+def _device_map(model) -> dict[str, str] | None:
+    """Where accelerate placed each part of the model (GPU index, ``cpu`` or ``disk``)."""
+    placed = getattr(model, "hf_device_map", None)
+    return {name: str(where) for name, where in placed.items()} if placed else None
