@@ -156,6 +156,7 @@ def analyze(
     except ProbeError as e:
         _fail(str(e))
     _quiet_libraries()
+    quiet = quiet or os.environ.get("RANK", "0") != "0"  # under torchrun, rank 0 speaks
     console = Console(stderr=True, quiet=quiet)
     progress = Progress(
         TextColumn("{task.description}"),
