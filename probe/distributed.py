@@ -86,7 +86,12 @@ def joined(ranks: Ranks, device: str) -> Iterator[None]:
         return
     import torch.distributed as dist
 
-    backend = "cpu:gloo,cuda:nccl" if device.startswith("cuda") else "gloo"
+    backend = "gloo"
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.set_device(device)  # NCCL works on the current device: this process's own
+        backend = "cpu:gloo,cuda:nccl"
     dist.init_process_group(backend, rank=ranks.rank, world_size=ranks.size)
     try:
         yield
