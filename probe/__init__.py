@@ -27,6 +27,7 @@ _EXPORTS = {
     "ProbeError": "probe.errors",
     "HeadId": "probe.heads",
     "Cache": "probe.hookpoints",
+    "Hook": "probe.hookpoints",
     "HookPoint": "probe.hookpoints",
     "hooks": "probe.hookpoints",
     "trace": "probe.hookpoints",
@@ -37,6 +38,7 @@ __all__ = [
     "Cache",
     "HeadId",
     "HeadWeights",
+    "Hook",
     "HookPoint",
     "MultiHeadAttention",
     "ProbeError",
@@ -69,5 +71,5 @@ if TYPE_CHECKING:
     from probe.circuits import spectra
     from probe.errors import ProbeError
     from probe.heads import HeadId
-    from probe.hookpoints import Cache, HookPoint, hooks, trace
+    from probe.hookpoints import Cache, Hook, HookPoint, hooks, trace
     from probe.loading import load

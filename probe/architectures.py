@@ -31,6 +31,9 @@ class Architecture:
     o: str = ""
     qkv: str = ""
     fused: str = ""
+    # The module whose output is the MLP's contribution to the residual stream (before the
+    # LayerNorm that follows it in post-LayerNorm encoders such as BERT).
+    mlp: str = ""
 
 
 _BERT = Architecture(
@@ -40,6 +43,7 @@ _BERT = Architecture(
     "attention.self.key",
     "attention.self.value",
     "attention.output.dense",
+    mlp="output.dense",
 )
 _LLAMA = Architecture(
     "layers",
@@ -48,6 +52,7 @@ _LLAMA = Architecture(
     "self_attn.k_proj",
     "self_attn.v_proj",
     "self_attn.o_proj",
+    mlp="mlp",
 )
 
 ARCHITECTURES: dict[str, Architecture] = {
@@ -61,6 +66,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         "attention.k_lin",
         "attention.v_lin",
         "attention.out_lin",
+        mlp="ffn",
     ),
     "albert": Architecture(
         "encoder.albert_layer_groups",
@@ -69,10 +75,16 @@ ARCHITECTURES: dict[str, Architecture] = {
         "attention.key",
         "attention.value",
         "attention.dense",
+        mlp="ffn_output",
     ),
-    "gpt2": Architecture("h", "attn", o="attn.c_proj", qkv="attn.c_attn", fused="gpt2"),
+    "gpt2": Architecture("h", "attn", o="attn.c_proj", qkv="attn.c_attn", fused="gpt2", mlp="mlp"),
     "gpt_neox": Architecture(
-        "layers", "attention", o="attention.dense", qkv="attention.query_key_value", fused="neox"
+        "layers",
+        "attention",
+        o="attention.dense",
+        qkv="attention.query_key_value",
+        fused="neox",
+        mlp="mlp",
     ),
     "opt": Architecture(
         "decoder.layers",
@@ -81,6 +93,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         "self_attn.k_proj",
         "self_attn.v_proj",
         "self_attn.out_proj",
+        mlp="fc2",
     ),
     "llama": _LLAMA,
     "mistral": _LLAMA,

@@ -1,7 +1,7 @@
 """Hook points, and the two context managers that read and edit them: `trace` and `hooks`.
 
 A hook point is an identity placed on an intermediate tensor. A hook function attached to it
-receives ``(tensor, name)`` and may return a replacement, so the same points serve reading
+receives ``(activation, hook)`` and may return a replacement, so the same points serve reading
 (caching) and writing (ablation, patching). Functions are attached only inside a ``with``
 block and always detached on exit, also when the body raises.
 """
@@ -14,8 +14,30 @@ from contextlib import ExitStack, contextmanager
 import torch
 from torch import nn
 
-HookFn = Callable[[torch.Tensor, str], torch.Tensor | None]
 Names = None | str | Sequence[str] | Callable[[str], bool]
+
+
+class Hook(str):
+    """What a hook function receives besides the tensor: the hook point's full name, a ``str``
+    with TransformerLens's ``hook.name`` and ``hook.layer()``, so that TransformerLens hook
+    functions ``fn(activation, hook)`` port unchanged and older ``fn(tensor, name)`` still work."""
+
+    __slots__ = ()
+
+    @property
+    def name(self) -> str:
+        return str(self)
+
+    def layer(self) -> int:
+        """The 0-based layer (0 for the points of a bare ``MultiHeadAttention``)."""
+        if self.startswith("blocks."):
+            return int(self.split(".")[1])
+        if self == "hook_embed":
+            raise ValueError("hook_embed belongs to no layer")
+        return 0
+
+
+HookFn = Callable[[torch.Tensor, Hook], torch.Tensor | None]
 
 
 class HookPoint(nn.Module):
@@ -44,7 +66,7 @@ class HookPoint(nn.Module):
 
     @contextmanager
     def attached(self, fn: HookFn, name: str) -> Iterator[None]:
-        entry = (fn, name)
+        entry = (fn, Hook(name))
         self._fns.append(entry)
         try:
             yield
@@ -132,8 +154,10 @@ def hooks(model: nn.Module, fns: Mapping[str, HookFn]) -> Iterator[None]:
         A ``probe.MultiHeadAttention``, a module containing them, or a Hugging Face model.
     fns : mapping of str to callable
         Hook name (full, e.g. ``"blocks.3.attn.hook_z"``, or a suffix applied to every layer,
-        e.g. ``"hook_pattern"``) to ``fn(tensor, name)``, which returns None to only read, or a
-        tensor of the same shape to replace the value flowing on.
+        e.g. ``"hook_pattern"``) to ``fn(activation, hook)``, which returns None to only read,
+        or a tensor of the same shape to replace the value flowing on. ``hook`` is the point's
+        full name (a ``Hook``: a str with ``hook.name`` and ``hook.layer()``, as in
+        TransformerLens).
 
     Examples
     --------
@@ -176,6 +200,11 @@ def trace(
     cache = Cache()
 
     def save(x: torch.Tensor, name: str) -> None:
+        if name in cache:  # a second forward pass, or a generation step: never overwrite
+            raise RuntimeError(
+                f"{name} was reached twice in one trace (the model ran twice?); "
+                "capture one forward pass per trace, or use probe.hooks to collect several"
+            )
         x = x if keep_grad else x.detach()
         cache[name] = x.cpu() if to_cpu else x
 

@@ -33,17 +33,30 @@ SUFFIXES = (
 )
 
 
+RESIDUAL = ("hook_resid_pre", "hook_attn_out", "hook_mlp_out", "hook_resid_post")
+
+
 class _Layer(nn.Module):
-    """The hook points of one layer, as attributes (``layer.hook_z``)."""
+    """One layer's hook points as attributes: ``layer.attn.hook_z``, ``layer.hook_mlp_out``."""
 
     def __init__(self) -> None:
         super().__init__()
+        self.attn = nn.Module()
         for suffix in SUFFIXES:
+            setattr(self.attn, suffix, HookPoint())
+        for suffix in RESIDUAL:
             setattr(self, suffix, HookPoint())
 
 
 class Mirror:
-    """Hook points for every layer of one model, and what is needed to run them."""
+    """Hook points for every layer of one model, and what is needed to run them.
+
+    The attention hooks live in probe's attention function. The residual stream's hooks are
+    forward hooks on the model's own modules: ``hook_resid_pre`` on a block's input and
+    ``hook_resid_post`` on its output, ``hook_attn_out`` on the attention's output projection,
+    ``hook_mlp_out`` on the MLP's last module (``Architecture.mlp``), and ``hook_embed`` on what
+    enters the first block.
+    """
 
     def __init__(self, model: PreTrainedModel) -> None:
         arch = architecture(model)
@@ -51,26 +64,36 @@ class Mirror:
         self.d_head = head_dim(model)
         layer_blocks = blocks(model)
         self.layers = [_Layer() for _ in layer_blocks]
-        self.points = {
-            f"blocks.{i}.attn.{s}": getattr(layer, s)
-            for i, layer in enumerate(self.layers)
-            for s in SUFFIXES
-        }
+        self.embed = HookPoint()
+        self.points = {"hook_embed": self.embed}
+        for i, layer in enumerate(self.layers):
+            self.points |= {f"blocks.{i}.attn.{s}": getattr(layer.attn, s) for s in SUFFIXES}
+            self.points |= {f"blocks.{i}.{s}": getattr(layer, s) for s in RESIDUAL}
         self.outputs = [b.get_submodule(arch.o) for b in layer_blocks]
+        self.modules = {
+            "attn": [b.get_submodule(arch.attention) for b in layer_blocks],
+            "block_in": layer_blocks,
+            "block_out": layer_blocks,
+            "attn_out": self.outputs,
+            "mlp_out": [b.get_submodule(arch.mlp) for b in layer_blocks],
+        }
         # A module shared by several layers (ALBERT) learns its layer from its call count.
-        self.layers_of: dict[int, list[int]] = {}
-        for i, b in enumerate(layer_blocks):
-            self.layers_of.setdefault(id(b.get_submodule(arch.attention)), []).append(i)
-        self.calls: dict[int, int] = {}
+        self.layers_of: dict[tuple[str, int], list[int]] = {}
+        for kind, modules in self.modules.items():
+            for i, m in enumerate(modules):
+                self.layers_of.setdefault((kind, id(m)), []).append(i)
+        self.calls: dict[tuple[str, int], int] = {}
         self.pending: dict[int, torch.Tensor] = {}
-        self.users = 0
+        self.positions = torch.Size()
 
-    def layer(self, module: nn.Module) -> int:
-        layers = self.layers_of[id(module)]
+    def layer(self, module: nn.Module, kind: str = "attn") -> int:
+        """The layer that ``module`` (an attention module, or one of ``kind``) now runs."""
+        key = (kind, id(module))
+        layers = self.layers_of[key]
         if len(layers) == 1:
             return layers[0]
-        n = self.calls.get(id(module), 0)
-        self.calls[id(module)] = n + 1
+        n = self.calls.get(key, 0)
+        self.calls[key] = n + 1
         return layers[n % len(layers)]
 
     def _start_forward(self, *_) -> None:
@@ -81,13 +104,51 @@ class Mirror:
         # hook_result was observed: the layer output is Σ_i result_i + b^O, edits included.
         return self.pending.pop(id(module), output)
 
+    def _resid_pre(self, module, args, kwargs):
+        layer = self.layer(module, "block_in")
+        x = args[0] if args else kwargs["hidden_states"]
+        self.positions = x.shape[:-1]  # [batch, pos]: OPT's MLP works on them flattened
+        edited = self.embed(x) if layer == 0 and self.embed.active else x
+        point = self.layers[layer].hook_resid_pre
+        edited = point(edited) if point.active else edited
+        if edited is x:
+            return None
+        if args:
+            return (edited, *args[1:]), kwargs
+        return args, kwargs | {"hidden_states": edited}
+
+    def _output_hook(self, kind: str, suffix: str):
+        def run(module, _inputs, output):
+            point = getattr(self.layers[self.layer(module, kind)], suffix)
+            if not point.active:
+                return None
+            if isinstance(output, tuple):
+                return (point(output[0]), *output[1:])
+            if output.dim() == 2:  # [batch·pos, d_model]
+                return point(output.view(*self.positions, -1)).flatten(0, -2)
+            return point(output)
+
+        return run
+
     @contextmanager
     def attached(self) -> Iterator[None]:
         model = self.model
         previous = model.config._attn_implementation
+        unique = {kind: list(dict.fromkeys(ms)) for kind, ms in self.modules.items()}
         handles = [model.base_model.register_forward_pre_hook(self._start_forward)]
-        handles += [o.register_forward_hook(self._replace_output) for o in set(self.outputs)]
-        for key in self.layers_of:
+        # hook_result's replacement first, so that hook_attn_out sees the edited output.
+        handles += [o.register_forward_hook(self._replace_output) for o in unique["attn_out"]]
+        handles += [
+            b.register_forward_pre_hook(self._resid_pre, with_kwargs=True)
+            for b in unique["block_in"]
+        ]
+        for kind, suffix in (("attn_out", "hook_attn_out"), ("mlp_out", "hook_mlp_out"),
+                             ("block_out", "hook_resid_post")):  # fmt: skip
+            handles += [
+                m.register_forward_hook(self._output_hook(kind, suffix)) for m in unique[kind]
+            ]
+        attention = [id(m) for m in unique["attn"]]
+        for key in attention:
             _MIRRORS[key] = self
         try:
             model.set_attn_implementation(IMPLEMENTATION)
@@ -96,7 +157,7 @@ class Mirror:
             model.set_attn_implementation(previous)
             for h in handles:
                 h.remove()
-            for key in self.layers_of:
+            for key in attention:
                 _MIRRORS.pop(key, None)
 
 
@@ -140,7 +201,7 @@ def probe_attention(
             "the 'probe' attention implementation runs only inside probe.trace or probe.hooks"
         )
     layer = mirror.layer(module)
-    p = mirror.layers[layer]
+    p = mirror.layers[layer].attn
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
 
     # hook_q/k/v are [batch, pos, head, d_head]: transposed views, only when observed.

@@ -1,0 +1,128 @@
+"""The residual stream's hook points on every supported architecture: hook_embed, and per block
+hook_resid_pre, hook_attn_out, hook_mlp_out and hook_resid_post; and TransformerLens-style
+hook functions ``fn(activation, hook)``."""
+
+import pytest
+import torch
+from models import CONFIGS, ENCODERS, padded_batch, small_model
+
+import probe
+from probe.architectures import blocks
+
+RESIDUAL = ("hook_resid_pre", "hook_attn_out", "hook_mlp_out", "hook_resid_post")
+PRE_LAYERNORM = sorted(set(CONFIGS) - ENCODERS)  # decoders: x + attn(ln(x)) + mlp(ln(…))
+
+
+def run(kind, names=None, fns=None):
+    model = small_model(kind)
+    batch = padded_batch(kind)
+    with torch.no_grad(), probe.trace(model, names) as cache, probe.hooks(model, fns or {}):
+        out = model(**batch).last_hidden_state
+    return model, batch, cache, out
+
+
+@pytest.mark.parametrize("kind", sorted(CONFIGS))
+def test_residual_points_chain_from_the_embeddings_to_the_output(kind):
+    """Every point is [batch, pos, d_model]; hook_embed is what enters block 0, each block's
+    output is the next block's input, exactly."""
+    model, batch, cache, _ = run(kind, [*RESIDUAL, "hook_embed"])
+    n = len(blocks(model))
+    assert set(cache) == {"hook_embed"} | {f"blocks.{i}.{s}" for i in range(n) for s in RESIDUAL}
+    for name, x in cache.items():
+        assert x.shape == (*batch["input_ids"].shape, model.config.hidden_size), name
+    assert torch.equal(cache["hook_embed"], cache["blocks.0.hook_resid_pre"])
+    for i in range(n - 1):
+        assert torch.equal(
+            cache[f"blocks.{i}.hook_resid_post"], cache[f"blocks.{i + 1}.hook_resid_pre"]
+        )
+
+
+@pytest.mark.parametrize("kind", PRE_LAYERNORM)
+def test_pre_layernorm_blocks_add_attention_and_mlp_to_the_stream(kind):
+    """resid_pre + attn_out + mlp_out = resid_post (GPT-NeoX's parallel residual included)."""
+    model, _, cache, _ = run(kind, RESIDUAL)
+    for i in range(len(blocks(model))):
+        pre, attn, mlp, post = (cache[f"blocks.{i}.{s}"] for s in RESIDUAL)
+        torch.testing.assert_close(pre + attn + mlp, post, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["bert", "roberta", "electra"])
+def test_post_layernorm_encoders_normalise_after_each_sum(kind):
+    """BERT-style blocks: resid_post = LN₂(LN₁(resid_pre + attn_out) + mlp_out); attn_out and
+    mlp_out are taken before their LayerNorm, and the last resid_post is the model's output."""
+    model, _, cache, out = run(kind, RESIDUAL)
+    for i, block in enumerate(blocks(model)):
+        pre, attn, mlp, post = (cache[f"blocks.{i}.{s}"] for s in RESIDUAL)
+        mid = block.attention.output.LayerNorm(pre + attn)
+        torch.testing.assert_close(block.output.LayerNorm(mid + mlp), post, atol=1e-5, rtol=0)
+    torch.testing.assert_close(cache[f"blocks.{len(blocks(model)) - 1}.hook_resid_post"], out)
+
+
+@pytest.mark.parametrize("kind", sorted(CONFIGS))
+def test_attn_out_is_the_sum_of_the_head_results(kind):
+    """hook_attn_out = Σ_i hook_result_i + b^O, and it sees an edit of one head's result."""
+    model, _, cache, _ = run(kind, ["hook_attn_out", "hook_result"])
+    for i, weights in enumerate(probe.head_weights(model)):
+        result = cache[f"blocks.{i}.attn.hook_result"].sum(2)
+        bias = weights.b_O
+        torch.testing.assert_close(
+            result + bias, cache[f"blocks.{i}.hook_attn_out"], atol=1e-5, rtol=0
+        )
+
+    def drop_head_0(result, hook):
+        result = result.clone()
+        result[:, :, 0] = 0
+        return result
+
+    _, _, edited, _ = run(
+        kind, ["hook_attn_out", "hook_result"], {"blocks.0.attn.hook_result": drop_head_0}
+    )
+    expected = cache["blocks.0.hook_attn_out"] - cache["blocks.0.attn.hook_result"][:, :, 0]
+    torch.testing.assert_close(edited["blocks.0.hook_attn_out"], expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["bert", "albert", "gpt2", "llama"])
+def test_residual_points_are_editable(kind):
+    """An edit flows on: zeroing the last MLP's output changes the model's output, and adding
+    to resid_post of layer 0 is the same as adding to resid_pre of layer 1."""
+    _, _, _, plain = run(kind)
+    last = len(blocks(small_model(kind))) - 1
+    _, _, _, no_mlp = run(
+        kind, fns={f"blocks.{last}.hook_mlp_out": lambda x, hook: torch.zeros_like(x)}
+    )
+    assert not torch.allclose(no_mlp, plain, atol=1e-4)
+    # Not a constant: LayerNorm would remove that.
+    shift = lambda x, hook: x + torch.linspace(-1, 1, x.shape[-1])  # noqa: E731
+    _, _, _, after = run(kind, fns={"blocks.0.hook_resid_post": shift})
+    _, _, _, before = run(kind, fns={"blocks.1.hook_resid_pre": shift})
+    torch.testing.assert_close(after, before)
+    assert not torch.allclose(after, plain, atol=1e-4)
+
+
+def test_hook_functions_receive_a_transformerlens_hook():
+    """fn(activation, hook) with hook.name and hook.layer(), the hook also being the name;
+    ALBERT's one shared block reports each layer it runs as."""
+    seen = []
+
+    def record(activation, hook):
+        seen.append((hook.name, hook.layer(), hook == hook.name, type(activation)))
+
+    run("albert", fns={"hook_resid_post": record, "hook_z": record})
+    layers = len(blocks(small_model("albert")))
+    assert [(n, layer) for n, layer, *_ in seen] == [
+        pair for i in range(layers)
+        for pair in ((f"blocks.{i}.attn.hook_z", i), (f"blocks.{i}.hook_resid_post", i))
+    ]  # fmt: skip
+    assert all(same and kind is torch.Tensor for *_, same, kind in seen)
+    with pytest.raises(ValueError, match="no layer"):
+        probe.Hook("hook_embed").layer()
+
+
+def test_a_trace_never_overwrites_a_capture():
+    """Two forward passes in one trace: the second reaching a captured point raises."""
+    model = small_model("gpt2")
+    batch = padded_batch("gpt2")
+    with torch.no_grad(), probe.trace(model, "hook_pattern"):
+        model(**batch)
+        with pytest.raises(RuntimeError, match="reached twice in one trace"):
+            model(**batch)
