@@ -20,6 +20,7 @@ __version__ = "0.1.0"
 # Public name -> the module that defines it.
 _EXPORTS = {
     "ablate": "probe.ablation",
+    "head_means": "probe.ablation",
     "HeadWeights": "probe.architectures",
     "head_weights": "probe.architectures",
     "MultiHeadAttention": "probe.attention",
@@ -32,6 +33,7 @@ _EXPORTS = {
     "hooks": "probe.hookpoints",
     "trace": "probe.hookpoints",
     "load": "probe.loading",
+    "patch": "probe.patching",
 }
 
 __all__ = [
@@ -44,9 +46,11 @@ __all__ = [
     "ProbeError",
     "__version__",
     "ablate",
+    "head_means",
     "head_weights",
     "hooks",
     "load",
+    "patch",
     "spectra",
     "trace",
 ]
@@ -65,7 +69,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from probe.ablation import ablate
+    from probe.ablation import ablate, head_means
     from probe.architectures import HeadWeights, head_weights
     from probe.attention import MultiHeadAttention
     from probe.circuits import spectra
@@ -73,3 +77,4 @@ if TYPE_CHECKING:
     from probe.heads import HeadId
     from probe.hookpoints import Cache, Hook, HookPoint, hooks, trace
     from probe.loading import load
+    from probe.patching import patch
