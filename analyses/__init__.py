@@ -41,11 +41,21 @@ REGISTRY: dict[str, str] = {
     "spectra": "analyses.spectra:Spectra",
     "probe": "analyses.probing:AttentionProbe",
     "coref": "analyses.coreference:Coreference",
+    "importance": "analyses.importance:Importance",
 }
+
+# Analyses run only when asked for: they cost many forward passes.
+OPT_IN = ("importance",)
 
 # A table's columns and their types: "int", "float", "str", "bool", or "Int64" (an integer
 # that may be missing).
 Schema = dict[str, str]
+
+
+def defaults() -> list[str]:
+    """The analyses run when the user names none: all but the expensive ones (importance),
+    read from the registry without importing the analyses' modules."""
+    return [name for name in REGISTRY if name not in OPT_IN]
 
 
 def get(name: str) -> type[Analysis]:
@@ -63,7 +73,9 @@ class Context:
     causal: bool = False
     seed: int = 0
     thresholds: Thresholds = field(default_factory=Thresholds)
-    model: nn.Module | None = None  # for analyses of the weights
+    model: nn.Module | None = None  # for analyses of the weights, or their own forward passes
+    # Settings of one analysis, by the CLI option's name (``importance_sentences``…).
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 class Analysis:
@@ -72,11 +84,12 @@ class Analysis:
     name: ClassVar[str]
     title: ClassVar[str]
     # Hook suffixes this analysis reads, layer by layer, while a corpus streams through the
-    # model; none means it reads the weights only, and needs neither treebank nor forward pass.
+    # model (none: it sees only the batches).
     captures: ClassVar[tuple[str, ...]] = ()
     # What the model reads for it: single sentences, or "window"s of consecutive sentences of
-    # one document (``probe.coreference.Windows``), whose batches hold ``Window``s.
-    unit: ClassVar[str] = "sentence"
+    # one document (``probe.coreference.Windows``), whose batches hold ``Window``s; None for an
+    # analysis of the weights alone, which needs neither treebank nor forward pass.
+    unit: ClassVar[str | None] = "sentence"
     tables: ClassVar[dict[str, Schema]] = {}
     head_columns: ClassVar[Schema] = {}  # what this analysis adds to heads.csv
 

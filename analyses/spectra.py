@@ -23,6 +23,7 @@ class Spectra(Analysis):
 
     name = "spectra"
     title = "Weight circuits"
+    unit = None  # the weights alone: no treebank, no forward pass
     tables: ClassVar[dict[str, Schema]] = {
         "spectra": {
             "layer": "int", "head": "int", "circuit": "str", "d_model": "int", "d_head": "int",

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from probe.architectures import UnsupportedModelError, architecture
+from probe.architectures import CAUSAL, UnsupportedModelError, architecture
 from probe.errors import ProbeError
 
 ALIASES = {
@@ -75,6 +75,7 @@ def load(
     device_map: str | dict | None = None,
     max_memory: dict[int | str, int | str] | None = None,
     offload_folder: str | os.PathLike | None = None,
+    lm_head: bool = False,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a supported pretrained model and its fast tokenizer, in eval mode.
 
@@ -100,6 +101,9 @@ def load(
         With ``device_map``: memory per device, e.g. ``{0: "70GiB", "cpu": "200GiB"}``.
     offload_folder : path, optional
         With ``device_map``: where layers that fit nowhere else are kept, on disk.
+    lm_head : bool
+        Load the model with its language-model head (``AutoModelForCausalLM`` for decoders,
+        ``AutoModelForMaskedLM`` for encoders); its checkpoint must have one.
 
     Returns
     -------
@@ -118,7 +122,10 @@ def load(
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
         dtype = dtype or torch.float32
-        model = AutoModel.from_pretrained(source, dtype=dtype, **kwargs, **placement)
+        if lm_head:
+            model = _with_lm_head(name_or_path, source, dtype, kwargs, placement)
+        else:
+            model = AutoModel.from_pretrained(source, dtype=dtype, **kwargs, **placement)
     except (OSError, ValueError) as e:
         if device_map is not None and "offload" in str(e).lower():
             raise ProbeError(
@@ -135,6 +142,26 @@ def load(
     if device_map is None:
         model = model.to(resolve_device(device))
     return model.eval(), tokenizer
+
+
+def _with_lm_head(name: str, source: str, dtype, kwargs: dict, placement: dict) -> PreTrainedModel:
+    """The model with its language-model head, which must come from the checkpoint: a head
+    initialised at random would make every output-based measure meaningless."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
+
+    config = AutoConfig.from_pretrained(source, **kwargs)
+    causal = config.model_type in CAUSAL or getattr(config, "is_decoder", False)
+    auto = AutoModelForCausalLM if causal else AutoModelForMaskedLM
+    model, info = auto.from_pretrained(
+        source, dtype=dtype, output_loading_info=True, **kwargs, **placement
+    )
+    if info["missing_keys"]:
+        missing = sorted(info["missing_keys"])
+        raise ProbeError(
+            f"{name} has no language-model head in its checkpoint (missing {missing[0]}"
+            f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}); run without --lm-head"
+        )
+    return model
 
 
 def _explain(name: str, source: str, error: Exception) -> str:

@@ -19,11 +19,12 @@ TEXT = [
 ] * 20
 
 
-def wordpiece() -> PreTrainedTokenizerFast:
+def wordpiece(mask: bool = False) -> PreTrainedTokenizerFast:
+    """BERT's kind; with ``mask``, also a [MASK] token (for a masked language model)."""
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"]
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", *(["[MASK]"] if mask else [])]
     tok.train_from_iterator(TEXT, trainers.WordPieceTrainer(vocab_size=120, special_tokens=special))
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
@@ -36,6 +37,7 @@ def wordpiece() -> PreTrainedTokenizerFast:
         pad_token="[PAD]",
         cls_token="[CLS]",
         sep_token="[SEP]",
+        **({"mask_token": "[MASK]"} if mask else {}),
     )
 
 

@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from analyses import REGISTRY
+from analyses import REGISTRY, defaults
 from analyses.vocabulary import Thresholds
 from probe.app.run import Settings, check
 from probe.app.run import analyze as analyze_run
@@ -96,7 +96,10 @@ def analyze(
     ),
     dtype: str = typer.Option(None, "--dtype", help="float32 (default), float16 or bfloat16."),
     analyses: str = typer.Option(
-        ",".join(REGISTRY), "--analyses", "-a", help="Comma-separated analyses to run."
+        ",".join(defaults()),
+        "--analyses",
+        "-a",
+        help=f"Comma-separated analyses to run, of: {', '.join(REGISTRY)}.",
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap, the probe's split and MDS."),
     coref_window: int = typer.Option(
@@ -104,6 +107,15 @@ def analyze(
         "--coref-window",
         min=8,
         help="Model tokens per coreference window of whole sentences (capped at the model's).",
+    ),
+    lm_head: bool = typer.Option(
+        False, "--lm-head", help="Load the model's language-model head (importance uses it)."
+    ),
+    importance_sentences: int = typer.Option(
+        200, "--importance-sentences", min=1, help="Sentences the importance analysis ablates on."
+    ),
+    importance_ablation: str = typer.Option(
+        "mean", "--importance-ablation", help="How importance ablates a head: mean or zero."
     ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output folder."),
     revision: str = typer.Option(None, "--revision", help="Hub branch, tag or commit."),
@@ -121,6 +133,8 @@ def analyze(
     """Run every analysis of every head over a treebank and write an HTML report."""
     if dtype not in (None, "float32", "float16", "bfloat16"):
         _fail(f"unknown --dtype {dtype!r}; use float32, float16 or bfloat16")
+    if importance_ablation not in ("mean", "zero"):
+        _fail(f"unknown --importance-ablation {importance_ablation!r}; use mean or zero")
     if device_map not in (None, "auto", "balanced", "sequential"):
         _fail(f"unknown --device-map {device_map!r}; use auto, balanced or sequential")
     if (max_memory or offload_folder) and not device_map:
@@ -146,6 +160,9 @@ def analyze(
         analyses=[a.strip() for a in analyses.split(",") if a.strip()],
         seed=seed,
         coref_window=coref_window,
+        lm_head=lm_head,
+        importance_sentences=importance_sentences,
+        importance_ablation=importance_ablation,
         overwrite=overwrite,
         revision=revision,
         trust_remote_code=trust_remote_code,

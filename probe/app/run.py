@@ -45,9 +45,12 @@ class Settings:
     device_map: str | None = None  # accelerate places the model: auto, balanced, sequential
     max_memory: dict[int | str, str] | None = None  # with device_map: {0: "70GiB", "cpu": …}
     offload_folder: Path | None = None
-    analyses: Sequence[str] = tuple(analyses.REGISTRY)
+    analyses: Sequence[str] = tuple(analyses.defaults())
     seed: int = 0
     coref_window: int = 128
+    lm_head: bool = False  # load the model with its language-model head (for importance)
+    importance_sentences: int = 200
+    importance_ablation: str = "mean"
     overwrite: bool = False
     revision: str | None = None
     trust_remote_code: bool = False
@@ -158,7 +161,7 @@ def analyze(
         clock = now
 
     classes = [analyses.get(name) for name in analyses.REGISTRY if name in settings.analyses]
-    streaming = any(cls.captures for cls in classes)
+    streaming = any(cls.unit for cls in classes)
     schemas = table_io.schemas(classes)  # checked before any compute
 
     import torch
@@ -190,12 +193,18 @@ def analyze(
             dtype=settings.dtype,
             revision=settings.revision,
             trust_remote_code=settings.trust_remote_code,
+            lm_head=settings.lm_head,
             **_placement(settings, ranks),
         )
         config = model.config
         n_layers, n_heads = len(blocks(model)), config.num_attention_heads
         causal = is_causal(model)
-        context = Context(n_layers, n_heads, causal, settings.seed, thresholds, model)
+        options = {
+            "importance_sentences": settings.importance_sentences,
+            "importance_ablation": settings.importance_ablation,
+            "mask_token_id": tokenizer.mask_token_id,
+        }
+        context = Context(n_layers, n_heads, causal, settings.seed, thresholds, model, options)
         chosen = [cls(context) for cls in classes]
         lap("load")
 
@@ -203,8 +212,9 @@ def analyze(
         examples = None
         limit = max_tokens(config, tokenizer)
         window = min(settings.coref_window, limit)
-        sentence_analyses = [a for a in chosen if a.captures and a.unit == "sentence"]
-        window_analyses = [a for a in chosen if a.captures and a.unit == "window"]
+        sentence_analyses = [a for a in chosen if a.unit == "sentence"]
+        window_analyses = [a for a in chosen if a.unit == "window"]
+        body = model.base_model  # the stream needs no language-model head
         coreference_seen = not sentence_analyses  # unknown until the treebank has been read
         if sentence_analyses:
             status(f"analysing {', '.join(map(str, paths))}")
@@ -217,12 +227,14 @@ def analyze(
 
             corpus = Corpus(sentences(), tokenizer, limit, max_sentences=settings.max_sentences,
                             shard=ranks.shard)  # fmt: skip
-            examples = Examples(tokenizer, n_layers, n_heads)
+            wanted = captures(sentence_analyses)
+            if "hook_pattern" in wanted:  # the head cards' example maps
+                examples = Examples(tokenizer, n_layers, n_heads)
             batches = corpus.batches(settings.batch_size)
             if progress is not None:
                 total = settings.max_sentences and -(-settings.max_sentences // ranks.size)
                 batches = progress("analysing sentences", total)(batches)
-            stream(model, batches, [*sentence_analyses, examples], captures(sentence_analyses))
+            stream(body, batches, [*sentence_analyses, *filter(None, [examples])], wanted)
             tally |= {"read": corpus.read, "analysed": corpus.analysed, "words": corpus.words,
                       "skipped": Tally(corpus.skipped)}  # fmt: skip
         if window_analyses and coreference_seen:  # a treebank without Entity= needs no windows
@@ -235,7 +247,7 @@ def analyze(
             batches = window_corpus.batches(settings.batch_size, cells)
             if progress is not None:
                 batches = progress("coreference windows", None)(batches)
-            stream(model, batches, window_analyses, captures(window_analyses))
+            stream(body, batches, window_analyses, captures(window_analyses))
             tally["coref"] = Tally(
                 documents=windows.documents,
                 windows=windows.windows,
@@ -258,9 +270,9 @@ def analyze(
         reasons = ", ".join(f"{n} {why}" for why, n in tally["skipped"].items())
         raise ProbeError(f"no sentence can be analysed ({reasons}); try another treebank")
 
-    status("finishing the analyses")
     tables = {}
     for analysis in chosen:
+        status(f"finishing: {analysis.title.lower()}")
         tables |= analysis.finish()
     tables["heads"] = join_heads(classes, tables, thresholds, n_layers, n_heads)
     tables = {name: table_io.typed(tables[name], schema) for name, schema in schemas.items()}
@@ -298,6 +310,7 @@ def analyze(
         "analyses": [cls.name for cls in classes],
         "seed": settings.seed,
         "batch_size": settings.batch_size,
+        "lm_head": settings.lm_head,
         "thresholds": asdict(thresholds),
         "packages": package_versions(),
         "command": " ".join(["probe", *sys.argv[1:]]) if sys.argv else "probe analyze",

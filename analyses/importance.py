@@ -1,0 +1,286 @@
+"""Head importance: how much the model's output changes when a head is ablated (Michel et al.
+2019, "Are Sixteen Heads Really Better than One?"), and the pruning curve.
+
+Over the first ``sentences`` sentences of the treebank (by position: the same whatever the
+batches or processes), each head is ablated alone, by its mean over those sentences' real tokens
+or by zero, and the change of the output is averaged over real token positions:
+
+- with a language-model head, KL(p ‖ p_ablated) of the predicted token distributions;
+- otherwise ‖h_ablated − h‖₂ / ‖h‖₂ of the last hidden state.
+
+With a language-model head also Michel et al.'s gradient importance E_x |∂L(x)/∂ξ_h| of a mask
+ξ_h = 1 on each head's output, L the language-model loss (next token; for a masked model, a
+keyed 15% of the word tokens masked). The pruning curve ablates heads together in increasing
+order of effect.
+
+The sentences are kept during the stream (token ids only) and merge like any state; the
+ablated forward passes run once, when the analysis finishes, in fixed batches.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from matplotlib.figure import Figure as MplFigure
+
+from analyses import Analysis, Context, Schema
+from analyses.figures import Figure, heatmap
+from analyses.vocabulary import Thresholds
+from probe.corpus import Batch
+
+SENTENCES = 200  # --importance-sentences
+ABLATIONS = ("mean", "zero")  # --importance-ablation, the default first
+PASS_SENTENCES = 8  # sentences per ablated forward pass: fixed, so --batch-size changes nothing
+SHARES = tuple(k / 10 for k in range(10))  # of heads removed, for the pruning curve
+MASKED_SHARE = 0.15  # of word tokens masked for a masked language model's loss (BERT's)
+SHOWN = 5  # most and least important heads listed in the report
+
+
+class Importance(Analysis):
+    """The sentences to ablate on, and, at the end, each head's effect on the output."""
+
+    name = "importance"
+    title = "Head importance"
+    tables: ClassVar[dict[str, Schema]] = {
+        "importance": {
+            "layer": "int", "head": "int", "ablation_effect": "float",
+            "gradient_importance": "float", "rank": "int",
+        },
+        "importance_curve": {
+            "share_removed": "float", "heads_removed": "int", "output_change": "float",
+        },
+        "importance_run": {
+            "measure": "str", "ablation": "str", "sentences": "int", "positions": "int",
+        },
+    }  # fmt: skip
+    head_columns: ClassVar[Schema] = {"ablation_effect": "float"}
+
+    def __init__(self, context: Context) -> None:
+        super().__init__(context)
+        self.n_sentences = int(context.options.get("importance_sentences", SENTENCES))
+        self.ablation = context.options.get("importance_ablation", ABLATIONS[0])
+        if self.ablation not in ABLATIONS:
+            raise ValueError(f"importance ablation must be one of {ABLATIONS}")
+        self.mask_token_id = context.options.get("mask_token_id")
+        # sentence index -> (token ids, which tokens belong to a word)
+        self.kept: dict[int, tuple[list[int], list[bool]]] = {}
+
+    def begin_batch(self, batch: Batch) -> None:
+        for b, index in enumerate(batch.index.tolist()):
+            if len(self.kept) >= self.n_sentences and index > max(self.kept):
+                continue
+            n = int(batch.attention_mask[b].sum())
+            words = (batch.word_of_token[b, :n] >= 0).tolist()
+            self.kept[index] = (batch.input_ids[b, :n].tolist(), words)
+            self._trim()
+
+    def _trim(self) -> None:
+        while len(self.kept) > self.n_sentences:
+            del self.kept[max(self.kept)]
+
+    def merge(self, other: Importance) -> None:
+        self._check_mergeable(other)
+        self.kept.update(other.kept)
+        self._trim()
+
+    # -- the forward passes, once --------------------------------------------------------
+
+    def _tables(self) -> dict[str, pd.DataFrame]:
+        from probe.ablation import ablate, head_means
+        from probe.loading import main_device
+
+        model = self.context.model
+        L, H = self.context.n_layers, self.context.n_heads
+        lm = model.get_output_embeddings() is not None
+        device = main_device(model)
+        order = sorted(self.kept)
+        batches = [
+            self._inputs(order[i : i + PASS_SENTENCES], device)
+            for i in range(0, len(order), PASS_SENTENCES)
+        ]
+        if not batches:
+            empty = {name: pd.DataFrame(columns=list(s)) for name, s in self.tables.items()}
+            return empty
+        positions = sum(int(inputs["attention_mask"].sum()) for inputs, *_ in batches)
+        with torch.no_grad():
+            means = None
+            if self.ablation == "mean":
+                means = head_means(model, [inputs for inputs, *_ in batches])
+            references = [output(model, inputs, lm) for inputs, *_ in batches]
+
+            def change(heads: list[tuple[int, int]]) -> float:
+                """The mean output change over real positions with ``heads`` ablated together."""
+                total = 0.0
+                for (inputs, *_), reference in zip(batches, references, strict=True):
+                    with ablate(model, heads, self.ablation, means):
+                        ablated = output(model, inputs, lm)
+                    real = inputs["attention_mask"].bool()
+                    total += float(divergence(reference, ablated, lm)[real].sum())
+                return total / positions
+
+            effect = np.array([change([(layer, head)]) for layer in range(L) for head in range(H)])
+            pruned = np.argsort(effect, kind="stable")  # least important first
+            curve = []
+            for share in SHARES:
+                k = round(share * L * H)
+                heads = [divmod(int(i), H) for i in pruned[:k]]
+                curve.append({"share_removed": share, "heads_removed": k,
+                              "output_change": change(heads) if k else 0.0})  # fmt: skip
+        # A masked model's loss needs its mask token (the tokenizer's).
+        can_mask = self.context.causal or self.mask_token_id is not None
+        gradient = self._gradient(model, batches) if lm and can_mask else np.full(L * H, math.nan)
+        layer, head = np.divmod(np.arange(L * H), H)
+        rank = pd.Series(-effect).rank(method="first").astype(int).to_numpy()
+        table = pd.DataFrame({"layer": layer, "head": head, "ablation_effect": effect,
+                              "gradient_importance": gradient, "rank": rank})  # fmt: skip
+        run = pd.DataFrame([{"measure": "kl" if lm else "relative_norm", "ablation": self.ablation,
+                             "sentences": len(order), "positions": positions}])  # fmt: skip
+        return {"importance": table, "importance_curve": pd.DataFrame(curve), "importance_run": run}
+
+    def _inputs(self, indices: list[int], device) -> tuple[dict, torch.Tensor, np.ndarray]:
+        """Model inputs for the kept sentences ``indices`` (right-padded), which tokens belong
+        to a word ``[batch, pos]``, and the sentences' indices."""
+        rows = [self.kept[i] for i in indices]
+        width = max(len(ids) for ids, _ in rows)
+        ids = torch.zeros(len(rows), width, dtype=torch.long)
+        words = torch.zeros(len(rows), width, dtype=torch.bool)
+        for r, (token_ids, is_word) in enumerate(rows):
+            ids[r, : len(token_ids)] = torch.tensor(token_ids)
+            words[r, : len(is_word)] = torch.tensor(is_word)
+        mask = (torch.arange(width)[None] < torch.tensor([len(t) for t, _ in rows])[:, None]).long()
+        inputs = {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
+        return inputs, words.to(device), np.array(indices)
+
+    def _gradient(self, model, batches) -> np.ndarray:
+        """E_x |∂L(x)/∂ξ_h| over the sentences: each sentence has its own mask ξ ``[layer,
+        head]``, so one backward pass gives every sentence's gradient."""
+        from probe.hookpoints import hooks
+        from probe.keys import uniform
+
+        L, H = self.context.n_layers, self.context.n_heads
+        causal = self.context.causal
+        total, sentences = torch.zeros(L, H, dtype=torch.float64), 0
+        for inputs, words, index in batches:
+            inputs = dict(inputs)
+            ids, mask = inputs["input_ids"], inputs["attention_mask"].bool()
+            if causal:
+                targets, scored = ids[:, 1:], mask[:, 1:]
+            else:  # mask a keyed share of the word tokens, and predict them
+                position = torch.arange(ids.shape[1])
+                drawn = uniform(
+                    self.context.seed, "importance-mask", index[:, None], position[None].numpy()
+                )
+                scored = torch.from_numpy(drawn < MASKED_SHARE).to(ids.device) & words
+                targets = ids
+                inputs["input_ids"] = ids.masked_fill(scored, self.mask_token_id)
+            xi = torch.ones(len(ids), L, H, device=ids.device, requires_grad=True)
+            with torch.enable_grad(), hooks(model, {"hook_z": head_mask(xi)}):
+                logits = model(**inputs).logits
+                logits = logits[:, :-1] if causal else logits
+                logits = logits if logits.dtype == torch.float64 else logits.float()
+                nll = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
+                per_sentence = (nll * scored).sum(1) / scored.sum(1).clamp(min=1)
+                (grad,) = torch.autograd.grad(per_sentence.sum(), xi)
+            total += grad.abs().sum(0).double().cpu()
+            sentences += len(ids)
+        return (total / max(sentences, 1)).flatten().numpy()
+
+    # -- what the report shows -----------------------------------------------------------
+
+    @classmethod
+    def heads(cls, tables: dict[str, pd.DataFrame], thresholds: Thresholds) -> pd.DataFrame:
+        return tables["importance"][["layer", "head", "ablation_effect"]]
+
+    @classmethod
+    def figures(cls, tables: dict[str, pd.DataFrame]) -> list[Figure]:
+        table, curve = tables["importance"], tables["importance_curve"]
+        if table.empty:
+            return []
+        measures = ["ablation_effect"] + (
+            ["gradient_importance"] if table.gradient_importance.notna().any() else []
+        )
+        fig = MplFigure(figsize=(5 * len(measures), 3.8))
+        axes = np.atleast_1d(fig.subplots(1, len(measures), gridspec_kw={"wspace": 0.25}))
+        for ax, measure in zip(axes, measures, strict=True):
+            grid = table.pivot(index="layer", columns="head", values=measure)
+            heatmap(
+                ax,
+                grid,
+                vmin=0,
+                vmax=float(grid.max().max()) or 1.0,
+                cmap="magma",
+                label=measure.replace("_", " "),
+            )
+            ax.set_title(measure.replace("_", " ").capitalize())
+        heat = Figure(
+            "importance",
+            "Each head's importance",
+            "Layer-by-head heatmaps of the output change when the head is ablated"
+            + (" and of its gradient importance" if len(measures) > 1 else "")
+            + ".",
+            fig,
+        )
+        fig = MplFigure(figsize=(6, 3.4))
+        ax = fig.subplots(gridspec_kw={"left": 0.13, "right": 0.97, "bottom": 0.15, "top": 0.9})
+        ax.plot(100 * curve.share_removed, curve.output_change, marker="o")
+        ax.set_xlabel("heads removed, least important first (%)")
+        ax.set_ylabel("output change")
+        ax.set_title("Pruning curve")
+        line = Figure(
+            "pruning",
+            "Pruning curve",
+            "A line chart of the output change as more heads are ablated together, least "
+            "important first.",
+            fig,
+            "svg",
+        )
+        return [heat, line]
+
+    @classmethod
+    def section(cls, tables: dict[str, pd.DataFrame], run: dict) -> dict:
+        table = tables["importance"]
+        if table.empty:
+            return {"run": None}
+        ranked = table.sort_values("rank")
+        gradient = table.gradient_importance
+        correlation = None
+        if gradient.notna().all() and len(table) > 1:
+            correlation = float(np.corrcoef(table.ablation_effect.rank(), gradient.rank())[0, 1])
+        return {
+            "run": tables["importance_run"].iloc[0].to_dict(),
+            "most": ranked.head(SHOWN).to_dict("records"),
+            "least": ranked.tail(SHOWN).iloc[::-1].to_dict("records"),
+            "curve": tables["importance_curve"].to_dict("records"),
+            "spearman": correlation,
+        }
+
+
+def head_mask(xi: torch.Tensor):
+    """A ``hook_z`` function that scales head h of layer l of sentence b by ``xi[b, l, h]``."""
+
+    def scale(z: torch.Tensor, hook) -> torch.Tensor:  # z: [batch, pos, head, d_head]
+        return z * xi[:, hook.layer(), None, :, None].to(z.dtype)
+
+    return scale
+
+
+def output(model, inputs: dict, lm: bool) -> torch.Tensor:
+    """Log-probabilities ``[batch, pos, vocab]`` (with a language-model head), or the last
+    hidden state ``[batch, pos, d_model]``."""
+    out = model(**inputs)
+    x = out.logits if lm else out.last_hidden_state
+    x = x if x.dtype == torch.float64 else x.float()
+    return x.log_softmax(-1) if lm else x
+
+
+def divergence(reference: torch.Tensor, ablated: torch.Tensor, lm: bool) -> torch.Tensor:
+    """Per position ``[batch, pos]``: KL(p ‖ p_ablated) from log-probabilities, or the relative
+    change of the hidden state ‖h_ablated − h‖₂ / ‖h‖₂."""
+    if lm:
+        return (reference.exp() * (reference - ablated)).sum(-1)
+    return (ablated - reference).norm(dim=-1) / reference.norm(dim=-1).clamp(min=1e-12)
