@@ -56,6 +56,7 @@ class Importance(Analysis):
         },
         "importance_run": {
             "measure": "str", "ablation": "str", "sentences": "int", "positions": "int",
+            "rank_correlation": "float",  # Spearman's, of gradient importance and effect
         },
     }  # fmt: skip
     head_columns: ClassVar[Schema] = {"ablation_effect": "float"}
@@ -111,7 +112,7 @@ class Importance(Analysis):
             means = None
             if self.ablation == "mean":
                 means = head_means(model, [inputs for inputs, *_ in batches])
-            references = [output(model, inputs, lm) for inputs, *_ in batches]
+            references = [Reference(output(model, inputs, lm), lm) for inputs, *_ in batches]
 
             def change(heads: list[tuple[int, int]]) -> float:
                 """The mean output change over real positions with ``heads`` ablated together."""
@@ -120,7 +121,7 @@ class Importance(Analysis):
                     with ablate(model, heads, self.ablation, means):
                         ablated = output(model, inputs, lm)
                     real = inputs["attention_mask"].bool()
-                    total += float(divergence(reference, ablated, lm)[real].sum())
+                    total += float(reference.change(ablated)[real].sum())
                 return total / positions
 
             effect = np.array([change([(layer, head)]) for layer in range(L) for head in range(H)])
@@ -138,8 +139,13 @@ class Importance(Analysis):
         rank = pd.Series(-effect).rank(method="first").astype(int).to_numpy()
         table = pd.DataFrame({"layer": layer, "head": head, "ablation_effect": effect,
                               "gradient_importance": gradient, "rank": rank})  # fmt: skip
+        correlation = math.nan
+        if np.isfinite(gradient).all() and L * H > 1:
+            ranks = [pd.Series(x).rank().to_numpy() for x in (effect, gradient)]
+            correlation = float(np.corrcoef(*ranks)[0, 1])
         run = pd.DataFrame([{"measure": "kl" if lm else "relative_norm", "ablation": self.ablation,
-                             "sentences": len(order), "positions": positions}])  # fmt: skip
+                             "sentences": len(order), "positions": positions,
+                             "rank_correlation": correlation}])  # fmt: skip
         return {"importance": table, "importance_curve": pd.DataFrame(curve), "importance_run": run}
 
     def _inputs(self, indices: list[int], device) -> tuple[dict, torch.Tensor, np.ndarray]:
@@ -247,16 +253,14 @@ class Importance(Analysis):
         if table.empty:
             return {"run": None}
         ranked = table.sort_values("rank")
-        gradient = table.gradient_importance
-        correlation = None
-        if gradient.notna().all() and len(table) > 1:
-            correlation = float(np.corrcoef(table.ablation_effect.rank(), gradient.rank())[0, 1])
+        run = tables["importance_run"].iloc[0].to_dict()
+        correlation = run["rank_correlation"]
         return {
-            "run": tables["importance_run"].iloc[0].to_dict(),
+            "run": run,
             "most": ranked.head(SHOWN).to_dict("records"),
             "least": ranked.tail(SHOWN).iloc[::-1].to_dict("records"),
             "curve": tables["importance_curve"].to_dict("records"),
-            "spearman": correlation,
+            "spearman": None if math.isnan(correlation) else correlation,
         }
 
 
@@ -278,9 +282,20 @@ def output(model, inputs: dict, lm: bool) -> torch.Tensor:
     return x.log_softmax(-1) if lm else x
 
 
-def divergence(reference: torch.Tensor, ablated: torch.Tensor, lm: bool) -> torch.Tensor:
-    """Per position ``[batch, pos]``: KL(p ‖ p_ablated) from log-probabilities, or the relative
-    change of the hidden state ‖h_ablated − h‖₂ / ‖h‖₂."""
-    if lm:
-        return (reference.exp() * (reference - ablated)).sum(-1)
-    return (ablated - reference).norm(dim=-1) / reference.norm(dim=-1).clamp(min=1e-12)
+class Reference:
+    """One batch's unablated output, and its change when heads are ablated, per position
+    ``[batch, pos]``: KL(p ‖ p_ablated) from log-probabilities, or the relative change of the
+    hidden state ‖h_ablated − h‖₂ / ‖h‖₂."""
+
+    def __init__(self, out: torch.Tensor, lm: bool) -> None:
+        self.out, self.lm = out, lm
+        if lm:  # what every head's KL shares: p, and Σ p log p
+            self.p = out.exp()
+            self.neg_entropy = torch.einsum("btv,btv->bt", self.p, out)
+        else:
+            self.norm = out.norm(dim=-1).clamp(min=1e-12)
+
+    def change(self, ablated: torch.Tensor) -> torch.Tensor:
+        if self.lm:
+            return self.neg_entropy - torch.einsum("btv,btv->bt", self.p, ablated)
+        return (ablated - self.out).norm(dim=-1) / self.norm
