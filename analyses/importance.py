@@ -105,8 +105,7 @@ class Importance(Analysis):
             for i in range(0, len(order), PASS_SENTENCES)
         ]
         if not batches:
-            empty = {name: pd.DataFrame(columns=list(s)) for name, s in self.tables.items()}
-            return empty
+            return {name: pd.DataFrame(columns=list(s)) for name, s in self.tables.items()}
         positions = sum(int(inputs["attention_mask"].sum()) for inputs, *_ in batches)
         with torch.no_grad():
             means = None
