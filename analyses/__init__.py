@@ -97,6 +97,12 @@ class Analysis:
         self.context = context
         self.finished = False
 
+    @property
+    def reads(self) -> int | None:
+        """How many sentences from the treebank's start this analysis needs; None for all.
+        When every analysis needs few, the run stops reading there."""
+        return None
+
     def begin_batch(self, batch: Batch) -> None:
         """Called before ``batch`` runs through the model."""
 

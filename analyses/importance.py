@@ -1,9 +1,10 @@
 """Head importance: how much the model's output changes when a head is ablated (Michel et al.
 2019, "Are Sixteen Heads Really Better than One?"), and the pruning curve.
 
-Over the first ``sentences`` sentences of the treebank (by position: the same whatever the
-batches or processes), each head is ablated alone, by its mean over those sentences' real tokens
-or by zero, and the change of the output is averaged over real token positions:
+Over the first ``sentences`` sentences of the treebank (those of them the model can read; by
+position, so the same whatever the batches or processes), each head is ablated alone, by its
+mean over those sentences' real tokens or by zero, and the change of the output is averaged
+over real token positions:
 
 - with a language-model head, KL(p ‖ p_ablated) of the predicted token distributions;
 - otherwise ‖h_ablated − h‖₂ / ‖h‖₂ of the last hidden state.
@@ -71,23 +72,20 @@ class Importance(Analysis):
         # sentence index -> (token ids, which tokens belong to a word)
         self.kept: dict[int, tuple[list[int], list[bool]]] = {}
 
+    @property
+    def reads(self) -> int:
+        return self.n_sentences
+
     def begin_batch(self, batch: Batch) -> None:
         for b, index in enumerate(batch.index.tolist()):
-            if len(self.kept) >= self.n_sentences and index > max(self.kept):
-                continue
-            n = int(batch.attention_mask[b].sum())
-            words = (batch.word_of_token[b, :n] >= 0).tolist()
-            self.kept[index] = (batch.input_ids[b, :n].tolist(), words)
-            self._trim()
-
-    def _trim(self) -> None:
-        while len(self.kept) > self.n_sentences:
-            del self.kept[max(self.kept)]
+            if index < self.n_sentences:
+                n = int(batch.attention_mask[b].sum())
+                words = (batch.word_of_token[b, :n] >= 0).tolist()
+                self.kept[index] = (batch.input_ids[b, :n].tolist(), words)
 
     def merge(self, other: Importance) -> None:
         self._check_mergeable(other)
         self.kept.update(other.kept)
-        self._trim()
 
     # -- the forward passes, once --------------------------------------------------------
 

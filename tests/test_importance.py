@@ -208,6 +208,7 @@ def test_command_line(lm_folder, tmp_path):
     assert heads.ablation_effect.tolist() == table.ablation_effect.tolist()
     run = json.loads((out / "run.json").read_text())
     assert run["lm_head"] and run["analyses"] == ["importance"]
+    assert run["sentences_read"] == 10  # alone, it reads no further than it needs
     html = (out / "index.html").read_text()
     assert "Head importance" in html and "Pruning" in html and "rank correlation" in html
 

@@ -225,8 +225,11 @@ def analyze(
                     coreference_seen = coreference_seen or any(sentence.entity)
                     yield sentence
 
-            corpus = Corpus(sentences(), tokenizer, limit, max_sentences=settings.max_sentences,
-                            shard=ranks.shard)  # fmt: skip
+            needed = [a.reads for a in sentence_analyses]
+            stop = settings.max_sentences
+            if None not in needed and not window_analyses:  # e.g. importance alone
+                stop = min(stop or max(needed), max(needed))
+            corpus = Corpus(sentences(), tokenizer, limit, max_sentences=stop, shard=ranks.shard)
             wanted = captures(sentence_analyses)
             if "hook_pattern" in wanted:  # the head cards' example maps
                 examples = Examples(tokenizer, n_layers, n_heads)
