@@ -20,6 +20,7 @@ FILES = {
     "index.html", "run.json", "examples.json", "heads.csv", "head_stats.csv",
     "head_similarity.csv", "spectra.csv", "syntax.csv", "syntax_baselines.csv", "syntax_best.csv",
     "probe.csv", "coref.csv", "coref_baselines.csv", "coref_example.csv",
+    ".probe-report",  # the marker: what --overwrite may replace
 }  # fmt: skip
 runner = CliRunner()
 
@@ -237,16 +238,23 @@ def test_malformed_conllu_names_file_and_line(tmp_path, minilm):
 
 
 def test_existing_output_folder(tmp_path, minilm):
+    """An existing folder is refused; --overwrite replaces a probe report, never anything else
+    (tests/test_output.py has the rest)."""
     out = tmp_path / "taken"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
     result = analyze("--out", str(out))
     assert result.exit_code == 1 and "already exists; use --overwrite" in result.output
-    assert (out / "keep.txt").read_text() == "mine"
     result = analyze("--out", str(out), "--overwrite", "--analyses", "spectra")
+    assert result.exit_code == 1 and "is not a probe report" in result.output
+    assert (out / "keep.txt").read_text() == "mine"
+    report = tmp_path / "report"
+    assert analyze("--out", str(report), "--analyses", "spectra").exit_code == 0
+    (report / "index.html").write_text("old")
+    result = analyze("--out", str(report), "--overwrite", "--analyses", "spectra")
     assert result.exit_code == 0, result.output
-    assert not (out / "keep.txt").exists() and (out / "index.html").exists()
-    assert [p.name for p in tmp_path.iterdir()] == ["taken"]  # no temporary folder left
+    assert (report / "index.html").read_text() != "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report", "taken"]  # nothing else
 
 
 def test_console_script_in_a_subprocess(tmp_path):

@@ -14,7 +14,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.style import Style
 from rich.table import Table
+from rich.text import Text
 
 from analyses import REGISTRY, defaults
 from analyses.vocabulary import Thresholds
@@ -172,7 +174,6 @@ def analyze(
         check(settings)  # before torch is imported: a mistake is answered at once
     except ProbeError as e:
         _fail(str(e))
-    _quiet_libraries()
     quiet = quiet or os.environ.get("RANK", "0") != "0"  # under torchrun, rank 0 speaks
     console = Console(stderr=True, quiet=quiet)
     progress = Progress(
@@ -196,6 +197,7 @@ def analyze(
 
     signal.signal(signal.SIGTERM, _terminated)
     try:
+        _quiet_libraries()  # imports transformers: an interrupt here is answered as any other
         with progress:
             status_task = progress.add_task("starting", total=None)
             path = analyze_run(
@@ -255,7 +257,7 @@ def _summary(console: Console, path: Path) -> None:
 
     run = json.loads((path / "run.json").read_text())
     console.print(
-        f"[bold]{run['model']}[/]: {run['sentences_analysed']} sentences, "
+        f"[bold]{escape(run['model'])}[/]: {run['sentences_analysed']} sentences, "
         f"{run['layers']} layers x {run['heads']} heads, {run['timings_s']['total']:.1f} s"
     )
     best_path = path / "syntax_best.csv"
@@ -286,9 +288,8 @@ def _summary(console: Console, path: Path) -> None:
                 f"attention probe UAS {uas['attention_probe']:.1%} (right-branching "
                 f"{uas['right_branching']:.1%}, best single head {uas['best_single_head']:.1%})"
             )
-    console.print(
-        f"report: [link=file://{(path / 'index.html').resolve()}]{path / 'index.html'}[/]"
-    )
+    index = path / "index.html"  # a path is text, never markup
+    console.print(Text.assemble("report: ", (str(index), Style(link=index.resolve().as_uri()))))
 
 
 @app.command()

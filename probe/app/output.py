@@ -1,16 +1,36 @@
-"""The output folder of a run: checked before any compute, written whole or not at all."""
+"""The output folder of a run: checked and reserved before any compute, written whole or not at
+all, and never anything but probe's own report replaced.
+
+A run reserves ``out`` by locking ``.<name>.probe-lock`` beside it (``flock``: released by the
+system even if the process is killed), so that a second run to the same place fails at once.
+The report is written into a staging folder beside ``out``, marked as probe's with
+``.probe-report``, and moved into place in one step: a rename, or with ``--overwrite`` an atomic
+exchange with the old report (Linux ``renameat2``), after which the old one is removed. A
+failure, a signal or a crash leaves the old report, or none, and no staging folder once the next
+run has reserved the place.
+"""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import errno
+import fcntl
+import json
 import os
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from probe.errors import ProbeError
+
+MARKER = ".probe-report"  # in every report probe writes: what --overwrite may replace
+RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2  # renameat2's flags, from linux/fs.h
+AT_FDCWD = -100
 
 
 def slug(name: str) -> str:
@@ -23,27 +43,177 @@ def default_out(model: str) -> Path:
     return Path("reports") / slug(model)
 
 
+def is_report(folder: Path) -> bool:
+    """Whether ``folder`` is a report probe wrote (it holds the marker)."""
+    return folder.is_dir() and not folder.is_symlink() and (folder / MARKER).is_file()
+
+
 def check_free(out: Path, overwrite: bool) -> None:
-    """Fail now, before any compute, if the report could not be written to ``out``."""
-    if out.exists() and not overwrite:
-        raise ProbeError(f"output folder {out} already exists; use --overwrite or another --out")
+    """Fail now, before any compute, if the report could not be written to ``out``.
+
+    Raises
+    ------
+    ProbeError
+        If ``out`` is a link or a file, exists without ``--overwrite``, is not a report probe
+        wrote, holds the current folder, or cannot be created.
+    """
+    if out.is_symlink():
+        raise ProbeError(f"output folder {out} is a symbolic link; give the folder itself")
+    if out.exists():
+        if not out.is_dir():
+            raise ProbeError(f"--out {out} is a file; give a folder")
+        if not overwrite:
+            raise ProbeError(
+                f"output folder {out} already exists; use --overwrite or another --out"
+            )
+        if not is_report(out):
+            raise ProbeError(
+                f"{out} is not a probe report (no {MARKER} in it): --overwrite replaces only "
+                "reports probe wrote; choose another --out"
+            )
+        here = Path.cwd().resolve()
+        if out.resolve() == here or out.resolve() in here.parents:
+            raise ProbeError(f"--out {out} holds the current folder; run from elsewhere")
+    ancestor = out.absolute().parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ProbeError(f"cannot create {out}: {ancestor} is a file")
+    try:  # try it: permissions alone do not tell (root, read-only mounts, /proc)
+        fd, probe_file = tempfile.mkstemp(prefix=".probe-check-", dir=ancestor)
+        os.close(fd)
+        os.unlink(probe_file)
+    except OSError as e:
+        raise ProbeError(
+            f"cannot create {out}: {ancestor} is not writable ({e.strerror})"
+        ) from None
 
 
 @contextmanager
-def staged(out: Path, overwrite: bool) -> Iterator[Path]:
-    """A temporary folder beside ``out`` that becomes ``out`` only if the body completes."""
+def reserved(out: Path, overwrite: bool) -> Iterator[Path]:
+    """Reserve ``out`` for the body, which writes the report into the folder yielded; when the
+    body completes the report takes ``out``'s place at once, and otherwise nothing changes.
+
+    Raises
+    ------
+    ProbeError
+        As ``check_free``; or when another run is writing to ``out``; or when ``out`` was taken
+        by something else while the body ran.
+    """
     check_free(out, overwrite)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    temporary = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    parent = out.absolute().parent
+    created = _make_parents(parent)
+    staging, published = None, False
     try:
-        yield temporary
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            out.rename(old)
-            temporary.rename(out)
-            shutil.rmtree(old)
-        else:
-            temporary.rename(out)
+        with _locked(parent / f".{out.name}.probe-lock", out):
+            _clean_up_after_killed_runs(parent, out)
+            staging = parent / f".{out.name}.probe-{os.getpid()}-{time.monotonic_ns()}"
+            staging.mkdir()  # the user's umask applies, as to any folder they make
+            yield staging
+            marker = {"probe": _version(), "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            (staging / MARKER).write_text(json.dumps(marker), encoding="utf-8")
+            _publish(staging, out, overwrite)
+            published = True
     finally:
-        if temporary.exists():
-            shutil.rmtree(temporary)
+        if staging is not None and staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+        if not published:
+            for folder in reversed(created):  # only what this run made, and only if empty
+                with suppress(OSError):
+                    folder.rmdir()
+
+
+def _publish(staging: Path, out: Path, overwrite: bool) -> None:
+    """Move the finished report into place: never over something that is not a probe report."""
+    if out.is_symlink() or (out.exists() and not (overwrite and is_report(out))):
+        raise ProbeError(f"{out} was created by something else while probe ran; nothing replaced")
+    if out.exists():
+        if _renameat2(staging, out, RENAME_EXCHANGE):
+            return  # the old report is now at `staging`, which the caller removes
+        old = out.with_name(f".{out.name}.probe-old-{os.getpid()}")
+        out.rename(old)  # no atomic exchange here: a crash now would leave only `old`
+        staging.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
+    elif not _renameat2(staging, out, RENAME_NOREPLACE):
+        staging.rename(out)
+
+
+@contextmanager
+def _locked(path: Path, out: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` for the block, then remove it."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ProbeError(
+                f"another probe run is writing {out}; wait for it or choose another --out"
+            ) from None
+        try:  # the holder before us may have removed the file we opened: lock the live one
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        yield
+    finally:
+        with suppress(OSError):
+            path.unlink()
+        os.close(fd)
+
+
+def _clean_up_after_killed_runs(parent: Path, out: Path) -> None:
+    """Remove what runs to ``out`` that were killed left beside it (we hold the lock, so no
+    live run is writing there); an old report caught between two renames goes back."""
+    prefix = f".{out.name}.probe-"
+    for stale in parent.iterdir():
+        if not stale.name.startswith(prefix) or stale.is_symlink() or not stale.is_dir():
+            continue
+        if stale.name.startswith(prefix + "old-") and is_report(stale) and not out.exists():
+            stale.rename(out)
+        else:
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def _make_parents(folder: Path) -> list[Path]:
+    """Create ``folder`` and its missing parents; returns those created, outermost first."""
+    missing = []
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    for f in reversed(missing):
+        f.mkdir()
+    return list(reversed(missing))
+
+
+def _renameat2(src: Path, dst: Path, flags: int) -> bool:
+    """Linux ``renameat2``: True if done, False where the system or file system lacks it."""
+    libc = _libc()
+    function = getattr(libc, "renameat2", None) if libc else None
+    if function is None:
+        return False
+    if function(AT_FDCWD, os.fsencode(src), AT_FDCWD, os.fsencode(dst), flags) == 0:
+        return True
+    error = ctypes.get_errno()
+    if error in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    if error == errno.EEXIST:
+        raise ProbeError(f"{dst} was created by something else while probe ran; nothing replaced")
+    raise OSError(error, os.strerror(error), str(dst))
+
+
+def _libc():
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name, use_errno=True) if name else None
+    except OSError:
+        return None
+
+
+def _version() -> str:
+    from probe import __version__
+
+    return __version__

@@ -23,7 +23,7 @@ from pathlib import Path
 import analyses
 from analyses.vocabulary import Role, Thresholds
 from probe.app import tables as table_io
-from probe.app.output import check_free, default_out, staged
+from probe.app.output import check_free, default_out, reserved
 from probe.errors import ProbeError
 
 PACKAGES = ("probe", "torch", "transformers", "scikit-learn", "numpy", "pandas")
@@ -150,7 +150,25 @@ def analyze(
         Receives one-line messages about the stage that starts.
     """
     thresholds = check(settings)
-    out = settings.output
+    from probe.distributed import Ranks
+
+    if not Ranks.from_environment().leader:
+        _run(settings, thresholds, None, progress, status)
+        return None
+    # Reserved before any compute: a second run to the same place fails now, not at the end.
+    with reserved(settings.output, settings.overwrite) as folder:
+        _run(settings, thresholds, folder, progress, status)
+    return settings.output
+
+
+def _run(
+    settings: Settings,
+    thresholds: Thresholds,
+    folder: Path | None,
+    progress: Progress | None,
+    status: Callable[[str], None],
+) -> None:
+    """``analyze``'s work; rank 0 writes the report's files into ``folder``."""
     timings: dict[str, float] = {}
     started = clock = time.perf_counter()
 
@@ -266,7 +284,7 @@ def analyze(
         if ranks.size > 1:
             lap("merge")
     if merged is None:
-        return None
+        return
     if sentence_analyses and not tally["read"]:
         raise ProbeError(f"no sentences in {', '.join(map(str, paths))}")
     if sentence_analyses and not tally["analysed"]:
@@ -320,17 +338,15 @@ def analyze(
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "timings_s": timings,
     }
-    with staged(out, settings.overwrite) as folder:
-        for name, table in tables.items():
-            table_io.write(table, schemas[name], folder / f"{name}.csv")
-        (folder / "examples.json").write_text(json.dumps(example_maps), encoding="utf-8")
-        status("rendering the report")
-        html = render_html(run_card, tables, example_maps)
-        (folder / "index.html").write_text(html, encoding="utf-8")
-        lap("render")
-        timings["total"] = round(time.perf_counter() - started, 3)
-        (folder / "run.json").write_text(json.dumps(run_card, indent=2), encoding="utf-8")
-    return out
+    for name, table in tables.items():
+        table_io.write(table, schemas[name], folder / f"{name}.csv")
+    (folder / "examples.json").write_text(json.dumps(example_maps), encoding="utf-8")
+    status("rendering the report")
+    html = render_html(run_card, tables, example_maps)
+    (folder / "index.html").write_text(html, encoding="utf-8")
+    lap("render")
+    timings["total"] = round(time.perf_counter() - started, 3)
+    (folder / "run.json").write_text(json.dumps(run_card, indent=2), encoding="utf-8")
 
 
 def _placement(settings: Settings, ranks) -> dict:

@@ -1,0 +1,168 @@
+"""The output folder: never anything but probe's own report replaced, checked before any
+compute, one run at a time, written whole or not at all, whatever signals and crashes do."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from probe.app import output
+from probe.app.output import MARKER, reserved
+from probe.errors import ProbeError
+
+# A model name that cannot load: an error about the output path proves it was checked first.
+NO_MODEL = "no-such-model-anywhere"
+
+
+def probe_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = os.environ | {"HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "probe.app.cli", *args], capture_output=True,
+                          text=True, env=env, cwd=cwd, timeout=300)  # fmt: skip
+
+
+def one_line(result: subprocess.CompletedProcess, message: str) -> None:
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith("error:") and message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def report(folder: Path, text: str = "old") -> Path:
+    """A folder as probe writes it."""
+    folder.mkdir(parents=True)
+    (folder / MARKER).write_text("{}")
+    (folder / "index.html").write_text(text)
+    return folder
+
+
+def test_overwrite_never_replaces_what_probe_did_not_write(tmp_path):
+    thesis = tmp_path / "d"
+    thesis.mkdir()
+    (thesis / "thesis.tex").write_text("years of work")
+    treebank = thesis / "mine.conllu"
+    treebank.write_text((Path(output.__file__).parents[1] / "data" / "sample.conllu").read_text())
+    result = probe_cli(
+        "analyze", "-m", NO_MODEL, "-t", str(treebank), "-o", str(thesis), "--overwrite"
+    )
+    one_line(result, "is not a probe report")
+    assert (thesis / "thesis.tex").read_text() == "years of work" and treebank.exists()
+
+
+@pytest.mark.parametrize(
+    ("make", "out", "message"),
+    [
+        (lambda d: (d / "afile").write_text("x"), "afile", "is a file"),
+        (lambda d: (d / "afile").write_text("x"), "afile/sub", "afile is a file"),
+        (lambda d: (d / "link").symlink_to(report(d / "real")), "link", "symbolic link"),
+        (lambda d: None, "/proc/x", "is not writable"),
+        (lambda d: report(d / "here"), ".", "holds the current folder"),
+    ],
+)
+def test_output_paths_are_checked_before_any_compute(tmp_path, make, out, message):
+    make(tmp_path)
+    cwd = tmp_path / "here" if out == "." else tmp_path
+    result = probe_cli("analyze", "-m", NO_MODEL, "-o", out, "--overwrite", cwd=cwd)
+    one_line(result, message)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # nothing left
+
+
+def test_one_run_at_a_time(tmp_path):
+    """While a run holds the place, a second fails at once, saying so; afterwards it may."""
+    out = tmp_path / "report"
+    with reserved(out, overwrite=False) as staging:
+        (staging / "index.html").write_text("first")
+        second = probe_cli("analyze", "-m", NO_MODEL, "-o", str(out))
+        one_line(second, "another probe run is writing")
+    assert (out / "index.html").read_text() == "first" and (out / MARKER).exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]
+
+
+def test_a_run_finds_the_place_taken_at_the_end(tmp_path):
+    """Something else creates the folder while the run computes: nothing is replaced."""
+    out = tmp_path / "report"
+    with pytest.raises(ProbeError, match="created by something else"), reserved(out, False):
+        out.mkdir()
+        (out / "theirs.txt").write_text("theirs")
+    assert [p.name for p in out.iterdir()] == ["theirs.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]
+
+
+def test_a_failed_run_leaves_the_old_report_and_no_debris(tmp_path):
+    out = report(tmp_path / "reports" / "model")
+    with pytest.raises(RuntimeError), reserved(out, overwrite=True) as staging:
+        (staging / "index.html").write_text("new")
+        raise RuntimeError("the analysis failed")
+    assert (out / "index.html").read_text() == "old"
+    assert sorted(p.name for p in out.parent.iterdir()) == ["model"]
+    nested = tmp_path / "new" / "deeper" / "model"
+    with pytest.raises(RuntimeError), reserved(nested, overwrite=False):
+        raise RuntimeError("failed before anything was written")
+    assert not (tmp_path / "new").exists()  # the folders it made for the report, too
+
+
+@pytest.mark.parametrize("atomic", [True, False])
+def test_overwrite_swaps_the_reports(tmp_path, monkeypatch, atomic):
+    """With renameat2 the old and new reports are exchanged in one step; without it (another
+    system), by two renames."""
+    if not atomic:
+        monkeypatch.setattr(output, "_renameat2", lambda *args: False)
+    out = report(tmp_path / "model")
+    with reserved(out, overwrite=True) as staging:
+        (staging / "index.html").write_text("new")
+    assert (out / "index.html").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_an_old_report_caught_between_two_renames_comes_back(tmp_path):
+    """A crash after the old report was moved aside and before the new one took its place
+    (systems without an atomic exchange): the next run puts the old one back first."""
+    out = tmp_path / "model"
+    report(tmp_path / f".model.probe-old-{12345}")
+    with reserved(out, overwrite=True) as staging:
+        assert (out / "index.html").read_text() == "old"  # restored before the run
+        (staging / "index.html").write_text("new")
+    assert (out / "index.html").read_text() == "new"
+
+
+def test_what_killed_runs_left_is_cleaned_up(tmp_path):
+    """A run killed with SIGKILL leaves its staging folder and lock file; nobody holds the
+    lock, so the next run takes the place and removes them."""
+    out = tmp_path / "model"
+    (tmp_path / ".model.probe-999-1").mkdir()
+    (tmp_path / ".model.probe-999-1" / "index.html").write_text("half")
+    (tmp_path / ".model.probe-lock").write_text("")
+    with reserved(out, overwrite=False) as staging:
+        (staging / "index.html").write_text("whole")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_the_report_follows_the_umask(tmp_path):
+    previous = os.umask(0o022)
+    try:
+        with reserved(tmp_path / "model", overwrite=False) as staging:
+            (staging / "index.html").write_text("x")
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "model").stat().st_mode & 0o777 == 0o755
+
+
+@pytest.mark.slow
+def test_sigterm_while_running_keeps_the_old_report(tmp_path, minilm):
+    out = report(tmp_path / "model")
+    args = [sys.executable, "-m", "probe.app.cli", "analyze", "-m", "minilm", "-o", str(out),
+            "--overwrite", "-q"]  # fmt: skip
+    child = subprocess.Popen(args, stderr=subprocess.PIPE, text=True,
+                             env=os.environ | {"HF_HUB_OFFLINE": "1"})  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not any(p.name.startswith(".model.probe-") and p.is_dir() for p in tmp_path.iterdir()):
+        assert time.monotonic() < deadline and child.poll() is None
+        time.sleep(0.05)
+    time.sleep(1.0)  # well inside the run
+    child.send_signal(signal.SIGTERM)
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == 1 and "stopped by SIGTERM" in err and "Traceback" not in err
+    assert (out / "index.html").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
