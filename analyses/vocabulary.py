@@ -68,6 +68,19 @@ class Thresholds:
     relation_min_words: int = 20  # relations scored for roles have at least this many words
     relation_min_share: float = 0.01  # … and at least this share of all scored words
 
+    def __post_init__(self) -> None:
+        """Each threshold in its range (a share in [0, 1], a count a whole number ≥ 1)."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "int" or f.type is int:
+                if not (
+                    isinstance(value, int | float) and value >= 1 and float(value).is_integer()
+                ):
+                    raise ValueError(f"threshold {f.name} must be a whole number ≥ 1, not {value}")
+                object.__setattr__(self, f.name, int(value))
+            elif not (isinstance(value, int | float) and 0 <= value <= 1):  # NaN fails too
+                raise ValueError(f"threshold {f.name} must be between 0 and 1, not {value}")
+
     @classmethod
     def names(cls) -> list[str]:
         return [f.name for f in fields(cls)]

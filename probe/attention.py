@@ -40,6 +40,11 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int, *, bias: bool = True, dropout: float = 0.0):
         super().__init__()
+        for name, value in (("d_model", d_model), ("n_heads", n_heads)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, not {value!r}")
+        if not 0 <= dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1), not {dropout!r}")
         if d_model % n_heads:
             raise ValueError(
                 f"d_model ({d_model}) must be divisible by n_heads ({n_heads}): "

@@ -22,6 +22,7 @@ RELATION_ID = {r: i for i, r in enumerate(RELATIONS)}
 TOO_LONG = "longer than the model's maximum length"
 NO_TOKENS = "a word has no tokens"
 CHUNK_SENTENCES = 2048  # sentences tokenized and length-sorted together
+UNKNOWN_MAX_TOKENS = 512  # when neither the model nor the tokenizer states a limit
 CELLS_PER_SENTENCE = 24 * 24  # attention cells a batch may hold per sentence of its size
 
 
@@ -176,7 +177,8 @@ def _groups(lengths: list[int], batch_size: int, max_cells: int) -> list[list[in
 def max_tokens(model_config, tokenizer: PreTrainedTokenizerBase) -> int:
     """The longest input, special tokens included, that both the model and tokenizer accept."""
     limits = [getattr(model_config, "max_position_embeddings", None), tokenizer.model_max_length]
-    return min(int(x) for x in limits if x and x < 1e9) if any(limits) else 512
+    known = [int(x) for x in limits if x and x < 1e9]  # tokenizers say 1e30 for "no limit"
+    return min(known) if known else UNKNOWN_MAX_TOKENS
 
 
 def collate(rows: list[_Encoded]) -> Batch:

@@ -56,6 +56,11 @@ class HookPoint(nn.Module):
         for fn, name in self._fns:
             out = fn(x, name)
             if out is not None:
+                if not isinstance(out, torch.Tensor):
+                    raise TypeError(
+                        f"hook on {name} returned a {type(out).__name__}; return None to only "
+                        f"read, or a tensor of shape {tuple(x.shape)}"
+                    )
                 if out.shape != x.shape:
                     raise ValueError(
                         f"hook on {name} returned shape {tuple(out.shape)}, "

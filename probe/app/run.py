@@ -77,8 +77,12 @@ def check(settings: Settings) -> Thresholds:
     if wrong:
         known = ", ".join(Thresholds.names())
         raise ProbeError(f"unknown threshold {', '.join(wrong)}; known: {known}")
+    try:
+        thresholds = Thresholds(**settings.thresholds)
+    except ValueError as e:
+        raise ProbeError(f"--threshold: {e}") from None
     check_free(settings.output, settings.overwrite)
-    return Thresholds(**settings.thresholds)
+    return thresholds
 
 
 def package_versions() -> dict[str, str]:

@@ -1,0 +1,169 @@
+"""Bad input, from a careful user or a hostile one: one line saying what is wrong and what to
+do, never a traceback, never a wrong answer."""
+
+import json
+import shutil
+import types
+from dataclasses import replace
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import probe
+from probe.app.cli import app
+from probe.corpus import UNKNOWN_MAX_TOKENS, max_tokens
+from probe.treebank import SAMPLE, read_conllu
+
+runner = CliRunner()
+
+
+def fails_in_one_line(args: list[str], message: str) -> None:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith("error:") and message in result.output, result.output
+    assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--threshold", "sink=2"], "threshold sink must be between 0 and 1, not 2.0"),
+        (["--threshold", "broad=-1"], "threshold broad must be between 0 and 1"),
+        (["--threshold", "sink=nan"], "threshold sink must be between 0 and 1, not nan"),
+        (["--threshold", "relation_min_words=0.5"], "must be a whole number ≥ 1, not 0.5"),
+        (["--analyses", ","], "unknown analysis (none)"),
+        (["--device", "tpu"], "unknown --device 'tpu'"),
+        (
+            ["--device", "cuda"] if not torch.cuda.is_available() else ["--device", "cuda:99"],
+            "--device cuda",
+        ),
+        (["--revision", "main"], "--revision main is for hub models"),
+    ],
+)
+def test_bad_options(tmp_path, minilm, options, message):
+    fails_in_one_line(
+        ["analyze", "-m", "minilm", "-a", "spectra", "-o", str(tmp_path / "r"), *options], message
+    )
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(
+    ("write", "message"),
+    [
+        (lambda p: p.mkdir(), "is a folder; give its .conllu file"),
+        (
+            lambda p: p.write_text("# sent_id = 1\n1\tHi\thi\tINTJ\t_\t_\t1\troot\t_\t_\n\n"),
+            "word 1 is its own head",
+        ),
+    ],
+)
+def test_bad_treebanks(tmp_path, minilm, write, message):
+    path = tmp_path / "t.conllu"
+    write(path)
+    fails_in_one_line(
+        ["analyze", "-m", "minilm", "-t", str(path), "-o", str(tmp_path / "r")], message
+    )
+
+
+def test_a_byte_order_mark_is_not_a_column(tmp_path):
+    path = tmp_path / "bom.conllu"
+    path.write_bytes(b"\xef\xbb\xbf" + SAMPLE.read_bytes())
+    strip = lambda sentences: [replace(s, source="") for s in sentences]  # noqa: E731
+    assert strip(read_conllu(path)) == strip(read_conllu(SAMPLE))
+
+
+def test_one_word_sentences_give_a_report(tmp_path, minilm):
+    """No word but the root to score: every analysis still finishes, with empty counts."""
+    path = tmp_path / "one.conllu"
+    path.write_text(
+        "".join(f"# sent_id = {i}\n1\tHi\thi\tINTJ\t_\t_\t0\troot\t_\t_\n\n" for i in range(3))
+    )
+    result = runner.invoke(
+        app, ["analyze", "-m", "minilm", "-t", str(path), "-o", str(tmp_path / "r"), "-q"]
+    )
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "r" / "index.html").exists()
+
+
+@pytest.fixture(scope="module")
+def good_report(tmp_path_factory, minilm):
+    out = tmp_path_factory.mktemp("report") / "good"
+    assert runner.invoke(app, ["analyze", "-m", "minilm", "-o", str(out), "-q"]).exit_code == 0
+    return out
+
+
+def _threshold(folder, **change):
+    run = json.loads((folder / "run.json").read_text())
+    run["thresholds"] |= change
+    (folder / "run.json").write_text(json.dumps(run))
+
+
+def _example_out_of_range(folder):
+    examples = json.loads((folder / "examples.json").read_text())
+    first = next(iter(examples["heads"]))
+    examples["heads"][first]["sentence"] = 999
+    (folder / "examples.json").write_text(json.dumps(examples))
+
+
+def _index_is_a_folder(folder):
+    (folder / "index.html").unlink()
+    (folder / "index.html").mkdir()
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "message"),
+    [
+        (lambda f: (f / "run.json").write_text("[1, 2]"), "no readable run.json"),
+        (lambda f: (f / "run.json").write_text("{}"), "no readable run.json"),
+        (
+            lambda f: (f / "run.json").write_text((f / "run.json").read_text()[:80]),
+            "no readable run.json",
+        ),
+        (lambda f: _threshold(f, zzz=1), "run.json: bad thresholds"),
+        (lambda f: _threshold(f, sink=5), "run.json: bad thresholds"),
+        (
+            lambda f: (f / "heads.csv").write_text((f / "heads.csv").read_text()[:300]),
+            "heads.csv cannot be read",
+        ),
+        (lambda f: (f / "syntax.csv").write_text(""), "syntax.csv cannot be read"),
+        (lambda f: (f / "head_stats.csv").unlink(), "head_stats.csv cannot be read"),
+        (_example_out_of_range, "examples.json is malformed"),
+        (lambda f: (f / "examples.json").write_text("{not json"), "examples.json is malformed"),
+        (_index_is_a_folder, "cannot write"),
+    ],
+)
+def test_report_of_a_malformed_folder(good_report, tmp_path, corrupt, message):
+    folder = tmp_path / "copy"
+    shutil.copytree(good_report, folder)
+    corrupt(folder)
+    fails_in_one_line(["report", str(folder)], message)
+
+
+def test_report_of_a_good_folder_still_renders(good_report, tmp_path):
+    folder = tmp_path / "copy"
+    shutil.copytree(good_report, folder)
+    result = runner.invoke(app, ["report", str(folder)])
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize(("d_model", "n_heads"), [(8, 0), (0, 2), (-8, 2), (8, 3), (8.0, 2)])
+def test_multihead_attention_sizes(d_model, n_heads):
+    with pytest.raises(ValueError, match=r"d_model|n_heads"):
+        probe.MultiHeadAttention(d_model, n_heads)
+
+
+def test_a_hook_returning_no_tensor_is_told_so():
+    mha = probe.MultiHeadAttention(8, 2)
+    with (
+        pytest.raises(TypeError, match="returned a str; return None to only read"),
+        probe.hooks(mha, {"hook_z": lambda z, hook: "oops"}),
+    ):
+        mha(torch.randn(1, 3, 8))
+
+
+def test_max_tokens_without_a_stated_limit():
+    config = types.SimpleNamespace()  # no max_position_embeddings
+    tokenizer = types.SimpleNamespace(model_max_length=int(1e30))
+    assert max_tokens(config, tokenizer) == UNKNOWN_MAX_TOKENS
+    assert max_tokens(types.SimpleNamespace(max_position_embeddings=64), tokenizer) == 64
