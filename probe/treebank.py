@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
 import re
 import tempfile
@@ -265,7 +266,7 @@ def download_ud(spec: str) -> list[Path]:
         try:
             with urllib.request.urlopen(url, timeout=60) as response:
                 data = response.read()
-        except (urllib.error.URLError, OSError) as e:
+        except (urllib.error.URLError, http.client.HTTPException, OSError) as e:  # cut short too
             raise ProbeError(
                 f"cannot download {spec} from {url} ({e}); offline, pass a local .conllu file "
                 "with --treebank, or leave it out for the bundled sample"
