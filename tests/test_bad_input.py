@@ -167,3 +167,25 @@ def test_max_tokens_without_a_stated_limit():
     tokenizer = types.SimpleNamespace(model_max_length=int(1e30))
     assert max_tokens(config, tokenizer) == UNKNOWN_MAX_TOKENS
     assert max_tokens(types.SimpleNamespace(max_position_embeddings=64), tokenizer) == 64
+
+
+def test_an_interrupted_download_is_one_line_and_caches_nothing(tmp_path, monkeypatch):
+    import http.client
+
+    from probe.treebank import download_ud
+
+    class CutShort:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def read(self):
+            raise http.client.IncompleteRead(b"# sent_id = 1\n1\tHal")
+
+    monkeypatch.setenv("PROBE_CACHE", str(tmp_path))
+    monkeypatch.setattr("urllib.request.urlopen", lambda url, timeout: CutShort())
+    with pytest.raises(probe.ProbeError, match="cannot download ud:en_ewt"):
+        download_ud("ud:en_ewt")
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]

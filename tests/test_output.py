@@ -2,6 +2,7 @@
 compute, one run at a time, written whole or not at all, whatever signals and crashes do."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -165,4 +166,37 @@ def test_sigterm_while_running_keeps_the_old_report(tmp_path, minilm):
     _, err = child.communicate(timeout=60)
     assert child.returncode == 1 and "stopped by SIGTERM" in err and "Traceback" not in err
     assert (out / "index.html").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+@pytest.mark.slow
+def test_killed_at_random_points_leaves_the_old_report_or_the_new(tmp_path, minilm):
+    """SIGKILL at random moments of a run that replaces a report: the folder is the old report
+    or the whole new one, never a mix; what the killed run left is hidden, and the next run
+    removes it."""
+    import random
+
+    out = report(tmp_path / "model")
+    chance = random.Random(0)
+    args = [sys.executable, "-m", "probe.app.cli", "analyze", "-m", "minilm", "-a", "spectra",
+            "-o", str(out), "--overwrite", "-q"]  # fmt: skip
+    start = time.monotonic()
+    subprocess.run(args, check=True, env=os.environ | {"HF_HUB_OFFLINE": "1"})
+    whole = time.monotonic() - start
+    new = {p.name for p in out.iterdir()}
+    for _ in range(5):
+        if not out.exists():
+            report(out, "old")
+        child = subprocess.Popen(args, env=os.environ | {"HF_HUB_OFFLINE": "1"})
+        time.sleep(chance.uniform(0, whole))
+        child.kill()
+        child.wait()
+        names = {p.name for p in out.iterdir()}
+        old = (out / "index.html").read_text() == "old"
+        assert (old and names == {MARKER, "index.html"}) or names == new, names
+        if not old:  # the run had finished: start again from an old report
+            shutil.rmtree(out)
+    assert all(p.name.startswith(".") for p in tmp_path.iterdir() if p.name != "model")
+    with reserved(out, overwrite=True) as staging:
+        (staging / "index.html").write_text("next")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
