@@ -30,6 +30,13 @@ class MultiHeadAttention(nn.Module):
         Learn b_Q, b_K, b_V and b_O (otherwise they are fixed zeros).
     dropout : float
         Dropout on the attention pattern while training.
+    batch_first : bool
+        Inputs and outputs are ``[batch, pos, d_model]`` (probe's way, the default); False for
+        ``[pos, batch, d_model]``, as ``torch.nn.MultiheadAttention`` has by default.
+
+    It can stand in for ``torch.nn.MultiheadAttention`` (see ``from_torch``), e.g. as the
+    ``self_attn`` of a ``torch.nn.TransformerEncoderLayer``: ``forward`` takes torch's
+    keywords, and returns torch's ``(output, weights)`` when ``need_weights`` is given.
 
     Attributes
     ----------
@@ -38,7 +45,20 @@ class MultiHeadAttention(nn.Module):
     b_Q, b_K, b_V : ``[n_heads, d_head]``;  b_O : ``[d_model]``
     """
 
-    def __init__(self, d_model: int, n_heads: int, *, bias: bool = True, dropout: float = 0.0):
+    # What torch's transformer layers look up on their attention. No fused input projection:
+    # their fused fast path does not apply, so they call ``forward``, hooks and all.
+    in_proj_bias = None
+    _qkv_same_embed_dim = True
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        bias: bool = True,
+        dropout: float = 0.0,
+        batch_first: bool = True,
+    ):
         super().__init__()
         for name, value in (("d_model", d_model), ("n_heads", n_heads)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -51,7 +71,8 @@ class MultiHeadAttention(nn.Module):
                 "each head gets d_model / n_heads dimensions"
             )
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
-        self.dropout = dropout
+        self.dropout, self.batch_first = dropout, batch_first
+        self.embed_dim, self.num_heads = d_model, n_heads  # torch's names
         h, d, k = n_heads, d_model, self.d_head
         self.W_Q, self.W_K, self.W_V = (nn.Parameter(torch.empty(h, d, k)) for _ in range(3))
         self.W_O = nn.Parameter(torch.empty(h, k, d))
@@ -84,27 +105,37 @@ class MultiHeadAttention(nn.Module):
         key_padding_mask: torch.Tensor | None = None,
         attn_mask: torch.Tensor | None = None,
         causal: bool = False,
-    ) -> torch.Tensor:
+        need_weights: bool | None = None,
+        average_attn_weights: bool = True,
+        is_causal: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:
         """Attend from ``query`` to ``key``/``value`` (both default to ``query``).
 
         Parameters
         ----------
-        query : ``[batch, q_pos, d_model]``
+        query : ``[batch, q_pos, d_model]`` (``[q_pos, batch, d_model]`` if not batch_first)
         key, value : ``[batch, k_pos, d_model]``, optional
-        key_padding_mask : bool ``[batch, k_pos]``, optional
-            True marks keys to ignore (torch's convention).
+        key_padding_mask : ``[batch, k_pos]``, optional
+            Bool (True marks keys to ignore) or float (added to the scores), torch's convention.
         attn_mask : ``[q_pos, k_pos]`` or ``[batch * n_heads, q_pos, k_pos]``, optional
             Bool (True = not allowed) or float (added to the scores), as in
             ``torch.nn.MultiheadAttention``.
-        causal : bool
-            Each query sees only keys at its position or before.
+        causal, is_causal : bool
+            Each query sees only keys at its position or before (``is_causal``: torch's name).
+        need_weights : bool, optional
+            Given, return torch's ``(output, weights)``: the pattern averaged over heads
+            ``[batch, q_pos, k_pos]`` (per head with ``average_attn_weights=False``), or None
+            when False.
 
         Returns
         -------
-        torch.Tensor ``[batch, q_pos, d_model]``
+        torch.Tensor ``[batch, q_pos, d_model]``, or ``(output, weights)`` (see need_weights)
         """
         key = query if key is None else key
         value = key if value is None else value
+        if not self.batch_first:
+            query, key, value = (x.transpose(0, 1) for x in (query, key, value))
+        causal = causal or is_causal
 
         q = self.hook_q(torch.einsum("bpm,hmk->bphk", query, self.W_Q) + self.b_Q)
         k = self.hook_k(torch.einsum("bpm,hmk->bphk", key, self.W_K) + self.b_K)
@@ -118,8 +149,16 @@ class MultiHeadAttention(nn.Module):
 
         if self.hook_result.active:
             result = self.hook_result(torch.einsum("bqhk,hkm->bqhm", z, self.W_O))
-            return result.sum(dim=2) + self.b_O
-        return torch.einsum("bqhk,hkm->bqm", z, self.W_O) + self.b_O
+            out = result.sum(dim=2) + self.b_O
+        else:
+            out = torch.einsum("bqhk,hkm->bqm", z, self.W_O) + self.b_O
+        if not self.batch_first:
+            out = out.transpose(0, 1)
+        if need_weights is None:
+            return out
+        if not need_weights:
+            return out, None
+        return out, pattern.mean(1) if average_attn_weights else pattern
 
     def _mask(self, scores, key_padding_mask, attn_mask, causal) -> torch.Tensor:
         """Scores ``[batch, head, q, k]`` with disallowed positions at -inf, allowed ones shifted
@@ -136,7 +175,10 @@ class MultiHeadAttention(nn.Module):
             future = torch.ones(n_q, n_k, dtype=torch.bool, device=scores.device).triu(1)
             scores = scores.masked_fill(future, float("-inf"))
         if key_padding_mask is not None:
-            scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+            if key_padding_mask.dtype == torch.bool:
+                scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+            else:
+                scores = scores + key_padding_mask[:, None, None, :]
         return scores
 
     @classmethod
@@ -155,7 +197,9 @@ class MultiHeadAttention(nn.Module):
                 "and without add_bias_kv or add_zero_attn"
             )
         d, h = m.embed_dim, m.num_heads
-        out = cls(d, h, bias=m.in_proj_bias is not None, dropout=m.dropout)
+        out = cls(
+            d, h, bias=m.in_proj_bias is not None, dropout=m.dropout, batch_first=m.batch_first
+        )
         out.to(m.in_proj_weight.dtype)
         w_q, w_k, w_v = m.in_proj_weight.detach().chunk(3)
         with torch.no_grad():

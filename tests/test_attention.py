@@ -40,7 +40,7 @@ def test_equals_torch(seed, bias, cross):
 def test_causal_and_attn_mask_equal_torch(seed):
     ref, mha = pair(seed)
     x = torch.randn(2, 6, D)
-    causal = nn.Transformer.generate_square_subsequent_mask(6)  # float, -inf above diagonal
+    causal = torch.ones(6, 6, dtype=torch.bool).triu(1)  # bool, as the padding mask is  # float, -inf above diagonal
     expected, _ = ref(x, x, x, attn_mask=causal, need_weights=False)
     torch.testing.assert_close(mha(x, causal=True), expected, atol=1e-5, rtol=0)
     torch.testing.assert_close(mha(x, attn_mask=causal), expected, atol=1e-5, rtol=0)
@@ -52,10 +52,56 @@ def test_causal_and_attn_mask_equal_torch(seed):
 
 
 def test_from_torch_sequence_first():
+    """A copy of a sequence-first module takes its inputs sequence-first too."""
     ref, mha = pair(0, batch_first=False)
+    assert not mha.batch_first
     x = torch.randn(7, 2, D)  # [pos, batch, d_model]
     expected, _ = ref(x, x, x, need_weights=False)
-    torch.testing.assert_close(mha(x.transpose(0, 1)).transpose(0, 1), expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(mha(x), expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_weights_and_masks_as_torch_returns_them(batch_first):
+    """need_weights gives torch's (output, weights), averaged over heads or not; a float
+    key_padding_mask is added to the scores, as a bool one masks them."""
+    ref, mha = pair(3, batch_first=batch_first)
+    x = torch.randn(2, 5, D) if batch_first else torch.randn(5, 2, D)
+    padding = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    for average in (True, False):
+        expected = ref(x, x, x, key_padding_mask=padding, average_attn_weights=average)
+        got = mha(
+            x, x, x, key_padding_mask=padding, need_weights=True, average_attn_weights=average
+        )
+        for a, b in zip(got, expected, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    as_float = torch.zeros(2, 5).masked_fill(padding, float("-inf"))
+    out, none = mha(x, key_padding_mask=as_float, need_weights=False)
+    assert none is None
+    torch.testing.assert_close(out, mha(x, key_padding_mask=padding), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_stands_in_for_torch_inside_a_transformer_encoder(batch_first):
+    """Swapped for the self-attention of torch's TransformerEncoder (padding and causal mask):
+    the same output, and probe's hooks see every layer."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(
+        D, H, dim_feedforward=32, dropout=0.0, batch_first=batch_first
+    )
+    encoder = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False).eval()
+    x = torch.randn(3, 6, D) if batch_first else torch.randn(6, 3, D)
+    padding = torch.tensor([[False] * 6, [False] * 4 + [True] * 2, [False] * 2 + [True] * 4])
+    causal = torch.ones(6, 6, dtype=torch.bool).triu(1)  # bool, as the padding mask is
+    with torch.no_grad():
+        expected = encoder(x, mask=causal, src_key_padding_mask=padding)
+        for block in encoder.layers:
+            block.self_attn = probe.MultiHeadAttention.from_torch(block.self_attn).eval()
+        with probe.trace(encoder, "hook_pattern") as cache:
+            got = encoder(x, mask=causal, src_key_padding_mask=padding)
+    real = ~padding if batch_first else ~padding.T
+    torch.testing.assert_close(got[real], expected[real], atol=1e-5, rtol=0)
+    assert len(cache) == 2 and all(p.shape == (3, H, 6, 6) for p in cache.values())
+    assert all((p.triu(1) == 0).all() for p in cache.values())  # the causal mask reached them
 
 
 def test_weights_in_paper_orientation():
