@@ -40,7 +40,7 @@ def test_equals_torch(seed, bias, cross):
 def test_causal_and_attn_mask_equal_torch(seed):
     ref, mha = pair(seed)
     x = torch.randn(2, 6, D)
-    causal = torch.ones(6, 6, dtype=torch.bool).triu(1)  # bool, as the padding mask is  # float, -inf above diagonal
+    causal = nn.Transformer.generate_square_subsequent_mask(6)  # float, -inf above diagonal
     expected, _ = ref(x, x, x, attn_mask=causal, need_weights=False)
     torch.testing.assert_close(mha(x, causal=True), expected, atol=1e-5, rtol=0)
     torch.testing.assert_close(mha(x, attn_mask=causal), expected, atol=1e-5, rtol=0)
