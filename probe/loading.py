@@ -31,6 +31,15 @@ def resolve_name(name: str) -> str:
     return ALIASES.get(name, name)
 
 
+def describe_source(name: str) -> str:
+    """Where a model comes from, for people: a hub id or folder, or for the offline demo model,
+    the hub id it copies and its package (not this machine's path to it)."""
+    source = resolve_name(name)
+    if name == "minilm" and source != ALIASES["minilm"]:
+        return f"{ALIASES['minilm']} (from the package {DEMO_PACKAGE.replace('_', '-')})"
+    return source
+
+
 def hub_reachable(timeout: float = 3.0) -> bool:
     """Whether the Hugging Face hub answers (checked once, quickly, instead of letting every
     file request retry for a minute on a machine without network)."""

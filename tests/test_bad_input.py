@@ -189,3 +189,21 @@ def test_an_interrupted_download_is_one_line_and_caches_nothing(tmp_path, monkey
     with pytest.raises(probe.ProbeError, match="cannot download ud:en_ewt"):
         download_ud("ud:en_ewt")
     assert not [p for p in tmp_path.rglob("*") if p.is_file()]
+
+
+def test_markup_in_an_output_path_is_text(tmp_path, minilm, monkeypatch):
+    """A finished run whose folder name looks like rich markup still ends well."""
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["analyze", "-m", "minilm", "-a", "spectra", "-o", "o/weird[/]"])
+    assert result.exit_code == 0, result.output
+    assert "o/weird[/]/index.html" in result.output
+
+
+def test_an_unwritable_cache_is_one_line(tmp_path, monkeypatch):
+    from probe.treebank import download_ud
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("PROBE_CACHE", str(blocker / "cache"))
+    with pytest.raises(probe.ProbeError, match="set PROBE_CACHE to a writable folder"):
+        download_ud("ud:en_ewt")

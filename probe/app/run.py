@@ -195,7 +195,7 @@ def _run(
     from probe.coreference import Windows
     from probe.corpus import Corpus, max_tokens
     from probe.distributed import Ranks, Tally, joined, merge_to_leader
-    from probe.loading import load, main_device, resolve_device, resolve_name
+    from probe.loading import describe_source, load, main_device, resolve_device
     from probe.runner import stream
     from probe.treebank import iter_treebank, treebank_paths
 
@@ -307,7 +307,7 @@ def _run(
     coref = tally.get("coref", {})
     run_card = {
         "model": settings.model,
-        "model_source": resolve_name(settings.model),
+        "model_source": describe_source(settings.model),
         "model_type": config.model_type,
         "revision": settings.revision or getattr(config, "_commit_hash", None),
         "tokenizer": type(tokenizer).__name__,
