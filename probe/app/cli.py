@@ -22,6 +22,7 @@ from analyses import REGISTRY, defaults
 from analyses.vocabulary import Thresholds
 from probe.app.run import Settings, check
 from probe.app.run import analyze as analyze_run
+from probe.distributed import Ranks
 from probe.errors import ProbeError
 
 app = typer.Typer(
@@ -174,7 +175,7 @@ def analyze(
         check(settings)  # before torch is imported: a mistake is answered at once
     except ProbeError as e:
         _fail(str(e))
-    quiet = quiet or os.environ.get("RANK", "0") != "0"  # under torchrun, rank 0 speaks
+    quiet = quiet or not Ranks.from_environment().leader  # under torchrun, rank 0 speaks
     console = Console(stderr=True, quiet=quiet)
     progress = Progress(
         TextColumn("{task.description}"),
@@ -229,8 +230,8 @@ def _terminated(signum, frame) -> None:
 
 def _who() -> str:
     """``rank 1: `` before a message, under torchrun (every process reports its own)."""
-    rank, size = os.environ.get("RANK"), int(os.environ.get("WORLD_SIZE", "1"))
-    return f"rank {rank}: " if rank is not None and size > 1 else ""
+    ranks = Ranks.from_environment()
+    return f"rank {ranks.rank}: " if ranks.size > 1 else ""
 
 
 MEMORY = re.compile(r"^(\d+(\.\d+)?)\s*([KMGT]i?B|B)?$", re.IGNORECASE)

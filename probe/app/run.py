@@ -156,18 +156,20 @@ def analyze(
     thresholds = check(settings)
     from probe.distributed import Ranks
 
-    if not Ranks.from_environment().leader:
-        _run(settings, thresholds, None, progress, status)
+    ranks = Ranks.from_environment()
+    if not ranks.leader:
+        _run(settings, thresholds, ranks, None, progress, status)
         return None
     # Reserved before any compute: a second run to the same place fails now, not at the end.
     with reserved(settings.output, settings.overwrite) as folder:
-        _run(settings, thresholds, folder, progress, status)
+        _run(settings, thresholds, ranks, folder, progress, status)
     return settings.output
 
 
 def _run(
     settings: Settings,
     thresholds: Thresholds,
+    ranks,
     folder: Path | None,
     progress: Progress | None,
     status: Callable[[str], None],
@@ -194,13 +196,12 @@ def _run(
     from probe.architectures import blocks, is_causal
     from probe.coreference import Windows
     from probe.corpus import Corpus, max_tokens
-    from probe.distributed import Ranks, Tally, joined, merge_to_leader
+    from probe.distributed import Tally, joined, merge_to_leader
     from probe.loading import describe_source, load, main_device, resolve_device
     from probe.runner import stream
     from probe.treebank import iter_treebank, treebank_paths
 
     paths = treebank_paths(settings.treebank) if streaming else []
-    ranks = Ranks.from_environment()
     device = resolve_device(settings.device, ranks.local_rank)
     if not ranks.leader:  # one process speaks for the run
         progress, status = None, lambda message: None
