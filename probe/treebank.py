@@ -23,7 +23,8 @@ SAMPLE = Path(__file__).parent / "data" / "sample.conllu"
 @dataclass(frozen=True)
 class UDTreebank:
     """A UD treebank probe can download: its repository, the pinned release, and the SHA-256
-    of each split's file in that release (a split without one is downloaded unverified)."""
+    of each split's file in that release (only these splits are offered: each download is
+    verified before it is cached)."""
 
     repo: str
     release: str
@@ -239,7 +240,7 @@ def cache_dir() -> Path:
 
 
 def download_ud(spec: str) -> list[Path]:
-    """The local files of ``ud:<treebank>[-dev|-test|-train]``, downloaded once into the cache.
+    """The local files of ``ud:<treebank>[-dev|-test]``, downloaded once into the cache.
 
     ``ud:en_ewt`` is the dev split (the one to analyse; keep test for final figures). The file
     comes from the pinned release, is checked against its SHA-256, and appears in the cache
@@ -248,8 +249,10 @@ def download_ud(spec: str) -> list[Path]:
     name = spec.removeprefix("ud:")
     treebank, _, split = name.partition("-")
     split = split or "dev"
-    if treebank not in UD_TREEBANKS or split not in ("dev", "test", "train"):
-        known = ", ".join(f"ud:{t}[-dev|-test|-train]" for t in UD_TREEBANKS)
+    if treebank not in UD_TREEBANKS or split not in UD_TREEBANKS[treebank].sha256:
+        known = ", ".join(
+            f"ud:{t}[-{'|-'.join(source.sha256)}]" for t, source in UD_TREEBANKS.items()
+        )
         raise ProbeError(f"unknown treebank {spec!r}; known: {known}, or a .conllu path")
     source = UD_TREEBANKS[treebank]
     file = f"{treebank}-ud-{split}.conllu"
@@ -271,8 +274,7 @@ def download_ud(spec: str) -> list[Path]:
                 f"cannot download {spec} from {url} ({e}); offline, pass a local .conllu file "
                 "with --treebank, or leave it out for the bundled sample"
             ) from e
-        expected = source.sha256.get(split)
-        if expected is not None and hashlib.sha256(data).hexdigest() != expected:
+        if hashlib.sha256(data).hexdigest() != source.sha256[split]:
             raise ProbeError(
                 f"{url} does not match the checksum of UD {source.release} (a changed or "
                 "truncated download); try again, or pass a local .conllu file with --treebank"

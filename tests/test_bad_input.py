@@ -207,3 +207,12 @@ def test_an_unwritable_cache_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("PROBE_CACHE", str(blocker / "cache"))
     with pytest.raises(probe.ProbeError, match="set PROBE_CACHE to a writable folder"):
         download_ud("ud:en_ewt")
+
+
+def test_only_verifiable_splits_are_offered():
+    """Every split probe downloads has a pinned checksum: one without is refused, saying
+    which exist."""
+    from probe.treebank import download_ud
+
+    with pytest.raises(probe.ProbeError, match=r"known: ud:en_ewt\[-dev\|-test\]"):
+        download_ud("ud:en_ewt-train")
