@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import hashlib
-import http.client
 import os
 import re
-import tempfile
-import urllib.error
-import urllib.request
 from collections.abc import Iterable, Iterator
-from contextlib import suppress
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
 
+from probe.download import fetch
 from probe.errors import ProbeError
 
 SAMPLE = Path(__file__).parent / "data" / "sample.conllu"
@@ -95,7 +91,8 @@ RELATIONS = [
 # the same word, and "<entity>)" closes one opened earlier.
 ENTITY_BRACKETS_ITEM = re.compile(r"\((?P<open>[^()\s]+)(?P<end>\))?|(?P<close>[^()\s]+)\)")
 ENTITY_BRACKETS = re.compile(f"(?:{ENTITY_BRACKETS_ITEM.pattern})+")
-UD_URL = "https://raw.githubusercontent.com/UniversalDependencies/{repo}/{release}/{file}"
+# Where ud: treebanks come from; PROBE_UD_MIRROR replaces it (a mirror with the same layout).
+UD_BASE = "https://raw.githubusercontent.com/UniversalDependencies"
 
 
 @dataclass
@@ -257,51 +254,42 @@ def download_ud(spec: str) -> list[Path]:
     source = UD_TREEBANKS[treebank]
     file = f"{treebank}-ud-{split}.conllu"
     target = cache_dir() / "ud" / source.release / file
-    if not target.exists():
-        url = UD_URL.format(repo=source.repo, release=source.release, file=file)
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise ProbeError(
-                f"cannot create the treebank cache {target.parent} ({e.strerror}); set "
-                "PROBE_CACHE to a writable folder"
-            ) from None
-        try:
-            with urllib.request.urlopen(url, timeout=60) as response:
-                data = response.read()
-        except (urllib.error.URLError, http.client.HTTPException, OSError) as e:  # cut short too
-            raise ProbeError(
-                f"cannot download {spec} from {url} ({e}); offline, pass a local .conllu file "
-                "with --treebank, or leave it out for the bundled sample"
-            ) from e
-        if hashlib.sha256(data).hexdigest() != source.sha256[split]:
-            raise ProbeError(
-                f"{url} does not match the checksum of UD {source.release} (a changed or "
-                "truncated download); try again, or pass a local .conllu file with --treebank"
-            )
-        try:
-            with tempfile.NamedTemporaryFile(dir=target.parent, delete=False) as tmp:
-                tmp.write(data)
-            os.replace(tmp.name, target)  # atomic: no half-written file in the cache
-        except OSError as e:
-            with suppress(NameError, OSError):
-                os.unlink(tmp.name)
-            raise ProbeError(
-                f"cannot write {target} ({e.strerror}); set PROBE_CACHE to a writable folder"
-            ) from None
-    return [target]
+    mirror = os.environ.get("PROBE_UD_MIRROR", UD_BASE).rstrip("/")
+    url = f"{mirror}/{source.repo}/{source.release}/{file}"
+    checks = {"sha256": source.sha256[split], "validate": read_conllu}
+    return [fetch(url, target, what=f"ud:{treebank}-{split} ({source.release})", **checks)]
+
+
+def download_url(spec: str) -> list[Path]:
+    """The local file of an ``http(s)://`` CoNLL-U URL (``#sha256=<hex>`` to pin it),
+    downloaded once into the cache; it must read as CoNLL-U before it is kept."""
+    url, _, fragment = spec.partition("#")
+    sha256 = fragment.removeprefix("sha256=") if fragment.startswith("sha256=") else None
+    if fragment and sha256 is None:
+        raise ProbeError(f"{spec}: the only fragment a treebank URL takes is #sha256=<hex>")
+    key = hashlib.sha256(spec.encode()).hexdigest()[:16]
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", url.rstrip("/").rsplit("/", 1)[-1]) or "treebank"
+    return [fetch(url, cache_dir() / "url" / key / name, sha256=sha256, validate=read_conllu)]
 
 
 def treebank_paths(specs: str | Path | Iterable[str | Path] | None = None) -> list[Path]:
-    """The local files of ``.conllu`` paths and ``ud:`` names (downloaded once); None is the
-    bundled sample. Checks that each exists, so a run fails before any compute starts."""
+    """The local files of ``.conllu`` paths, ``ud:`` names and ``http(s)://`` URLs (downloaded
+    once); None is the bundled sample. Checks that each exists, so a run fails before any
+    compute starts."""
     if specs is None:
         specs = [SAMPLE]
     elif isinstance(specs, str | Path):
         specs = [specs]
     paths = []
     for spec in specs:
-        for path in download_ud(spec) if str(spec).startswith("ud:") else [Path(spec)]:
+        text = str(spec)
+        if text.startswith("ud:"):
+            found = download_ud(text)
+        elif text.startswith(("http://", "https://")):
+            found = download_url(text)
+        else:
+            found = [Path(spec)]
+        for path in found:
             if path.is_dir():
                 raise ProbeError(f"treebank {path} is a folder; give its .conllu file(s)")
             if not path.is_file():

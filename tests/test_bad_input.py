@@ -186,7 +186,7 @@ def test_an_interrupted_download_is_one_line_and_caches_nothing(tmp_path, monkey
 
     monkeypatch.setenv("PROBE_CACHE", str(tmp_path))
     monkeypatch.setattr("urllib.request.urlopen", lambda url, timeout: CutShort())
-    with pytest.raises(probe.ProbeError, match="cannot download ud:en_ewt"):
+    with pytest.raises(probe.ProbeError, match="cannot download ud:en_ewt-dev"):
         download_ud("ud:en_ewt")
     assert not [p for p in tmp_path.rglob("*") if p.is_file()]
 

@@ -105,7 +105,7 @@ def serve(monkeypatch, data: bytes) -> list[str]:
             return data
 
     def fake_urlopen(url, timeout):
-        calls.append(url)
+        calls.append(getattr(url, "full_url", url))  # a urllib Request, or a plain URL
         return Response()
 
     monkeypatch.setattr("urllib.request.urlopen", fake_urlopen)
@@ -145,7 +145,7 @@ def test_gum_download_is_pinned_and_checked(tmp_path, monkeypatch):
     refused with one line, and nothing is left in the cache."""
     monkeypatch.setenv("PROBE_CACHE", str(tmp_path))
     calls = serve(monkeypatch, GOOD.encode())  # not GUM: its checksum differs
-    with pytest.raises(ProbeError, match=r"does not match the checksum of UD r2\.16"):
+    with pytest.raises(ProbeError, match=r"\(r2\.16\) from .* does not match its pinned SHA-256"):
         download_ud("ud:en_gum-test")
     assert calls == [
         "https://raw.githubusercontent.com/UniversalDependencies/UD_English-GUM/r2.16/en_gum-ud-test.conllu"

@@ -1,0 +1,92 @@
+"""Files fetched over HTTP(S) once, into a cache, verified before they are kept.
+
+Proxies come from the environment (``HTTPS_PROXY``, ``NO_PROXY``…), as for any urllib client.
+Each connection and read waits at most ``PROBE_HTTP_TIMEOUT`` seconds (default 30), so a server
+that accepts and never answers fails in seconds, not minutes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import os
+import tempfile
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from contextlib import suppress
+from pathlib import Path
+
+from probe.errors import ProbeError
+
+TIMEOUT_S = 30.0
+OFFLINE_HINT = "pass a local .conllu file with --treebank, or leave it out for the bundled sample"
+
+
+def timeout() -> float:
+    return float(os.environ.get("PROBE_HTTP_TIMEOUT", TIMEOUT_S))
+
+
+def fetch(
+    url: str,
+    target: Path,
+    *,
+    sha256: str | None = None,
+    validate: Callable[[Path], object] | None = None,
+    what: str | None = None,
+) -> Path:
+    """``target``, downloaded from ``url`` unless the cache has it already.
+
+    The download is checked against ``sha256`` when given, and by ``validate`` (which raises
+    ``ProbeError`` for a file that is not what was asked for, e.g. an HTML error page served
+    with status 200); it reaches ``target`` whole or not at all. ``what`` names it in errors
+    (``ud:en_ewt``; default the URL).
+
+    Raises
+    ------
+    ProbeError
+        For a failed or refused download, one that fails its checks, or a cache that cannot be
+        written.
+    """
+    if target.exists():
+        return target
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ProbeError(
+            f"cannot create the treebank cache {target.parent} ({e.strerror}); set PROBE_CACHE "
+            "to a writable folder"
+        ) from None
+    name = f"{what} from {url}" if what else url
+    request = urllib.request.Request(url, headers={"User-Agent": "probe"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout()) as response:
+            data = response.read()
+    except urllib.error.HTTPError as e:
+        answer = f"{e.code} {e.reason}"
+        raise ProbeError(f"cannot download {name}: the server answered {answer}") from None
+    except (urllib.error.URLError, http.client.HTTPException, OSError) as e:  # cut short too
+        reason = getattr(e, "reason", None) or e or type(e).__name__
+        raise ProbeError(f"cannot download {name} ({reason}); offline? {OFFLINE_HINT}") from None
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256.lower():
+        raise ProbeError(
+            f"{name} does not match its pinned SHA-256 (a changed or truncated download); "
+            f"nothing was cached. Try again, or {OFFLINE_HINT}"
+        )
+    tmp = None
+    try:
+        with tempfile.NamedTemporaryFile(dir=target.parent, delete=False, suffix=".part") as f:
+            tmp = Path(f.name)
+            f.write(data)
+        if validate is not None:
+            validate(tmp)
+        os.replace(tmp, target)  # atomic: no half-written file in the cache
+    except OSError as e:
+        raise ProbeError(
+            f"cannot write {target} ({e.strerror}); set PROBE_CACHE to a writable folder"
+        ) from None
+    finally:
+        if tmp is not None and tmp.exists():
+            with suppress(OSError):
+                tmp.unlink()
+    return target

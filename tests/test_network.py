@@ -1,0 +1,239 @@
+"""The download paths, run for real against stand-in servers on 127.0.0.1 that the tests start and
+stop: a stand-in Hugging Face hub serving small models, and a plain HTTP server serving CoNLL-U,
+with its failure modes. The second run of each comes from the cache, with the server gone."""
+
+import hashlib
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+
+import pytest
+import torch
+import transformers as tf
+from conftest import EWT, needs_ewt
+from models import SMALL
+from tokenizers_util import byte_level_bpe, wordpiece
+
+from probe.download import fetch
+from probe.errors import ProbeError
+from probe.loading import hub_address
+from probe.treebank import SAMPLE, download_url, read_conllu
+
+COMMIT = "0" * 40
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    """Answers from ``self.server.routes``: path -> bytes, or a failure mode by name; and, for a
+    stand-in hub, ``self.server.repos``: repo id -> folder."""
+
+    def log_message(self, *args):
+        pass
+
+    def do_HEAD(self):
+        self.answer(body=False)
+
+    def do_GET(self):
+        self.answer(body=True)
+
+    def answer(self, body: bool):
+        path = self.path.split("?")[0]
+        route = self.server.routes.get(path)
+        if route == "never":
+            time.sleep(5)
+            return
+        if route == "cut":
+            self.send(200, b"# sent_id = 1\n1\tHal", length=10_000, body=body)
+            return
+        if route == "html":
+            self.send(200, b"<html><body>Service unavailable</body></html>", body=body)
+            return
+        if isinstance(route, bytes):
+            self.send(200, route, body=body)
+            return
+        self.hub(path, body)
+
+    def hub(self, path: str, body: bool):
+        parts = path.strip("/").split("/")
+        if parts[:1] == ["api"] and "/tree/" in path:
+            self.send(200, b"[]", body=body)
+            return
+        if parts[:2] == ["api", "models"]:
+            repo = "/".join(parts[2:4])
+            if repo in self.server.repos:
+                folder = self.server.repos[repo]
+                info = {"id": repo, "sha": COMMIT,
+                        "siblings": [{"rfilename": p.name} for p in folder.iterdir()]}  # fmt: skip
+                self.send(200, json.dumps(info).encode(), body=body)
+                return
+        if len(parts) >= 5 and parts[2] == "resolve" and "/".join(parts[:2]) in self.server.repos:
+            file = self.server.repos["/".join(parts[:2])] / "/".join(parts[4:])
+            if file.is_file():
+                data = file.read_bytes()
+                headers = {"ETag": f'"{hashlib.sha256(data).hexdigest()}"', "X-Repo-Commit": COMMIT}
+                self.send(200, data, body=body, headers=headers)
+                return
+            self.send(404, b"", body=body, headers={"X-Error-Code": "EntryNotFound"})
+            return
+        self.send(404, b"not found", body=body, headers={"X-Error-Code": "RepoNotFound"})
+
+    def send(self, status, data, *, body, length=None, headers=None):
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(data) if length is None else length))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        if body:
+            self.wfile.write(data)
+
+
+@contextmanager
+def serving(routes=None, repos=None):
+    """A server on 127.0.0.1 for the block; yields its base URL."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    server.routes, server.repos = routes or {}, repos or {}
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def free_port() -> int:
+    """A port nothing listens on."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def hub_repos(tmp_path_factory):
+    """Tiny random models under the ids the README's aliases name."""
+    root = tmp_path_factory.mktemp("hub")
+    torch.manual_seed(0)
+    bert = root / "bert"
+    tf.BertModel(
+        tf.BertConfig(**SMALL | {"vocab_size": 130}, intermediate_size=64)
+    ).save_pretrained(bert)
+    wordpiece().save_pretrained(bert)
+    gpt2 = root / "gpt2"
+    config = tf.GPT2Config(n_embd=32, n_head=4, n_layer=2, vocab_size=300, n_positions=256,
+                           bos_token_id=0, eos_token_id=0)  # fmt: skip
+    tf.GPT2Model(config).save_pretrained(gpt2)
+    byte_level_bpe().save_pretrained(gpt2)
+    return {
+        "google-bert/bert-base-uncased": bert,
+        "openai-community/gpt2": gpt2,
+        "acme/tiny-bert": bert,
+    }
+
+
+def probe_cli(env: dict, *args: str, cwd=None) -> tuple[subprocess.CompletedProcess, float]:
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "probe.app.cli", *args], capture_output=True,
+                          text=True, env=os.environ | env, cwd=cwd, timeout=300)  # fmt: skip
+    return done, time.monotonic() - start
+
+
+@needs_ewt()
+@pytest.mark.slow
+def test_the_readme_network_commands(hub_repos, tmp_path):
+    """`--model bert-base --treebank ud:en_ewt` and `--model gpt2 --treebank my.conllu
+    --max-sentences 500`, against a stand-in hub and a UD mirror; then again with both gone."""
+    dev = EWT / "en_ewt-ud-dev.conllu"
+    mirror = {"/UD_English-EWT/r2.15/en_ewt-ud-dev.conllu": dev.read_bytes()}
+    env = {
+        "HF_HUB_OFFLINE": "0",
+        "HF_HOME": str(tmp_path / "hf"),
+        "PROBE_CACHE": str(tmp_path / "treebanks"),  # not "probe": python -m would import it
+    }
+    (tmp_path / "my.conllu").write_text(SAMPLE.read_text())
+    commands = [
+        ["analyze", "--model", "bert-base", "--treebank", "ud:en_ewt", "-n", "300", "-o", "r1"],
+        ["analyze", "--model", "gpt2", "--treebank", "my.conllu", "--max-sentences", "500",
+         "--out", "r2"],
+    ]  # fmt: skip
+    with serving(routes=mirror, repos=hub_repos) as base:
+        online = env | {"HF_ENDPOINT": base, "PROBE_UD_MIRROR": base}
+        for command in commands:
+            done, _ = probe_cli(online, *command, "-q", cwd=tmp_path)
+            assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "r1" / "run.json").read_text())["sentences_read"] == 300
+    # The servers are gone: the model and the treebank come from the caches.
+    offline = env | {
+        "HF_ENDPOINT": f"http://127.0.0.1:{free_port()}",
+        "PROBE_UD_MIRROR": "http://127.0.0.1:9",
+    }
+    for command in commands:
+        done, _ = probe_cli(offline, *command, "-q", "--overwrite", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+
+
+def test_an_unreachable_hub_is_one_line_in_seconds(tmp_path):
+    env = {"HF_HUB_OFFLINE": "0", "HF_HOME": str(tmp_path / "hf"),
+           "HF_ENDPOINT": f"http://127.0.0.1:{free_port()}"}  # fmt: skip
+    done, seconds = probe_cli(
+        env, "analyze", "--model", "acme/tiny-bert", "-o", str(tmp_path / "r")
+    )
+    assert done.returncode == 1 and "the Hugging Face hub cannot be reached" in done.stderr
+    assert "Traceback" not in done.stderr and seconds < 20
+
+
+def test_hub_address_follows_the_endpoint_and_proxies(monkeypatch):
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://mirror.example:8080/hf")
+    assert hub_address() == ("mirror.example", 8080)
+    monkeypatch.setenv("HF_ENDPOINT", "https://huggingface.co")
+    assert hub_address() == ("huggingface.co", 443)
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.cluster:3128")
+    assert hub_address() == ("proxy.cluster", 3128)
+    monkeypatch.setenv("NO_PROXY", "huggingface.co")
+    assert hub_address() == ("huggingface.co", 443)
+
+
+def test_a_treebank_url_is_cached_and_pinned(tmp_path, monkeypatch):
+    monkeypatch.setenv("PROBE_CACHE", str(tmp_path / "cache"))
+    data = SAMPLE.read_bytes()
+    pin = hashlib.sha256(data).hexdigest()
+    with serving(routes={"/t/sample.conllu": data}) as base:
+        (path,) = download_url(f"{base}/t/sample.conllu#sha256={pin}")
+    assert path.read_bytes() == data and read_conllu(path)
+    (again,) = download_url(f"{base}/t/sample.conllu#sha256={pin}")  # the server is gone
+    assert again == path
+
+
+@pytest.mark.parametrize(
+    ("route", "pin", "message"),
+    [
+        (None, None, "the server answered 404"),
+        ("html", None, "expected 10 tab-separated columns"),
+        ("cut", None, "IncompleteRead"),
+        (
+            b"1\tHi\thi\tINTJ\t_\t_\t0\troot\t_\t_\n\n",
+            "0" * 64,
+            "does not match its pinned SHA-256",
+        ),
+        ("never", None, "timed out"),
+    ],
+)
+def test_download_failures_are_one_line_and_cache_nothing(
+    tmp_path, monkeypatch, route, pin, message
+):
+    monkeypatch.setenv("PROBE_HTTP_TIMEOUT", "1")
+    target = tmp_path / "cache" / "t.conllu"
+    routes = {} if route is None else {"/t.conllu": route}
+    start = time.monotonic()
+    with serving(routes=routes) as base, pytest.raises(ProbeError, match=message):
+        fetch(f"{base}/t.conllu", target, sha256=pin, validate=read_conllu)
+    assert time.monotonic() - start < 5
+    assert not list((tmp_path / "cache").iterdir())  # nothing cached, no part file
