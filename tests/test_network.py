@@ -11,11 +11,12 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import torch
 import transformers as tf
-from conftest import EWT, needs_ewt
+from conftest import EWT, GUM, needs_ewt, needs_gum
 from models import SMALL
 from tokenizers_util import byte_level_bpe, wordpiece
 
@@ -25,6 +26,7 @@ from probe.loading import hub_address
 from probe.treebank import SAMPLE, download_url, read_conllu
 
 COMMIT = "0" * 40
+README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -144,38 +146,53 @@ def probe_cli(env: dict, *args: str, cwd=None) -> tuple[subprocess.CompletedProc
     return done, time.monotonic() - start
 
 
+def readme_network_commands() -> list[list[str]]:
+    """The README's "With network access" commands, as argument lists."""
+    text = README.read_text(encoding="utf-8")
+    block = text[text.index("With network") :].split("\n\n")[1]
+    return [line.split("#")[0].split()[1:] for line in block.splitlines() if line.strip()]
+
+
 @needs_ewt()
+@needs_gum()
 @pytest.mark.slow
 def test_the_readme_network_commands(hub_repos, tmp_path):
-    """`--model bert-base --treebank ud:en_ewt` and `--model gpt2 --treebank my.conllu
-    --max-sentences 500`, against a stand-in hub and a UD mirror; then again with both gone."""
-    dev = EWT / "en_ewt-ud-dev.conllu"
-    mirror = {"/UD_English-EWT/r2.15/en_ewt-ud-dev.conllu": dev.read_bytes()}
+    """The README's commands as written (on 200 sentences), each in a folder of its own, against
+    a stand-in hub and a UD mirror; then again in new folders, with both servers gone: from the
+    caches."""
+    commands = readme_network_commands()
+    assert [c[:1] for c in commands] == [["analyze"]] * 3 + [["report"]]
+    mirror = {
+        "/UD_English-EWT/r2.15/en_ewt-ud-dev.conllu": (EWT / "en_ewt-ud-dev.conllu").read_bytes(),
+        "/UD_English-GUM/r2.16/en_gum-ud-dev.conllu": (GUM / "en_gum-ud-dev.conllu").read_bytes(),
+    }
     env = {
         "HF_HUB_OFFLINE": "0",
         "HF_HOME": str(tmp_path / "hf"),
-        "PROBE_CACHE": str(tmp_path / "treebanks"),  # not "probe": python -m would import it
-    }
-    (tmp_path / "my.conllu").write_text(SAMPLE.read_text())
-    commands = [
-        ["analyze", "--model", "bert-base", "--treebank", "ud:en_ewt", "-n", "300", "-o", "r1"],
-        ["analyze", "--model", "gpt2", "--treebank", "my.conllu", "--max-sentences", "500",
-         "--out", "r2"],
-    ]  # fmt: skip
+        "PROBE_CACHE": str(tmp_path / "treebanks"),
+    }  # not "probe": python -m would import it
+    gone = {"HF_ENDPOINT": f"http://127.0.0.1:{free_port()}",
+            "PROBE_UD_MIRROR": f"http://127.0.0.1:{free_port()}"}  # fmt: skip
     with serving(routes=mirror, repos=hub_repos) as base:
-        online = env | {"HF_ENDPOINT": base, "PROBE_UD_MIRROR": base}
-        for command in commands:
-            done, _ = probe_cli(online, *command, "-q", cwd=tmp_path)
-            assert done.returncode == 0, done.stderr
-    assert json.loads((tmp_path / "r1" / "run.json").read_text())["sentences_read"] == 300
-    # The servers are gone: the model and the treebank come from the caches.
-    offline = env | {
-        "HF_ENDPOINT": f"http://127.0.0.1:{free_port()}",
-        "PROBE_UD_MIRROR": "http://127.0.0.1:9",
-    }
-    for command in commands:
-        done, _ = probe_cli(offline, *command, "-q", "--overwrite", cwd=tmp_path)
-        assert done.returncode == 0, done.stderr
+        run_all(commands, env | {"HF_ENDPOINT": base, "PROBE_UD_MIRROR": base}, tmp_path / "online")
+    run_all(commands, env | gone, tmp_path / "offline")  # the servers are gone: from the caches
+    card = json.loads(
+        (tmp_path / "offline" / "1" / "reports" / "bert-base" / "run.json").read_text()
+    )
+    assert card["coref"]["mentions"] > 0  # GUM's coreference came through the mirror
+
+
+def run_all(commands: list[list[str]], env: dict, root: Path) -> None:
+    """Each analyze command in a folder of its own (they write the same reports/…); the report
+    command in the first one's."""
+    for i, command in enumerate(commands):
+        folder = root / str(i if command[0] == "analyze" else 0)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "my.conllu").write_text(SAMPLE.read_text())
+        # As written, but for the suite's time: at most 200 sentences (a later option wins).
+        extra = ["-q", "--max-sentences", "200"] if command[0] == "analyze" else []
+        done, _ = probe_cli(env, *command, *extra, cwd=folder)
+        assert done.returncode == 0, (command, done.stderr)
 
 
 def test_an_unreachable_hub_is_one_line_in_seconds(tmp_path):
