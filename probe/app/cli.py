@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import re
@@ -197,6 +198,7 @@ def analyze(
         return wrap
 
     signal.signal(signal.SIGTERM, _terminated)
+    gc.disable()  # until the model is loaded: see probe.app.run._run
     try:
         _quiet_libraries()  # imports transformers: an interrupt here is answered as any other
         with progress:
@@ -215,6 +217,8 @@ def analyze(
             _who() + "stopped by SIGTERM (the job was cancelled, or another process of the run "
             "failed: see its error); no report was written"
         )
+    finally:
+        gc.enable()
     if path is not None and not quiet:
         _summary(console, path)
 
@@ -307,5 +311,15 @@ def report(
     typer.echo(f"report: {path}")
 
 
+def main() -> None:
+    """The ``probe`` command."""
+    try:
+        app()
+    finally:
+        # The interpreter's last collections would walk every object torch and transformers made
+        # (about a second); the process is ending, so nothing is left for them to free.
+        gc.freeze()
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(app())
+    main()

@@ -8,6 +8,7 @@ tables alone.
 
 from __future__ import annotations
 
+import gc
 import json
 import platform
 import sys
@@ -157,13 +158,16 @@ def analyze(
     from probe.distributed import Ranks
 
     ranks = Ranks.from_environment()
-    if not ranks.leader:
-        _run(settings, thresholds, ranks, None, progress, status)
-        return None
-    # Reserved before any compute: a second run to the same place fails now, not at the end.
-    with reserved(settings.output, settings.overwrite) as folder:
-        _run(settings, thresholds, ranks, folder, progress, status)
-    return settings.output
+    try:
+        if not ranks.leader:
+            _run(settings, thresholds, ranks, None, progress, status)
+            return None
+        # Reserved before any compute: a second run to the same place fails now, not at the end.
+        with reserved(settings.output, settings.overwrite) as folder:
+            _run(settings, thresholds, ranks, folder, progress, status)
+        return settings.output
+    finally:
+        gc.unfreeze()  # the run's objects can be freed again
 
 
 def _run(
@@ -229,6 +233,10 @@ def _run(
         }
         context = Context(n_layers, n_heads, causal, settings.seed, thresholds, model, options)
         chosen = [cls(context) for cls in classes]
+        # Imports and the model made about a million objects that live as long as the run: the
+        # collector need not walk them again and again (the command line paused it until now).
+        gc.freeze()
+        gc.enable()
         lap("load")
 
         tally = Tally()
