@@ -7,7 +7,6 @@ import logging
 import os
 import re
 import signal
-import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -44,7 +43,7 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def main(
+def root(
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Show the version and exit."
     ),
