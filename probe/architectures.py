@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import torch
 from torch import nn
@@ -20,7 +20,9 @@ class Architecture:
     ``blocks`` is relative to the model's ``base_model``; the others are relative to a block.
 
     ``qkv`` names a fused projection instead of ``q``/``k``/``v``: ``"gpt2"`` is a Conv1D whose
-    output is [Q | K | V]; ``"neox"`` is a Linear whose output is per head [q_i | k_i | v_i].
+    output is [Q | K | V]; ``"linear"`` a Linear whose output is [Q | K | V] (K and V with
+    ``n_kv_heads`` heads: Phi-3, ModernBERT); ``"neox"`` a Linear whose output is per head
+    [q_i | k_i | v_i].
     """
 
     blocks: str
@@ -31,9 +33,12 @@ class Architecture:
     o: str = ""
     qkv: str = ""
     fused: str = ""
-    # The module whose output is the MLP's contribution to the residual stream (before the
-    # LayerNorm that follows it in post-LayerNorm encoders such as BERT).
+    # The modules whose outputs are the attention's and the MLP's contributions to the residual
+    # stream (before the LayerNorm that follows the sum in post-LayerNorm encoders such as BERT;
+    # after the norm that Gemma applies to each before the sum). The attention's is ``o`` unless
+    # named.
     mlp: str = ""
+    attn_out: str = ""
 
 
 _BERT = Architecture(
@@ -54,6 +59,8 @@ _LLAMA = Architecture(
     "self_attn.o_proj",
     mlp="mlp",
 )
+# Gemma normalises the attention's and the MLP's outputs before adding them to the stream.
+_GEMMA = replace(_LLAMA, attn_out="post_attention_layernorm", mlp="post_feedforward_layernorm")
 
 ARCHITECTURES: dict[str, Architecture] = {
     "bert": _BERT,
@@ -98,10 +105,27 @@ ARCHITECTURES: dict[str, Architecture] = {
     "llama": _LLAMA,
     "mistral": _LLAMA,
     "qwen2": _LLAMA,
-}
+    # Query and key RMSNorms sit inside the attention, before the rotary embedding: hook_q and
+    # hook_k see queries and keys after both.
+    "qwen3": _LLAMA,
+    # Logit soft-capping and sliding windows happen in the attention function (probe's too).
+    "gemma2": _GEMMA,
+    "gemma3_text": _GEMMA,
+    "phi3": Architecture(
+        "layers", "self_attn", o="self_attn.o_proj", qkv="self_attn.qkv_proj", fused="linear",
+        mlp="mlp",
+    ),
+    # Local (sliding-window) and global layers alternate; the mask tells them apart.
+    "modernbert": Architecture(
+        "layers", "attn", o="attn.Wo", qkv="attn.Wqkv", fused="linear", mlp="mlp"
+    ),
+}  # fmt: skip
 
 SUPPORTED = ", ".join(sorted(ARCHITECTURES))
-CAUSAL = {"gpt2", "gpt_neox", "opt", "llama", "mistral", "qwen2"}
+CAUSAL = {
+    "gpt2", "gpt_neox", "opt", "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text",
+    "phi3",
+}  # fmt: skip
 
 
 class UnsupportedModelError(ProbeError, ValueError):
@@ -242,11 +266,15 @@ def iter_head_weights(model: nn.Module) -> Iterator[HeadWeights]:
 
 def _block_weights(block: nn.Module, arch: Architecture, d_head: int) -> HeadWeights:
     o = block.get_submodule(arch.o)
-    if arch.fused == "gpt2":
-        c_attn = block.get_submodule(arch.qkv)
-        w, b = c_attn.weight.T, c_attn.bias  # as a Linear: [3·d_model, d_model]
+    if arch.fused in ("gpt2", "linear"):
+        qkv = block.get_submodule(arch.qkv)
+        # As a Linear, [n·d_head + 2·n_kv·d_head, d_model] (GPT-2's Conv1D is transposed).
+        w, b = (qkv.weight.T, qkv.bias) if arch.fused == "gpt2" else (qkv.weight, qkv.bias)
+        q_rows = output_weights(o, d_head).shape[0] * d_head
+        sizes = [q_rows, *[(w.shape[0] - q_rows) // 2] * 2]
+        biases = [None] * 3 if b is None else b.split(sizes)
         (W_Q, b_Q), (W_K, b_K), (W_V, b_V) = (
-            _split_in(wi, bi, d_head) for wi, bi in zip(w.chunk(3), b.chunk(3), strict=True)
+            _split_in(wi, bi, d_head) for wi, bi in zip(w.split(sizes), biases, strict=True)
         )
     elif arch.fused == "neox":
         qkv = block.get_submodule(arch.qkv)

@@ -53,9 +53,9 @@ class Mirror:
 
     The attention hooks live in probe's attention function. The residual stream's hooks are
     forward hooks on the model's own modules: ``hook_resid_pre`` on a block's input and
-    ``hook_resid_post`` on its output, ``hook_attn_out`` on the attention's output projection,
-    ``hook_mlp_out`` on the MLP's last module (``Architecture.mlp``), and ``hook_embed`` on what
-    enters the first block.
+    ``hook_resid_post`` on its output, ``hook_attn_out`` on the attention's output projection
+    (or the norm after it, ``Architecture.attn_out``), ``hook_mlp_out`` on the MLP's last module
+    (``Architecture.mlp``), and ``hook_embed`` on what enters the first block.
     """
 
     def __init__(self, model: PreTrainedModel) -> None:
@@ -74,7 +74,8 @@ class Mirror:
             "attn": [b.get_submodule(arch.attention) for b in layer_blocks],
             "block_in": layer_blocks,
             "block_out": layer_blocks,
-            "attn_out": self.outputs,
+            "output": self.outputs,
+            "attn_out": [b.get_submodule(arch.attn_out or arch.o) for b in layer_blocks],
             "mlp_out": [b.get_submodule(arch.mlp) for b in layer_blocks],
         }
         # A module shared by several layers (ALBERT) learns its layer from its call count.
@@ -137,7 +138,7 @@ class Mirror:
         unique = {kind: list(dict.fromkeys(ms)) for kind, ms in self.modules.items()}
         handles = [model.base_model.register_forward_pre_hook(self._start_forward)]
         # hook_result's replacement first, so that hook_attn_out sees the edited output.
-        handles += [o.register_forward_hook(self._replace_output) for o in unique["attn_out"]]
+        handles += [o.register_forward_hook(self._replace_output) for o in unique["output"]]
         handles += [
             b.register_forward_pre_hook(self._resid_pre, with_kwargs=True)
             for b in unique["block_in"]
@@ -188,6 +189,7 @@ def probe_attention(
     attention_mask: torch.Tensor | None,
     scaling: float | None = None,
     dropout: float = 0.0,
+    softcap: float | None = None,
     **_: object,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Eager attention through the hook points of the module's layer.
@@ -219,6 +221,8 @@ def probe_attention(
     # In place: the eager implementation's arithmetic, without two more [batch, head, q, k]
     # tensors to allocate (each a fresh memory mapping at this size).
     scores = torch.matmul(query, key.transpose(2, 3)).mul_(scaling)
+    if softcap is not None:  # Gemma 2's logit soft-capping, before the mask
+        scores = scores.div_(softcap).tanh_().mul_(softcap)
     if attention_mask is not None:
         scores.add_(attention_mask[:, :, :, : key.shape[-2]])
     scores = p.hook_attn_scores(scores)

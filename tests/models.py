@@ -23,9 +23,32 @@ CONFIGS = {
         **SMALL, intermediate_size=64, num_key_value_heads=2, sliding_window=4
     ),
     "qwen2": lambda: tf.Qwen2Config(**SMALL, intermediate_size=64, num_key_value_heads=2),
-}
-ENCODERS = {"bert", "roberta", "electra", "distilbert", "albert"}
-ROTARY = {"gpt_neox", "llama", "mistral", "qwen2"}
+    "qwen3": lambda: tf.Qwen3Config(
+        **SMALL, intermediate_size=64, num_key_value_heads=2, head_dim=8
+    ),
+    # Windows of 4 tokens on every other layer, and soft-capping at a cap the scores reach.
+    "gemma2": lambda: tf.Gemma2Config(
+        **SMALL, intermediate_size=64, num_key_value_heads=2, head_dim=8, sliding_window=4,
+        query_pre_attn_scalar=8, attn_logit_softcapping=0.5, pad_token_id=0,
+    ),
+    "gemma3_text": lambda: tf.Gemma3TextConfig(
+        **SMALL, intermediate_size=64, num_key_value_heads=2, head_dim=8, sliding_window=4,
+        query_pre_attn_scalar=8, layer_types=["sliding_attention", "full_attention"],
+        pad_token_id=0,
+    ),
+    "phi3": lambda: tf.Phi3Config(
+        **SMALL, intermediate_size=64, num_key_value_heads=2, pad_token_id=0
+    ),
+    "modernbert": lambda: tf.ModernBertConfig(
+        **SMALL, intermediate_size=64, local_attention=4, global_attn_every_n_layers=2,
+        pad_token_id=0, attention_bias=True,
+    ),
+}  # fmt: skip
+ENCODERS = {"bert", "roberta", "electra", "distilbert", "albert", "modernbert"}
+ROTARY = {
+    "gpt_neox", "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3",
+    "modernbert",
+}  # fmt: skip
 
 
 def small_model(kind: str, seed: int = 0, **kwargs):

@@ -113,7 +113,9 @@ def test_same_numbers_through_the_module_and_a_hugging_face_model():
     np.testing.assert_allclose(from_hf.effective_rank, from_module.effective_rank, rtol=1e-12)
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "llama", "albert"])
+@pytest.mark.parametrize(
+    "kind", ["gpt2", "llama", "albert", "qwen3", "gemma2", "gemma3_text", "phi3", "modernbert"]
+)
 def test_other_layouts_equal_dense(kind):
     model = small_model(kind)
     table = spectra(model)

@@ -62,7 +62,10 @@ def head_input_hook(model, layer: int, head: int):
     return o.register_forward_pre_hook(zero)
 
 
-@pytest.mark.parametrize("kind", ["bert", "distilbert", "gpt2", "gpt_neox", "llama"])
+@pytest.mark.parametrize(
+    "kind",
+    ["bert", "distilbert", "gpt2", "gpt_neox", "llama", "qwen3", "gemma2", "phi3", "modernbert"],
+)
 def test_zero_ablation_equals_a_plain_forward_hook(kind):
     model = small_model(kind)
     batch = padded_batch(kind)

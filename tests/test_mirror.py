@@ -86,18 +86,19 @@ def test_shapes_results_and_queries(kind):
         torch.testing.assert_close(
             (result.sum(2) + w.b_O)[real], outputs[layer][real], atol=1e-5, rtol=0
         )
-        if kind in ROTARY:  # hook_q there is after the rotary embedding
-            continue
         x = inputs[layer]
+        for head in range(n_kv):  # values are never rotated or normalised: every layout
+            expected_v = x @ w.W_V[head] + w.b_V[head]
+            torch.testing.assert_close(
+                cache[name + "hook_v"][:, :, head], expected_v, atol=1e-5, rtol=0
+            )
+        if kind in ROTARY:  # hook_q there is after the rotary embedding (and Qwen3's q_norm)
+            continue
         scale = model.config.hidden_size // 4 if kind == "opt" else 1  # OPT pre-scales queries
         for head in range(4):
             expected = (x @ w.W_Q[head] + w.b_Q[head]) / scale**0.5
             torch.testing.assert_close(
                 cache[name + "hook_q"][:, :, head], expected, atol=1e-5, rtol=0
-            )
-            expected_v = x @ w.W_V[head] + w.b_V[head]
-            torch.testing.assert_close(
-                cache[name + "hook_v"][:, :, head], expected_v, atol=1e-5, rtol=0
             )
 
 

@@ -5,12 +5,16 @@ hook functions ``fn(activation, hook)``."""
 import pytest
 import torch
 from models import CONFIGS, ENCODERS, padded_batch, small_model
+from torch import nn
 
 import probe
 from probe.architectures import blocks
 
 RESIDUAL = ("hook_resid_pre", "hook_attn_out", "hook_mlp_out", "hook_resid_post")
-PRE_LAYERNORM = sorted(set(CONFIGS) - ENCODERS)  # decoders: x + attn(ln(x)) + mlp(ln(…))
+# x + attn(ln(x)) + mlp(ln(…)): the decoders, and ModernBERT.
+PRE_LAYERNORM = sorted(set(CONFIGS) - ENCODERS | {"modernbert"})
+# Gemma normalises each output before adding it: attn_out = ln(Σ_i result_i + b^O).
+SANDWICH = {"gemma2", "gemma3_text"}
 
 
 def run(kind, names=None, fns=None):
@@ -62,11 +66,14 @@ def test_post_layernorm_encoders_normalise_after_each_sum(kind):
 def test_attn_out_is_the_sum_of_the_head_results(kind):
     """hook_attn_out = Σ_i hook_result_i + b^O, and it sees an edit of one head's result."""
     model, _, cache, _ = run(kind, ["hook_attn_out", "hook_result"])
+    norms = [
+        b.post_attention_layernorm if kind in SANDWICH else nn.Identity() for b in blocks(model)
+    ]
     for i, weights in enumerate(probe.head_weights(model)):
         result = cache[f"blocks.{i}.attn.hook_result"].sum(2)
         bias = weights.b_O
         torch.testing.assert_close(
-            result + bias, cache[f"blocks.{i}.hook_attn_out"], atol=1e-5, rtol=0
+            norms[i](result + bias), cache[f"blocks.{i}.hook_attn_out"], atol=1e-5, rtol=0
         )
 
     def drop_head_0(result, hook):
@@ -77,7 +84,8 @@ def test_attn_out_is_the_sum_of_the_head_results(kind):
     _, _, edited, _ = run(
         kind, ["hook_attn_out", "hook_result"], {"blocks.0.attn.hook_result": drop_head_0}
     )
-    expected = cache["blocks.0.hook_attn_out"] - cache["blocks.0.attn.hook_result"][:, :, 0]
+    others = cache["blocks.0.attn.hook_result"][:, :, 1:].sum(2)
+    expected = norms[0](others + probe.head_weights(model)[0].b_O)
     torch.testing.assert_close(edited["blocks.0.hook_attn_out"], expected, atol=1e-5, rtol=0)
 
 
