@@ -15,8 +15,24 @@ from probe.hookpoints import Hook, hook_points, hooks
 MODES = ("zero", "mean")
 
 
-def z_points(model: nn.Module) -> tuple[list[str], int]:
-    """The ``hook_z`` points of ``model``, one per layer in order, and its number of heads."""
+def z_points(model: nn.Module, attention: str | None = None) -> tuple[list[str], int]:
+    """The ``hook_z`` points of ``model``, one per layer in order, and its number of heads.
+
+    ``attention`` picks one attention of an encoder-decoder model: ``"encoder.attn"`` (the
+    default), ``"decoder.attn"`` or ``"decoder.cross_attn"``.
+    """
+    config = getattr(model, "config", None)
+    if getattr(config, "is_encoder_decoder", False):
+        from probe.architectures import architecture, iter_head_weights
+
+        attention = attention or "encoder.attn"
+        architecture(model, attention)  # an unknown attention is a clear error
+        stack, attn = attention.split(".")
+        with hook_points(model) as points:
+            names = [n for n in points if n.startswith(f"{stack}.") and f".{attn}.hook_z" in n]
+        return names, next(iter_head_weights(model, attention)).n_heads
+    if attention is not None:
+        raise ProbeError(f"attention={attention!r} is for encoder-decoder models")
     with hook_points(model) as points:
         names = [name for name in points if name.rsplit(".", 1)[-1] == "hook_z"]
     own = [m for m in model.modules() if hasattr(m, "n_heads") and hasattr(m, "W_O")]
@@ -54,7 +70,9 @@ def check_heads(heads: Iterable, n_layers: int, n_heads: int) -> dict[int, list[
 
 @torch.no_grad()
 def head_means(
-    model: nn.Module, inputs: Iterable[Mapping[str, torch.Tensor]]
+    model: nn.Module,
+    inputs: Iterable[Mapping[str, torch.Tensor]],
+    attention: str | None = None,
 ) -> dict[int, torch.Tensor]:
     """Every head's mean z over the real tokens of a reference set, for mean ablation.
 
@@ -67,15 +85,19 @@ def head_means(
         A Hugging Face model, a ``probe.MultiHeadAttention`` or a module built from them.
     inputs : iterable of dict
         Keyword arguments of ``model`` per batch (``input_ids``, ``attention_mask``…); real
-        tokens are those where ``attention_mask`` is 1 (for a ``MultiHeadAttention``, where
-        ``key_padding_mask`` is False; every position without either).
+        tokens are those where ``attention_mask`` is 1 (``decoder_attention_mask`` for a
+        decoder's attention; for a ``MultiHeadAttention``, where ``key_padding_mask`` is False;
+        every position without either).
+    attention : str, optional
+        For an encoder-decoder model, which attention (see ``z_points``).
 
     Returns
     -------
     dict of int to tensor
         Layer to mean z ``[n_heads, d_head]`` (float32).
     """
-    names, _ = z_points(model)
+    names, _ = z_points(model, attention)
+    queries = "decoder_attention_mask" if (attention or "").startswith("decoder") else None
     sums: dict[int, torch.Tensor] = {}
     counts: dict[int, float] = defaultdict(float)
     mask: torch.Tensor | None = None
@@ -88,7 +110,7 @@ def head_means(
 
     with hooks(model, dict.fromkeys(names, add)):
         for batch in inputs:
-            mask = batch.get("attention_mask")
+            mask = batch.get(queries or "attention_mask")
             if mask is None and batch.get("key_padding_mask") is not None:  # MultiHeadAttention
                 mask = ~batch["key_padding_mask"]
             model(**batch)
@@ -103,6 +125,7 @@ def ablate(
     heads: Iterable[tuple[int, int]],
     mode: str = "zero",
     means: Mapping[int, torch.Tensor] | None = None,
+    attention: str | None = None,
 ) -> Iterator[None]:
     """Ablate heads while the ``with`` block runs, by replacing their ``hook_z``.
 
@@ -120,6 +143,9 @@ def ablate(
     mode : {"zero", "mean"}
     means : mapping of layer to tensor ``[n_heads, d_head]``
         For mean ablation: ``probe.head_means(model, reference_batches)``.
+    attention : str, optional
+        For an encoder-decoder model, which attention the heads belong to: ``"encoder.attn"``
+        (the default), ``"decoder.attn"`` or ``"decoder.cross_attn"``.
 
     Raises
     ------
@@ -128,7 +154,7 @@ def ablate(
     """
     if mode not in MODES:
         raise ProbeError(f"mode must be 'zero' or 'mean', not {mode!r}")
-    names, n_heads = z_points(model)
+    names, n_heads = z_points(model, attention)
     by_layer = check_heads(heads, len(names), n_heads)
     if mode == "mean":
         missing = sorted(set(by_layer) - set(means or {}))

@@ -121,7 +121,58 @@ ARCHITECTURES: dict[str, Architecture] = {
     ),
 }  # fmt: skip
 
-SUPPORTED = ", ".join(sorted(ARCHITECTURES))
+# Encoder-decoder models: each attention by its hook prefix without the layer. Cross-attention
+# reads queries from the decoder's stream and keys and values from the encoder's output.
+_BART_SELF = Architecture(
+    "encoder.layers",
+    "self_attn",
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.out_proj",
+    mlp="fc2",
+)
+_BART = {
+    "encoder.attn": _BART_SELF,
+    "decoder.attn": replace(_BART_SELF, blocks="decoder.layers"),
+    "decoder.cross_attn": Architecture(
+        "decoder.layers",
+        "encoder_attn",
+        "encoder_attn.q_proj",
+        "encoder_attn.k_proj",
+        "encoder_attn.v_proj",
+        "encoder_attn.out_proj",
+    ),
+}
+_T5_SELF = Architecture(
+    "encoder.block",
+    "layer.0.SelfAttention",
+    "layer.0.SelfAttention.q",
+    "layer.0.SelfAttention.k",
+    "layer.0.SelfAttention.v",
+    "layer.0.SelfAttention.o",
+    mlp="layer.1.DenseReluDense",
+)
+_T5 = {
+    "encoder.attn": _T5_SELF,
+    "decoder.attn": replace(_T5_SELF, blocks="decoder.block", mlp="layer.2.DenseReluDense"),
+    "decoder.cross_attn": Architecture(
+        "decoder.block",
+        "layer.1.EncDecAttention",
+        "layer.1.EncDecAttention.q",
+        "layer.1.EncDecAttention.k",
+        "layer.1.EncDecAttention.v",
+        "layer.1.EncDecAttention.o",
+    ),
+}
+ENCODER_DECODER: dict[str, dict[str, Architecture]] = {
+    "bart": _BART,
+    "mbart": _BART,
+    "marian": _BART,
+    "t5": _T5,  # and Flan-T5: relative position bias, no 1/√d_head scaling
+}  # fmt: skip
+
+SUPPORTED = ", ".join(sorted([*ARCHITECTURES, *ENCODER_DECODER]))
 CAUSAL = {
     "gpt2", "gpt_neox", "opt", "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text",
     "phi3",
@@ -132,14 +183,15 @@ class UnsupportedModelError(ProbeError, ValueError):
     """The model's attention cannot be mirrored."""
 
 
-def architecture(model: nn.Module) -> Architecture:
-    """The architecture entry for a Hugging Face model, or a clear error naming what works."""
+def attentions(model: nn.Module) -> dict[str, Architecture]:
+    """Every attention of a Hugging Face model by hook prefix without the layer: ``"blocks.attn"``
+    for encoder-only and decoder-only models; ``"encoder.attn"``, ``"decoder.attn"`` and
+    ``"decoder.cross_attn"`` for encoder-decoder models. A clear error names what is supported.
+    """
     config = model.config
     kind = getattr(config, "model_type", type(model).__name__)
-    if getattr(config, "is_encoder_decoder", False):
-        raise UnsupportedModelError(
-            f"encoder-decoder models ({kind}) are not supported yet; supported: {SUPPORTED}"
-        )
+    if kind in ENCODER_DECODER:
+        return ENCODER_DECODER[kind]
     if kind not in ARCHITECTURES:
         raise UnsupportedModelError(
             f"architecture {kind!r} is not supported (its attention is not mirrored by probe); "
@@ -147,17 +199,36 @@ def architecture(model: nn.Module) -> Architecture:
         )
     if kind == "albert" and config.inner_group_num != 1:
         raise UnsupportedModelError("ALBERT with inner_group_num > 1 is not supported")
-    return ARCHITECTURES[kind]
+    return {"blocks.attn": ARCHITECTURES[kind]}
+
+
+def architecture(model: nn.Module, attention: str | None = None) -> Architecture:
+    """Where one attention of the model lives (see ``attentions``); by default the first: the
+    only one, or an encoder-decoder model's encoder self-attention."""
+    every = attentions(model)
+    if attention is None:
+        return next(iter(every.values()))
+    if attention not in every:
+        raise UnsupportedModelError(
+            f"{model.config.model_type} has no attention {attention!r}; it has {', '.join(every)}"
+        )
+    return every[attention]
+
+
+def is_encoder_decoder(model: nn.Module) -> bool:
+    return model.config.model_type in ENCODER_DECODER
 
 
 def is_causal(model: nn.Module) -> bool:
-    """Whether each token attends only to itself and earlier tokens."""
+    """Whether each token attends only to itself and earlier tokens (an encoder-decoder model's
+    encoder does not)."""
     return model.config.model_type in CAUSAL or bool(getattr(model.config, "is_decoder", False))
 
 
-def blocks(model: nn.Module) -> list[nn.Module]:
-    """One block per layer, in order (ALBERT's shared blocks repeat)."""
-    arch = architecture(model)
+def blocks(model: nn.Module, attention: str | None = None) -> list[nn.Module]:
+    """One block per layer, in order (ALBERT's shared blocks repeat), of the stack that holds
+    ``attention`` (see ``architecture``)."""
+    arch = architecture(model, attention)
     stack = model.base_model.get_submodule(arch.blocks)
     config = model.config
     if config.model_type == "albert":
@@ -211,7 +282,7 @@ def output_weights(o: nn.Module, d_head: int) -> torch.Tensor:
 
 def head_dim(model: nn.Module) -> int:
     config = model.config
-    d_head = getattr(config, "head_dim", None)
+    d_head = getattr(config, "head_dim", None) or getattr(config, "d_kv", None)  # T5: d_kv
     return d_head or config.hidden_size // config.num_attention_heads
 
 
@@ -232,13 +303,17 @@ def materialized(module: nn.Module) -> Iterator[bool]:
         yield True
 
 
-def head_weights(model: nn.Module) -> list[HeadWeights]:
+def head_weights(model: nn.Module, attention: str | None = None) -> list[HeadWeights]:
     """Every layer's per-head attention weights, in the layout of ``probe.MultiHeadAttention``.
 
     Parameters
     ----------
     model : transformers.PreTrainedModel
         A supported architecture (see ``probe.architectures.SUPPORTED``).
+    attention : str, optional
+        Which attention of an encoder-decoder model: ``"encoder.attn"`` (the default),
+        ``"decoder.attn"`` or ``"decoder.cross_attn"``, whose W_Q reads the decoder's stream
+        and W_K, W_V the encoder's output.
 
     Returns
     -------
@@ -246,15 +321,15 @@ def head_weights(model: nn.Module) -> list[HeadWeights]:
         One per layer, detached views of the model's parameters (copies, for layers that
         accelerate offloaded; ``iter_head_weights`` holds one layer at a time).
     """
-    return list(iter_head_weights(model))
+    return list(iter_head_weights(model, attention))
 
 
 @torch.no_grad()
-def iter_head_weights(model: nn.Module) -> Iterator[HeadWeights]:
+def iter_head_weights(model: nn.Module, attention: str | None = None) -> Iterator[HeadWeights]:
     """``head_weights`` one layer at a time."""
-    arch = architecture(model)
+    arch = architecture(model, attention)
     d_head = head_dim(model)
-    for block in blocks(model):
+    for block in blocks(model, attention):
         with materialized(block) as copy:
             weights = _block_weights(block, arch, d_head)
         if copy:  # the offloaded originals go back to the meta device

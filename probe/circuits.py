@@ -118,7 +118,21 @@ def spectra(model: nn.Module | Iterable[HeadWeights]) -> pd.DataFrame:
         entropy of σ/Σσ), ``stable_rank`` (‖W‖_F² / σ_max²), ``symmetry`` (QK only:
         ‖(W + Wᵀ)/2‖_F² / ‖W‖_F², 1 symmetric, 0.5 unrelated, 0 antisymmetric), and the
         parameter counts of the factored form (2·d_model·d_head) and of a full matrix.
+        For an encoder-decoder model, every attention, named in two more columns first:
+        ``attention`` (``encoder.attn``, ``decoder.attn``, ``decoder.cross_attn``) and
+        ``keys_from``, the stream its W_K and W_V read (``encoder`` for cross-attention, whose
+        QK circuit pairs the decoder's queries with the encoder's keys).
     """
+    if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        from probe.architectures import attentions
+
+        tables = [
+            spectra(iter_head_weights(model, name)).assign(
+                attention=name, keys_from="encoder" if name.endswith("cross_attn") else stack
+            )
+            for name, stack in ((name, name.split(".")[0]) for name in attentions(model))
+        ]
+        return pd.concat(tables, ignore_index=True)[["attention", "keys_from", *COLUMNS]]
     if isinstance(model, MultiHeadAttention):
         n = model.n_heads
         layers: Iterable[HeadWeights] = [

@@ -29,8 +29,9 @@ class Hook(str):
         return str(self)
 
     def layer(self) -> int:
-        """The 0-based layer (0 for the points of a bare ``MultiHeadAttention``)."""
-        if self.startswith("blocks."):
+        """The 0-based layer (0 for the points of a bare ``MultiHeadAttention``); for an
+        encoder-decoder model, the layer within its stack (``decoder.2.cross_attn.hook_z``: 2)."""
+        if self.startswith(("blocks.", "encoder.", "decoder.")):
             return int(self.split(".")[1])
         if self == "hook_embed":
             raise ValueError("hook_embed belongs to no layer")

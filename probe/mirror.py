@@ -18,7 +18,7 @@ from torch import nn
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
-from probe.architectures import architecture, blocks, head_dim, materialized, output_weights
+from probe.architectures import attentions, blocks, head_dim, materialized, output_weights
 from probe.hookpoints import HookPoint
 
 IMPLEMENTATION = "probe"
@@ -36,66 +36,96 @@ SUFFIXES = (
 RESIDUAL = ("hook_resid_pre", "hook_attn_out", "hook_mlp_out", "hook_resid_post")
 
 
-class _Layer(nn.Module):
-    """One layer's hook points as attributes: ``layer.attn.hook_z``, ``layer.hook_mlp_out``."""
+class _Attention(nn.Module):
+    """One attention's hook points as attributes: ``attn.hook_z``."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.attn = nn.Module()
         for suffix in SUFFIXES:
-            setattr(self.attn, suffix, HookPoint())
-        for suffix in RESIDUAL:
+            setattr(self, suffix, HookPoint())
+
+
+class _Block(nn.Module):
+    """One block's residual-stream hook points as attributes: ``block.hook_mlp_out``."""
+
+    def __init__(self, suffixes: tuple[str, ...]) -> None:
+        super().__init__()
+        for suffix in suffixes:
             setattr(self, suffix, HookPoint())
 
 
 class Mirror:
-    """Hook points for every layer of one model, and what is needed to run them.
+    """Hook points for every attention and block of one model, and what is needed to run them.
 
-    The attention hooks live in probe's attention function. The residual stream's hooks are
-    forward hooks on the model's own modules: ``hook_resid_pre`` on a block's input and
-    ``hook_resid_post`` on its output, ``hook_attn_out`` on the attention's output projection
-    (or the norm after it, ``Architecture.attn_out``), ``hook_mlp_out`` on the MLP's last module
-    (``Architecture.mlp``), and ``hook_embed`` on what enters the first block.
+    An attention's hooks live in probe's attention function: ``{stack}.{l}.{attn}.hook_*``, with
+    stack ``blocks`` (encoder-only and decoder-only models) or ``encoder``/``decoder``, and attn
+    ``attn`` or, in a decoder block of an encoder-decoder model, ``cross_attn``. The residual
+    stream's hooks are forward hooks on the model's own modules: ``hook_resid_pre`` on a block's
+    input and ``hook_resid_post`` on its output, ``hook_attn_out`` (``hook_cross_attn_out``) on
+    the attention's output projection (or the norm after it, ``Architecture.attn_out``),
+    ``hook_mlp_out`` on the MLP's last module (``Architecture.mlp``), and ``hook_embed`` on what
+    enters the first block (of the encoder).
     """
 
     def __init__(self, model: PreTrainedModel) -> None:
-        arch = architecture(model)
         self.model = model
         self.d_head = head_dim(model)
-        layer_blocks = blocks(model)
-        self.layers = [_Layer() for _ in layer_blocks]
         self.embed = HookPoint()
         self.points = {"hook_embed": self.embed}
-        for i, layer in enumerate(self.layers):
-            self.points |= {f"blocks.{i}.attn.{s}": getattr(layer.attn, s) for s in SUFFIXES}
-            self.points |= {f"blocks.{i}.{s}": getattr(layer, s) for s in RESIDUAL}
-        self.outputs = [b.get_submodule(arch.o) for b in layer_blocks]
-        self.modules = {
-            "attn": [b.get_submodule(arch.attention) for b in layer_blocks],
-            "block_in": layer_blocks,
-            "block_out": layer_blocks,
-            "output": self.outputs,
-            "attn_out": [b.get_submodule(arch.attn_out or arch.o) for b in layer_blocks],
-            "mlp_out": [b.get_submodule(arch.mlp) for b in layer_blocks],
-        }
-        # A module shared by several layers (ALBERT) learns its layer from its call count.
-        self.layers_of: dict[tuple[str, int], list[int]] = {}
-        for kind, modules in self.modules.items():
-            for i, m in enumerate(modules):
-                self.layers_of.setdefault((kind, id(m)), []).append(i)
+        # A module shared by several layers (ALBERT) learns its layer from its call count: each
+        # (kind, module) lists the hook holders it serves, in call order.
+        self.owners: dict[tuple[str, int], list[nn.Module]] = {}
+        self.output_of: dict[int, nn.Module] = {}  # id(attention hooks) -> output projection
+        self.first_block: nn.Module | None = None
+        every = attentions(model)
+        for name, arch in every.items():
+            stack, attn = name.split(".")
+            for i, block in enumerate(blocks(model, name)):
+                hooks = _Attention()
+                self.points |= {f"{stack}.{i}.{attn}.{s}": getattr(hooks, s) for s in SUFFIXES}
+                o = block.get_submodule(arch.o)
+                self.output_of[id(hooks)] = o
+                self._own("attn", block.get_submodule(arch.attention), hooks)
+                self._own("output", o, hooks)
+                if attn == "cross_attn":
+                    holder = self._block_hooks(stack, i, ("hook_cross_attn_out",))
+                    self._own("hook_cross_attn_out", block.get_submodule(arch.o), holder)
+                    continue
+                holder = self._block_hooks(stack, i, RESIDUAL)
+                self.first_block = self.first_block or holder
+                self._own("hook_resid_pre", block, holder)
+                self._own("hook_resid_post", block, holder)
+                self._own("hook_attn_out", block.get_submodule(arch.attn_out or arch.o), holder)
+                self._own("hook_mlp_out", block.get_submodule(arch.mlp), holder)
         self.calls: dict[tuple[str, int], int] = {}
         self.pending: dict[int, torch.Tensor] = {}
         self.positions = torch.Size()
 
-    def layer(self, module: nn.Module, kind: str = "attn") -> int:
-        """The layer that ``module`` (an attention module, or one of ``kind``) now runs."""
+    def _block_hooks(self, stack: str, layer: int, suffixes: tuple[str, ...]) -> _Block:
+        holder = _Block(suffixes)
+        self.points |= {f"{stack}.{layer}.{s}": getattr(holder, s) for s in suffixes}
+        return holder
+
+    def _own(self, kind: str, module: nn.Module, holder: nn.Module) -> None:
+        self.owners.setdefault((kind, id(module)), []).append(holder)
+
+    def owner(self, module: nn.Module, kind: str = "attn") -> nn.Module:
+        """The hook holder that ``module`` (an attention module, or one of ``kind``) now runs."""
         key = (kind, id(module))
-        layers = self.layers_of[key]
-        if len(layers) == 1:
-            return layers[0]
+        holders = self.owners[key]
+        if len(holders) == 1:
+            return holders[0]
         n = self.calls.get(key, 0)
         self.calls[key] = n + 1
-        return layers[n % len(layers)]
+        return holders[n % len(holders)]
+
+    def modules(self, kind: str) -> list[nn.Module]:
+        """The model's modules of one kind, each once."""
+        found = {}
+        for module in self.model.modules():
+            if (kind, id(module)) in self.owners:
+                found[id(module)] = module
+        return list(found.values())
 
     def _start_forward(self, *_) -> None:
         self.calls.clear()
@@ -106,11 +136,12 @@ class Mirror:
         return self.pending.pop(id(module), output)
 
     def _resid_pre(self, module, args, kwargs):
-        layer = self.layer(module, "block_in")
+        holder = self.owner(module, "hook_resid_pre")
         x = args[0] if args else kwargs["hidden_states"]
         self.positions = x.shape[:-1]  # [batch, pos]: OPT's MLP works on them flattened
-        edited = self.embed(x) if layer == 0 and self.embed.active else x
-        point = self.layers[layer].hook_resid_pre
+        first = holder is self.first_block and self.embed.active
+        edited = self.embed(x) if first else x
+        point = holder.hook_resid_pre
         edited = point(edited) if point.active else edited
         if edited is x:
             return None
@@ -118,9 +149,9 @@ class Mirror:
             return (edited, *args[1:]), kwargs
         return args, kwargs | {"hidden_states": edited}
 
-    def _output_hook(self, kind: str, suffix: str):
+    def _output_hook(self, suffix: str):
         def run(module, _inputs, output):
-            point = getattr(self.layers[self.layer(module, kind)], suffix)
+            point = getattr(self.owner(module, suffix), suffix)
             if not point.active:
                 return None
             if isinstance(output, tuple):
@@ -135,20 +166,18 @@ class Mirror:
     def attached(self) -> Iterator[None]:
         model = self.model
         previous = model.config._attn_implementation
-        unique = {kind: list(dict.fromkeys(ms)) for kind, ms in self.modules.items()}
         handles = [model.base_model.register_forward_pre_hook(self._start_forward)]
         # hook_result's replacement first, so that hook_attn_out sees the edited output.
-        handles += [o.register_forward_hook(self._replace_output) for o in unique["output"]]
+        handles += [o.register_forward_hook(self._replace_output) for o in self.modules("output")]
         handles += [
             b.register_forward_pre_hook(self._resid_pre, with_kwargs=True)
-            for b in unique["block_in"]
+            for b in self.modules("hook_resid_pre")
         ]
-        for kind, suffix in (("attn_out", "hook_attn_out"), ("mlp_out", "hook_mlp_out"),
-                             ("block_out", "hook_resid_post")):  # fmt: skip
+        for suffix in ("hook_attn_out", "hook_cross_attn_out", "hook_mlp_out", "hook_resid_post"):
             handles += [
-                m.register_forward_hook(self._output_hook(kind, suffix)) for m in unique[kind]
+                m.register_forward_hook(self._output_hook(suffix)) for m in self.modules(suffix)
             ]
-        attention = [id(m) for m in unique["attn"]]
+        attention = [id(m) for m in self.modules("attn")]
         for key in attention:
             _MIRRORS[key] = self
         try:
@@ -190,6 +219,7 @@ def probe_attention(
     scaling: float | None = None,
     dropout: float = 0.0,
     softcap: float | None = None,
+    position_bias: torch.Tensor | None = None,
     **_: object,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Eager attention through the hook points of the module's layer.
@@ -202,8 +232,7 @@ def probe_attention(
         raise RuntimeError(
             "the 'probe' attention implementation runs only inside probe.trace or probe.hooks"
         )
-    layer = mirror.layer(module)
-    p = mirror.layers[layer].attn
+    p = mirror.owner(module)
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
 
     # hook_q/k/v are [batch, pos, head, d_head]: transposed views, only when observed.
@@ -223,6 +252,8 @@ def probe_attention(
     scores = torch.matmul(query, key.transpose(2, 3)).mul_(scaling)
     if softcap is not None:  # Gemma 2's logit soft-capping, before the mask
         scores = scores.div_(softcap).tanh_().mul_(softcap)
+    if position_bias is not None:  # T5's relative position bias
+        scores.add_(position_bias)
     if attention_mask is not None:
         scores.add_(attention_mask[:, :, :, : key.shape[-2]])
     scores = p.hook_attn_scores(scores)
@@ -230,7 +261,7 @@ def probe_attention(
     z = p.hook_z(torch.matmul(F.dropout(pattern, dropout, module.training), value).transpose(1, 2))
 
     if p.hook_result.active:
-        o = mirror.outputs[layer]
+        o = mirror.output_of[id(p)]
         with materialized(o):  # W_O is read before o runs, when accelerate may have offloaded it
             W_O, b_O = output_weights(o, mirror.d_head), 0 if o.bias is None else o.bias
             result = p.hook_result(torch.einsum("bqhk,hkm->bqhm", z, W_O))

@@ -44,6 +44,28 @@ CONFIGS = {
         pad_token_id=0, attention_bias=True,
     ),
 }  # fmt: skip
+_SEQ2SEQ = {
+    "d_model": 32,
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+    "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4,
+    "encoder_ffn_dim": 64,
+    "decoder_ffn_dim": 64,
+    "vocab_size": 99,
+    "pad_token_id": 1,
+    "decoder_start_token_id": 2,
+}
+_T5 = {"d_model": 32, "num_heads": 4, "num_layers": 2, "d_kv": 8, "d_ff": 64, "vocab_size": 99}
+SEQ2SEQ = {
+    "bart": lambda: tf.BartConfig(**_SEQ2SEQ),  # post-LayerNorm
+    "mbart": lambda: tf.MBartConfig(**_SEQ2SEQ),  # pre-LayerNorm
+    "marian": lambda: tf.MarianConfig(**_SEQ2SEQ),
+    "t5": lambda: tf.T5Config(**_T5, relative_attention_num_buckets=8),
+    "flan-t5": lambda: tf.T5Config(
+        **_T5, feed_forward_proj="gated-gelu", relative_attention_num_buckets=8
+    ),
+}  # fmt: skip
 ENCODERS = {"bert", "roberta", "electra", "distilbert", "albert", "modernbert"}
 ROTARY = {
     "gpt_neox", "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3",
@@ -53,7 +75,8 @@ ROTARY = {
 
 def small_model(kind: str, seed: int = 0, **kwargs):
     torch.manual_seed(seed)
-    model = tf.AutoModel.from_config(CONFIGS[kind](), **kwargs).eval()
+    config = (CONFIGS | SEQ2SEQ)[kind]()
+    model = tf.AutoModel.from_config(config, **kwargs).eval()
     # Random-initialised biases start at zero; make them count in the checks.
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -71,3 +94,21 @@ def padded_batch(kind: str, seed: int = 0):
     if kind not in ENCODERS:
         mask = mask.flip(1)
     return {"input_ids": ids, "attention_mask": mask}
+
+
+def seq2seq_batch(seed: int = 0):
+    """Sources of 7, 5 and 3 tokens and targets of 6, 4 and 2, right-padded."""
+    g = torch.Generator().manual_seed(seed)
+
+    def padded(lengths, width):
+        mask = (torch.arange(width)[None] < torch.tensor(lengths)[:, None]).long()
+        return torch.randint(3, 99, (len(lengths), width), generator=g), mask
+
+    ids, mask = padded([7, 5, 3], 7)
+    target, target_mask = padded([6, 4, 2], 6)
+    return {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "decoder_input_ids": target,
+        "decoder_attention_mask": target_mask,
+    }

@@ -226,7 +226,7 @@ def test_unsupported_architecture_is_one_clear_line(tmp_path):
     result = runner.invoke(app, ["analyze", "--model", str(folder), "--out", str(tmp_path / "x")])
     assert result.exit_code == 1 and result.output.count("\n") == 1
     assert "architecture 'deberta-v2' is not supported" in result.output
-    assert "supported: albert, bert, distilbert" in result.output
+    assert "supported: albert, bart, bert, distilbert" in result.output
 
 
 def test_malformed_conllu_names_file_and_line(tmp_path, minilm):

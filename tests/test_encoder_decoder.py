@@ -1,0 +1,224 @@
+"""Encoder-decoder models (BART, mBART, Marian, T5, Flan-T5): every attention mirrored, the
+decoder's cross-attention included, checked against the eager implementation on padded batches."""
+
+import pytest
+import torch
+from models import SEQ2SEQ, seq2seq_batch, small_model
+from test_circuits import assert_spectrum, dense
+
+import probe
+from probe.architectures import architecture, blocks
+from probe.hookpoints import Hook
+
+KINDS = sorted(SEQ2SEQ)
+ATTENTIONS = ("encoder.attn", "decoder.attn", "decoder.cross_attn")
+PRE_LAYERNORM = {"mbart", "t5", "flan-t5"}
+
+
+def real_rows(attention: str, batch) -> torch.Tensor:
+    """Bool [batch, q_pos]: the real queries of one attention."""
+    stack = attention.split(".")[0]
+    return batch["attention_mask" if stack == "encoder" else "decoder_attention_mask"].bool()
+
+
+def attention_io(model, batch, attention):
+    """Per layer, the attention module's query-side input and its output projection's output,
+    from plain forward hooks, and the model's outputs."""
+    arch = architecture(model, attention)
+    inputs, outputs, handles = [], [], []
+    for block in blocks(model, attention):
+        attn, o = block.get_submodule(arch.attention), block.get_submodule(arch.o)
+        handles.append(
+            attn.register_forward_pre_hook(
+                lambda m, a, k: inputs.append(a[0] if a else k["hidden_states"]),
+                with_kwargs=True,
+            )
+        )
+        handles.append(o.register_forward_hook(lambda m, a, out: outputs.append(out)))
+    try:
+        with torch.no_grad():
+            out = model(**batch)
+    finally:
+        for h in handles:
+            h.remove()
+    return inputs, outputs, out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_outputs_unchanged_and_restored(kind):
+    model, batch = small_model(kind), seq2seq_batch()
+    source, target = batch["attention_mask"].bool(), batch["decoder_attention_mask"].bool()
+    before = model.config._attn_implementation
+    with torch.no_grad():
+        expected = model(**batch)
+        with probe.trace(model) as cache:
+            got = model(**batch)
+        after = model(**batch)
+    torch.testing.assert_close(
+        got.last_hidden_state[target], expected.last_hidden_state[target], atol=1e-5, rtol=1e-5
+    )
+    torch.testing.assert_close(
+        got.encoder_last_hidden_state[source],
+        expected.encoder_last_hidden_state[source],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+    assert model.config._attn_implementation == before
+    assert torch.equal(after.last_hidden_state, expected.last_hidden_state)
+    for attention in ATTENTIONS:  # TransformerLens's names, every layer of every attention
+        stack, attn = attention.split(".")
+        assert f"{stack}.1.{attn}.hook_pattern" in cache
+    assert not any(name.startswith("blocks.") for name in cache)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_patterns_equal_eager_attentions(kind):
+    model, batch = small_model(kind, attn_implementation="eager"), seq2seq_batch()
+    with torch.no_grad():
+        eager = model(**batch, output_attentions=True)
+        with probe.trace(model, "hook_pattern") as cache:
+            model(**batch)
+    for attention, expected in zip(
+        ATTENTIONS,
+        (eager.encoder_attentions, eager.decoder_attentions, eager.cross_attentions),
+        strict=True,
+    ):
+        stack, attn = attention.split(".")
+        real = real_rows(attention, batch)
+        for layer, pattern in enumerate(expected):
+            got = cache[f"{stack}.{layer}.{attn}.hook_pattern"]
+            assert got.shape == pattern.shape
+            torch.testing.assert_close(
+                got.transpose(1, 2)[real], pattern.transpose(1, 2)[real], atol=1e-5, rtol=0
+            )
+    # Cross-attention: [batch, head, target_pos, source_pos]
+    assert cache["decoder.0.cross_attn.hook_pattern"].shape == (3, 4, 6, 7)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_shapes_projections_and_results(kind, attention):
+    """Per-hook shapes; hook_q and hook_v from the head weights; Σ_i result_i + b^O is the
+    attention's output. Cross-attention reads its values from the encoder's output."""
+    model, batch = small_model(kind), seq2seq_batch()
+    stack, attn = attention.split(".")
+    weights = probe.head_weights(model, attention)
+    with probe.trace(model) as cache:
+        inputs, outputs, out = attention_io(model, batch, attention)
+    real = real_rows(attention, batch)
+    T_q = real.shape[1]
+    T_k = 7 if attention != "decoder.attn" else 6
+    for layer, w in enumerate(weights):
+        name = f"{stack}.{layer}.{attn}."
+        assert cache[name + "hook_q"].shape == (3, T_q, 4, 8)
+        assert cache[name + "hook_k"].shape == cache[name + "hook_v"].shape == (3, T_k, 4, 8)
+        assert cache[name + "hook_attn_scores"].shape == (3, 4, T_q, T_k)
+        assert cache[name + "hook_z"].shape == (3, T_q, 4, 8)
+        result = cache[name + "hook_result"]
+        assert result.shape == (3, T_q, 4, 32)
+        torch.testing.assert_close(
+            (result.sum(2) + w.b_O)[real], outputs[layer][real], atol=1e-5, rtol=0
+        )
+        keys = out.encoder_last_hidden_state if attn == "cross_attn" else inputs[layer]
+        for head in range(4):
+            q = inputs[layer] @ w.W_Q[head] + w.b_Q[head]
+            torch.testing.assert_close(cache[name + "hook_q"][:, :, head], q, atol=1e-5, rtol=0)
+            v = keys @ w.W_V[head] + w.b_V[head]
+            torch.testing.assert_close(cache[name + "hook_v"][:, :, head], v, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_residual_stream(kind):
+    """Blocks chain within each stack; hook_cross_attn_out is Σ cross results + b^O; on
+    pre-LayerNorm models each block adds its attention(s) and MLP to the stream."""
+    model, batch = small_model(kind), seq2seq_batch()
+    with torch.no_grad(), probe.trace(model) as cache:
+        model(**batch)
+    assert torch.equal(cache["hook_embed"], cache["encoder.0.hook_resid_pre"])
+    cross = probe.head_weights(model, "decoder.cross_attn")
+    for stack in ("encoder", "decoder"):
+        assert torch.equal(cache[f"{stack}.0.hook_resid_post"], cache[f"{stack}.1.hook_resid_pre"])
+        for layer in range(2):
+            name = f"{stack}.{layer}."
+            parts = [cache[name + "hook_resid_pre"], cache[name + "hook_attn_out"]]
+            if stack == "decoder":
+                result = cache[f"decoder.{layer}.cross_attn.hook_result"].sum(2)
+                cross_out = cache[name + "hook_cross_attn_out"]
+                torch.testing.assert_close(result + cross[layer].b_O, cross_out, atol=1e-5, rtol=0)
+                parts.append(cross_out)
+            if kind in PRE_LAYERNORM:
+                total = sum(parts) + cache[name + "hook_mlp_out"]
+                post = cache[name + "hook_resid_post"]
+                torch.testing.assert_close(total, post, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_ablating_a_cross_attention_head_equals_a_plain_hook(kind):
+    """probe.ablate on the cross-attention zeroes exactly that head's slice of the output
+    projection's input, as a plain PyTorch pre-hook does; the edit changes the output."""
+    model, batch = small_model(kind), seq2seq_batch()
+    arch = architecture(model, "decoder.cross_attn")
+    o = blocks(model, "decoder.cross_attn")[1].get_submodule(arch.o)
+
+    def zero_head_2(_module, args):
+        x = args[0].clone()
+        x[..., 16:24] = 0
+        return (x, *args[1:])
+
+    target = batch["decoder_attention_mask"].bool()
+    with torch.no_grad():
+        plain = model(**batch).last_hidden_state
+        with probe.ablate(model, [(1, 2)], attention="decoder.cross_attn"):
+            ours = model(**batch).last_hidden_state
+        handle = o.register_forward_pre_hook(zero_head_2)
+        try:
+            theirs = model(**batch).last_hidden_state
+        finally:
+            handle.remove()
+    torch.testing.assert_close(ours[target], theirs[target], atol=1e-5, rtol=0)
+    assert not torch.allclose(ours[target], plain[target], atol=1e-4)
+    means = probe.head_means(model, [batch], attention="decoder.cross_attn")
+    assert means[1].shape == (4, 8)
+    with (
+        torch.no_grad(),
+        probe.ablate(model, [(1, 2)], mode="mean", means=means, attention="decoder.cross_attn"),
+    ):
+        assert not torch.allclose(model(**batch).last_hidden_state[target], ours[target])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_spectra_of_every_attention_equal_dense_svd(kind):
+    model = small_model(kind)
+    table = probe.spectra(model)
+    assert list(table.columns[:2]) == ["attention", "keys_from"]
+    assert set(table.attention) == set(ATTENTIONS)
+    keys_from = table.drop_duplicates("attention").set_index("attention").keys_from
+    assert keys_from.to_dict() == {
+        "encoder.attn": "encoder",
+        "decoder.attn": "decoder",
+        "decoder.cross_attn": "encoder",
+    }
+    for attention in ATTENTIONS:
+        weights = probe.head_weights(model, attention)
+        for row in table[table.attention == attention].itertuples():
+            w = weights[row.layer]
+            A, B = (
+                (w.W_Q[row.head], w.W_K[row.head])
+                if row.circuit == "QK"
+                else (w.W_V[row.head], w.W_O[row.head].T)
+            )
+            s, _ = dense(A, B)
+            assert_spectrum(torch.from_numpy(row.singular_values), s)
+
+
+def test_names_and_unknown_attentions():
+    model = small_model("t5")
+    assert Hook("decoder.1.cross_attn.hook_z").layer() == 1
+    with pytest.raises(probe.ProbeError, match=r"has no attention 'decoder\.cross'.*cross_attn"):
+        probe.head_weights(model, "decoder.cross")
+    bert = small_model("bert")
+    with (
+        pytest.raises(probe.ProbeError, match="for encoder-decoder models"),
+        probe.ablate(bert, [(0, 0)], attention="decoder.attn"),
+    ):
+        pass
