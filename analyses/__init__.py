@@ -41,6 +41,7 @@ REGISTRY: dict[str, str] = {
     "spectra": "analyses.spectra:Spectra",
     "probe": "analyses.probing:AttentionProbe",
     "coref": "analyses.coreference:Coreference",
+    "cross": "analyses.cross:CrossAttention",
     "importance": "analyses.importance:Importance",
 }
 
@@ -90,12 +91,21 @@ class Analysis:
     # one document (``probe.coreference.Windows``), whose batches hold ``Window``s; None for an
     # analysis of the weights alone, which needs neither treebank nor forward pass.
     unit: ClassVar[str | None] = "sentence"
+    # Which attention's captures it reads (``probe.architectures.attentions``); None for the
+    # model's first: its only one, or an encoder-decoder model's encoder self-attention.
+    attention: ClassVar[str | None] = None
     tables: ClassVar[dict[str, Schema]] = {}
     head_columns: ClassVar[Schema] = {}  # what this analysis adds to heads.csv
 
     def __init__(self, context: Context) -> None:
         self.context = context
         self.finished = False
+
+    @classmethod
+    def unsupported(cls, model: nn.Module) -> str | None:
+        """Why this analysis cannot run on ``model``, or None. A run that chose its analyses by
+        default leaves such an analysis out; one that named it stops with the reason."""
+        return None
 
     @property
     def reads(self) -> int | None:

@@ -47,6 +47,13 @@ class Importance(Analysis):
 
     name = "importance"
     title = "Head importance"
+
+    @classmethod
+    def unsupported(cls, model) -> str | None:
+        if getattr(model.config, "is_encoder_decoder", False):
+            return "importance does not handle encoder-decoder models yet"
+        return None
+
     tables: ClassVar[dict[str, Schema]] = {
         "importance": {
             "layer": "int", "head": "int", "ablation_effect": "float",

@@ -15,6 +15,7 @@ from matplotlib.figure import Figure as MplFigure
 from analyses import Analysis, Schema
 from analyses.figures import Figure, heatmap
 from analyses.vocabulary import Thresholds
+from probe.architectures import iter_head_weights
 from probe.circuits import spectra
 
 
@@ -39,7 +40,9 @@ class Spectra(Analysis):
 
     def _tables(self) -> dict[str, pd.DataFrame]:
         """``spectra``: one row per (layer, head, circuit); singular values space-separated."""
-        table = spectra(self.context.model)
+        # The heads of the run's grid: an encoder-decoder model's encoder (cross-attention's
+        # circuits are in the cross analysis).
+        table = spectra(iter_head_weights(self.context.model))
         table["singular_values"] = [" ".join(f"{x:.6g}" for x in s) for s in table.singular_values]
         return {"spectra": table}
 

@@ -280,6 +280,14 @@ def output_weights(o: nn.Module, d_head: int) -> torch.Tensor:
     return o.weight.T.reshape(-1, d_head, o.weight.shape[0])
 
 
+def head_count(model: nn.Module, attention: str | None = None) -> int:
+    """Query heads per layer of one attention (see ``architecture``)."""
+    arch = architecture(model, attention)
+    o = blocks(model, attention)[0].get_submodule(arch.o)
+    with materialized(o):
+        return output_weights(o, head_dim(model)).shape[0]
+
+
 def head_dim(model: nn.Module) -> int:
     config = model.config
     d_head = getattr(config, "head_dim", None) or getattr(config, "d_kv", None)  # T5: d_kv

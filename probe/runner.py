@@ -17,6 +17,7 @@ import torch
 from transformers import PreTrainedModel
 
 from probe.alignment import WordAlignment
+from probe.architectures import attentions, blocks, is_encoder_decoder
 from probe.corpus import Batch
 from probe.hookpoints import hooks
 from probe.loading import main_device
@@ -89,7 +90,10 @@ class LayerCapture(dict):
 
 
 class Consumer(Protocol):
-    """What the runner needs of whatever reads the captures (an analysis, say)."""
+    """What the runner needs of whatever reads the captures (an analysis, say). A consumer may
+    name the ``attention`` it reads (``"decoder.cross_attn"``; see
+    ``probe.architectures.attentions``); by default the model's first: its only attention, or an
+    encoder-decoder model's encoder self-attention."""
 
     def begin_batch(self, batch: Batch) -> None:
         """Called before the batch runs through the model."""
@@ -101,8 +105,25 @@ class Consumer(Protocol):
         """Called after every layer of the batch has been seen."""
 
 
-def _layer(name: str) -> int:
-    return int(name.split(".")[1])  # blocks.{layer}.attn.hook_...
+def _site(name: str) -> tuple[str, int]:
+    """``encoder.3.attn.hook_z`` -> (``encoder.attn``, 3)."""
+    stack, layer, attn, _ = name.split(".")
+    return f"{stack}.{attn}", int(layer)
+
+
+def decoder_inputs(model: PreTrainedModel, inputs: dict[str, torch.Tensor]) -> dict:
+    """An encoder-decoder model's inputs with the decoder's: the sentence itself, shifted right
+    after the decoder's start token (teacher forcing on reconstruction, BART's pre-training
+    task), so that decoder position t reads source token t - 1 and predicts token t."""
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    config = model.config
+    start = getattr(config, "decoder_start_token_id", None)
+    start = config.pad_token_id if start is None else start  # T5 starts from its padding
+    first = torch.full_like(ids[:, :1], start)
+    return inputs | {
+        "decoder_input_ids": torch.cat([first, ids[:, :-1]], 1),
+        "decoder_attention_mask": torch.cat([torch.ones_like(mask[:, :1]), mask[:, :-1]], 1),
+    }
 
 
 def stream(
@@ -116,7 +137,8 @@ def stream(
     Parameters
     ----------
     model : PreTrainedModel
-        A supported Hugging Face model; it is mirrored for the duration of the call.
+        A supported Hugging Face model; it is mirrored for the duration of the call. An
+        encoder-decoder model's decoder reads each sentence too (``decoder_inputs``).
     batches : iterable of Batch
         E.g. ``Corpus.batches()``, wrapped in a progress bar if wanted.
     consumers : sequence of Consumer
@@ -126,27 +148,39 @@ def stream(
     """
     fix_mmap_threshold()
     device = main_device(model)  # a model spread over devices is analysed on the first
+    first = next(iter(attentions(model)))
+    readers: dict[str, list[Consumer]] = {}
+    for consumer in consumers:
+        readers.setdefault(getattr(consumer, "attention", None) or first, []).append(consumer)
     wanted = set(captures)
-    pending: dict[int, dict[str, torch.Tensor]] = {}
+    names = [
+        f"{site.replace('.', f'.{layer}.')}.{suffix}"  # encoder.attn -> encoder.3.attn.hook_z
+        for site in readers
+        for layer in range(len(blocks(model, site)))
+        for suffix in wanted
+    ]
+    encoder_decoder = is_encoder_decoder(model)
+    pending: dict[tuple[str, int], dict[str, torch.Tensor]] = {}
     batch: Batch
     alignment: WordAlignment
 
     def receive(tensor: torch.Tensor, name: str) -> None:
-        layer = _layer(name)
-        got = pending.setdefault(layer, {})
+        site = _site(name)
+        got = pending.setdefault(site, {})
         got[name.rsplit(".", 1)[1]] = tensor.to(device)  # a no-op unless the layer is elsewhere
         if len(got) == len(wanted):
-            capture = LayerCapture(pending.pop(layer), batch, alignment)
-            for consumer in consumers:
-                consumer.update(batch, layer, capture)
+            capture = LayerCapture(pending.pop(site), batch, alignment)
+            for consumer in readers[site[0]]:
+                consumer.update(batch, site[1], capture)
 
-    with torch.inference_mode(), hooks(model, dict.fromkeys(wanted, receive)):
+    with torch.inference_mode(), hooks(model, dict.fromkeys(names, receive)):
         for batch in batches:
             batch = batch.to(device)
             alignment = WordAlignment(batch.word_of_token, batch.n_words)
             for consumer in consumers:
                 consumer.begin_batch(batch)
-            model(**batch.inputs)
+            inputs = decoder_inputs(model, batch.inputs) if encoder_decoder else batch.inputs
+            model(**inputs)
             for consumer in consumers:
                 consumer.end_batch(batch)
     release_memory()

@@ -1,6 +1,8 @@
 """Encoder-decoder models (BART, mBART, Marian, T5, Flan-T5): every attention mirrored, the
 decoder's cross-attention included, checked against the eager implementation on padded batches."""
 
+import math
+
 import pytest
 import torch
 from models import SEQ2SEQ, seq2seq_batch, small_model
@@ -222,3 +224,86 @@ def test_names_and_unknown_attentions():
         probe.ablate(bert, [(0, 0)], attention="decoder.attn"),
     ):
         pass
+
+
+def shifted_identity(n_layers: int, T: int, shift: int) -> torch.Tensor:
+    """Cross patterns ``[1, layer, head, T, T]`` where target position t attends wholly to
+    source position t + shift (clamped to the sentence)."""
+    source = (torch.arange(T) + shift).clamp(0, T - 1)
+    one = torch.nn.functional.one_hot(source, T).float()
+    return one.expand(1, n_layers, 4, T, T).clone()
+
+
+def test_cross_statistics_by_hand():
+    """Head 0 reads the diagonal (t), head 1 the token just read (t - 1), head 2 is uniform:
+    the statistics are worked out by hand."""
+    from streams import context, feed
+    from test_alignment import hand_batch
+
+    from analyses.cross import CrossAttention
+
+    model = small_model("bart")
+    batch = hand_batch()  # 6 real source tokens; decoder positions 0…5 are all real
+    patterns = shifted_identity(2, 6, 0)
+    patterns[0, :, 1] = shifted_identity(2, 6, -1)[0, :, 1]
+    patterns[0, :, 2] = 1 / 6
+    analysis = CrossAttention(context(2, 4, model=model))
+    feed(analysis, batch, patterns)
+    table = analysis.finish()["cross_attention"].set_index(["layer", "head"])
+    diagonal, previous, uniform = (table.loc[(1, h)] for h in range(3))
+    assert diagonal.at_predicted == 1 and diagonal.max_at_predicted == 1
+    assert diagonal.entropy == 0 and diagonal.diagonal == 1
+    # t - 1 for t ≥ 1; position 0 has nothing before it and attends to source 0 (= t).
+    assert previous.at_read == pytest.approx(5 / 6) and previous.at_predicted == pytest.approx(
+        1 / 6
+    )
+    assert previous.max_at_read == pytest.approx(5 / 6)
+    assert uniform.entropy == pytest.approx(math.log(6), rel=1e-6)  # float32 patterns
+    assert uniform.entropy_normalised == pytest.approx(1, rel=1e-6)
+    # within ±1 of t: 2 keys at the sentence's ends, 3 inside
+    assert uniform.diagonal == pytest.approx((2 * 2 + 4 * 3) / 36)
+    assert table.queries.iloc[0] == 6
+    assert set(table.columns) >= {"qk_effective_rank", "ov_effective_rank"}
+
+
+@pytest.mark.parametrize("kind", ["bart", "t5"])
+def test_analyze_an_encoder_decoder_model(tmp_path, kind):
+    """probe analyze on a small random model: syntax and roles on the encoder, and the
+    cross-attention section; importance, which does not handle these models, is refused."""
+    import json
+
+    import pandas as pd
+    import transformers as tf
+    from tokenizers_util import wordpiece
+    from typer.testing import CliRunner
+
+    from probe.app.cli import app
+
+    folder = tmp_path / kind
+    config = SEQ2SEQ[kind]()
+    config.vocab_size = 128  # the test tokenizer's
+    torch.manual_seed(0)
+    tf.AutoModel.from_config(config).save_pretrained(folder)
+    wordpiece().save_pretrained(folder)
+    out = tmp_path / "report"
+    args = ["analyze", "-m", str(folder), "-n", "20", "-q", "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    run = json.loads((out / "run.json").read_text())
+    assert run["analyses"] == ["syntax", "roles", "spectra", "probe", "coref", "cross"]
+    assert run["layers"] == 2 and run["heads"] == 4
+    cross = pd.read_csv(out / "cross_attention.csv")
+    assert len(cross) == 2 * 4 and (cross.queries > 0).all()
+    assert (
+        cross[["at_read", "at_predicted", "at_next", "entropy_normalised"]]
+        .stack()
+        .between(0, 1)
+        .all()
+    )
+    assert len(pd.read_csv(out / "syntax.csv")) > 0
+    assert "Cross-attention" in (out / "index.html").read_text()
+    refused = CliRunner().invoke(
+        app, [*args[:-2], "-a", "importance", "--out", str(tmp_path / "x")]
+    )
+    assert refused.exit_code == 1
+    assert "importance does not handle encoder-decoder models" in refused.output

@@ -197,7 +197,7 @@ def _run(
     from analyses import Context
     from probe.app.examples import Examples
     from probe.app.report import render_html
-    from probe.architectures import blocks, is_causal
+    from probe.architectures import blocks, head_count, is_causal
     from probe.coreference import Windows
     from probe.corpus import Corpus, max_tokens
     from probe.distributed import Tally, joined, merge_to_leader
@@ -224,7 +224,9 @@ def _run(
             **_placement(settings, ranks),
         )
         config = model.config
-        n_layers, n_heads = len(blocks(model)), config.num_attention_heads
+        classes = _applicable(classes, model, settings)
+        schemas = table_io.schemas(classes)
+        n_layers, n_heads = len(blocks(model)), head_count(model)
         causal = is_causal(model)
         options = {
             "importance_sentences": settings.importance_sentences,
@@ -360,6 +362,17 @@ def _run(
     lap("render")
     timings["total"] = round(time.perf_counter() - started, 3)
     (folder / "run.json").write_text(json.dumps(run_card, indent=2), encoding="utf-8")
+
+
+def _applicable(classes: list, model, settings: Settings) -> list:
+    """The analyses that can run on ``model``: chosen by default, the others are left out;
+    named by the user, any that cannot run is an error."""
+    reasons = {cls.name: cls.unsupported(model) for cls in classes}
+    if settings.analyses != analyses.defaults():
+        for name, reason in reasons.items():
+            if reason:
+                raise ProbeError(f"--analyses {name}: {reason}")
+    return [cls for cls in classes if not reasons[cls.name]]
 
 
 def _placement(settings: Settings, ranks) -> dict:
