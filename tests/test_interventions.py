@@ -64,7 +64,18 @@ def head_input_hook(model, layer: int, head: int):
 
 @pytest.mark.parametrize(
     "kind",
-    ["bert", "distilbert", "gpt2", "gpt_neox", "llama", "qwen3", "gemma2", "phi3", "modernbert"],
+    [
+        "bert",
+        "distilbert",
+        "gpt2",
+        "gpt_neox",
+        "llama",
+        "qwen3",
+        "gemma2",
+        "gemma3_text",
+        "phi3",
+        "modernbert",
+    ],
 )
 def test_zero_ablation_equals_a_plain_forward_hook(kind):
     model = small_model(kind)
