@@ -4,6 +4,12 @@
     MultiHead  = Concat(head_1, …, head_h) W^O = Σ_i head_i W_i^O
 
 Weights are stored per head, in the paper's orientation, so ``W_Q[i]`` is W_i^Q.
+
+Two choices the paper makes can be changed, to study them: each head's width ``d_head``
+(d_model / h by default; "wide" heads project to all of d_model), and how the scores are
+parametrised (``qk``): "factored" learns W_i^Q and W_i^K (the paper); "bilinear" learns one
+W_i = W_i^Q W_i^Kᵀ of d_model x d_model per head (W_i^Q is W_i, W_i^K the identity); "shared"
+learns one W_i^Q = W_i^K, whose scores are symmetric in query and key.
 """
 
 from __future__ import annotations
@@ -25,7 +31,13 @@ class MultiHeadAttention(nn.Module):
     d_model : int
         Width of the residual stream.
     n_heads : int
-        Number of heads h; each has d_head = d_model / h.
+        Number of heads h.
+    d_head : int, optional
+        Width of each head's queries, keys and values; d_model / h by default (d_model for
+        "wide" heads).
+    qk : {"factored", "bilinear", "shared"}
+        How the scores are parametrised (see the module's docstring). The scores are divided
+        by √d_head in every case.
     bias : bool
         Learn b_Q, b_K, b_V and b_O (otherwise they are fixed zeros).
     dropout : float
@@ -40,10 +52,15 @@ class MultiHeadAttention(nn.Module):
 
     Attributes
     ----------
-    W_Q, W_K, W_V : Parameter ``[n_heads, d_model, d_head]``
+    W_Q, W_K, W_V : ``[n_heads, d_model, d_head]``
+        ``[n_heads, d_model, d_model]`` for W_Q and W_K with qk="bilinear" (W_K is then a
+        fixed identity); with qk="shared", W_K is W_Q, one parameter.
     W_O : Parameter ``[n_heads, d_head, d_model]``
-    b_Q, b_K, b_V : ``[n_heads, d_head]``;  b_O : ``[d_model]``
+    b_Q, b_K, b_V : ``[n_heads, d_head]`` (b_Q and b_K ``[n_heads, d_model]`` with bilinear,
+        b_K fixed at zero);  b_O : ``[d_model]``
     """
+
+    QK = ("factored", "bilinear", "shared")
 
     # What torch's transformer layers look up on their attention. No fused input projection:
     # their fused fast path does not apply, so they call ``forward``, hooks and all.
@@ -55,29 +72,45 @@ class MultiHeadAttention(nn.Module):
         d_model: int,
         n_heads: int,
         *,
+        d_head: int | None = None,
+        qk: str = "factored",
         bias: bool = True,
         dropout: float = 0.0,
         batch_first: bool = True,
     ):
         super().__init__()
-        for name, value in (("d_model", d_model), ("n_heads", n_heads)):
+        sizes = [("d_model", d_model), ("n_heads", n_heads)]
+        for name, value in [*sizes, *([("d_head", d_head)] if d_head is not None else [])]:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, not {value!r}")
         if not 0 <= dropout < 1:
             raise ValueError(f"dropout must be in [0, 1), not {dropout!r}")
-        if d_model % n_heads:
+        if qk not in self.QK:
+            raise ValueError(f"qk must be one of {', '.join(self.QK)}, not {qk!r}")
+        if d_head is None and d_model % n_heads:
             raise ValueError(
                 f"d_model ({d_model}) must be divisible by n_heads ({n_heads}): "
-                "each head gets d_model / n_heads dimensions"
+                "each head gets d_model / n_heads dimensions (or give d_head)"
             )
-        self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
-        self.dropout, self.batch_first = dropout, batch_first
+        self.d_model, self.n_heads = d_model, n_heads
+        self.d_head = d_head or d_model // n_heads
+        self.qk, self.dropout, self.batch_first = qk, dropout, batch_first
         self.embed_dim, self.num_heads = d_model, n_heads  # torch's names
         h, d, k = n_heads, d_model, self.d_head
-        self.W_Q, self.W_K, self.W_V = (nn.Parameter(torch.empty(h, d, k)) for _ in range(3))
+        k_qk = d if qk == "bilinear" else k  # width in which queries meet keys
+        self.W_Q = nn.Parameter(torch.empty(h, d, k_qk))
+        self._bias("b_Q", torch.zeros(h, k_qk), bias)
+        if qk == "factored":
+            self.W_K = nn.Parameter(torch.empty(h, d, k))
+            self._bias("b_K", torch.zeros(h, k), bias)
+        elif qk == "shared":  # one parameter under both names: symmetric scores
+            self.W_K, self.b_K = self.W_Q, self.b_Q
+        else:  # bilinear: W_i^Q is W_i, keys are the stream itself
+            self.register_buffer("W_K", torch.eye(d).expand(h, d, d).clone())
+            self.register_buffer("b_K", torch.zeros(h, d))
+        self.W_V = nn.Parameter(torch.empty(h, d, k))
         self.W_O = nn.Parameter(torch.empty(h, k, d))
-        for name in ("b_Q", "b_K", "b_V"):
-            self._bias(name, torch.zeros(h, k), bias)
+        self._bias("b_V", torch.zeros(h, k), bias)
         self._bias("b_O", torch.zeros(d), bias)
         self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
         self.hook_attn_scores, self.hook_pattern = HookPoint(), HookPoint()
@@ -91,10 +124,28 @@ class MultiHeadAttention(nn.Module):
             self.register_buffer(name, zeros)
 
     def reset_parameters(self) -> None:
-        # Xavier-uniform on the full d_model x d_model maps, as torch.nn.MultiheadAttention does.
-        bound = math.sqrt(6.0 / (2 * self.d_model))
-        for W in (self.W_Q, self.W_K, self.W_V, self.W_O):
+        # Xavier-uniform on the full input and output maps (d_model x h·d_head), as
+        # torch.nn.MultiheadAttention does; a bilinear W_i on its own d_model x d_model.
+        bound = math.sqrt(6.0 / (self.d_model + self.n_heads * self.d_head))
+        learned = [self.W_Q, self.W_V, self.W_O] + ([self.W_K] if self.qk == "factored" else [])
+        for W in learned:
             nn.init.uniform_(W, -bound, bound)
+        if self.qk == "bilinear":  # W_i with the variance of a factored W_i^Q W_i^Kᵀ
+            bound = math.sqrt(3.0 * self.d_head) * bound**2
+            nn.init.uniform_(self.W_Q, -bound, bound)
+
+    def parameter_counts(self) -> dict[str, int]:
+        """Learned numbers in each part: ``{"QK": …, "V": …, "O": …, "bias": …}``.
+
+        QK is 2·h·d_model·d_head for factored heads, h·d_model² for bilinear ones (one W_i
+        each) and h·d_model·d_head for shared ones; V and O are h·d_model·d_head each.
+        """
+        learned = {id(p): (name, p) for name, p in self.named_parameters()}.values()
+        parts = {"QK": 0, "V": 0, "O": 0, "bias": 0}
+        for name, p in learned:
+            part = "bias" if name.startswith("b_") else {"W_V": "V", "W_O": "O"}.get(name, "QK")
+            parts[part] += p.numel()
+        return parts
 
     def forward(
         self,

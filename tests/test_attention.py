@@ -1,10 +1,12 @@
 """probe.MultiHeadAttention against torch.nn.MultiheadAttention and against the equations."""
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
 import probe
+from probe import MultiHeadAttention
 
 D, H = 24, 4
 
@@ -215,3 +217,66 @@ def test_a_model_built_from_modules_gets_prefixed_names():
         blocks.blocks[1].attn(blocks.blocks[0].attn(x))
     assert sorted(cache) == ["blocks.0.attn.hook_pattern", "blocks.1.attn.hook_pattern"]
     assert cache.stack("hook_pattern").shape == (2, 1, H, 3, 3)
+
+
+VARIANTS = {  # name -> (d_head, qk)
+    "narrow": (None, "factored"),
+    "wide": (32, "factored"),
+    "bilinear": (None, "bilinear"),
+    "shared": (None, "shared"),
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_variants_parameter_counts(variant):
+    d_head, qk = VARIANTS[variant]
+    h, d = 4, 32
+    k = d_head or d // h
+    m = MultiHeadAttention(d, h, d_head=d_head, qk=qk)
+    qk_params = {"factored": 2 * h * d * k, "bilinear": h * d * d, "shared": h * d * k}[qk]
+    bias = (h * d if qk == "bilinear" else h * k * (1 if qk == "shared" else 2)) + h * k + d
+    expected = {"QK": qk_params, "V": h * d * k, "O": h * k * d, "bias": bias}
+    assert m.parameter_counts() == expected
+    assert sum(expected.values()) == sum(p.numel() for p in m.parameters())
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_variants_spectra_hooks_and_ranks(variant):
+    """Every variant has the same hook points; its QK spectrum equals a dense SVD of
+    W_i^Q W_i^Kᵀ; a factored product has rank at most d_head, a bilinear W_i up to d_model."""
+    from test_circuits import dense
+
+    d_head, qk = VARIANTS[variant]
+    torch.manual_seed(0)
+    m = MultiHeadAttention(32, 4, d_head=d_head, qk=qk)
+    x = torch.randn(2, 5, 32)
+    with probe.trace(m) as cache:
+        out = m(x)
+    assert out.shape == (2, 5, 32)
+    width = {"bilinear": 32}.get(qk, m.d_head)
+    assert cache["hook_q"].shape == cache["hook_k"].shape == (2, 5, 4, width)
+    assert cache["hook_z"].shape == (2, 5, 4, m.d_head)
+    torch.testing.assert_close(cache["hook_result"].sum(2) + m.b_O, out)
+    table = probe.spectra(m)
+    for row in table[table.circuit == "QK"].itertuples():
+        s, _ = dense(m.W_Q[row.head].detach(), m.W_K[row.head].detach())
+        np.testing.assert_allclose(row.singular_values, s[: len(row.singular_values)], rtol=1e-8)
+        assert row.numerical_rank == (32 if variant in ("wide", "bilinear") else 8)
+
+
+def test_shared_scores_are_symmetric_and_factored_is_the_default():
+    torch.manual_seed(0)
+    shared = MultiHeadAttention(16, 2, qk="shared")
+    x = torch.randn(3, 6, 16)
+    with probe.trace(shared, "hook_attn_scores") as cache:
+        shared(x)
+    scores = cache["hook_attn_scores"]
+    torch.testing.assert_close(scores, scores.transpose(-1, -2))
+    assert shared.W_K is shared.W_Q
+    torch.manual_seed(1)
+    default = MultiHeadAttention(16, 2)
+    torch.manual_seed(1)
+    factored = MultiHeadAttention(16, 2, qk="factored", d_head=8)
+    assert torch.equal(default(x), factored(x))
+    with pytest.raises(ValueError, match="qk must be one of factored, bilinear, shared"):
+        MultiHeadAttention(16, 2, qk="tied")
