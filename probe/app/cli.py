@@ -310,6 +310,51 @@ def report(
     typer.echo(f"report: {path}")
 
 
+experiment = typer.Typer(help="Experiments that answer questions about attention by training.")
+app.add_typer(experiment, name="experiment")
+
+
+@experiment.command("heads")
+def experiment_heads(
+    steps: int = typer.Option(600, "--steps", min=1, help="Training steps per model."),
+    seed: int = typer.Option(0, "--seed", help="The first seed; the others follow it."),
+    seeds: int = typer.Option(3, "--seeds", min=1, help="Models per task and variant."),
+    out: Path = typer.Option(
+        Path("reports/experiment-heads"), "--out", "-o", help="Output folder."
+    ),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an earlier report."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+) -> None:
+    """Narrow vs wide heads, factored W_Q, W_K vs one W_i, separate vs shared W_Q = W_K: small
+    transformers built from probe's attention, trained on synthetic tasks (a few minutes)."""
+    from probe.app.output import check_free
+
+    try:
+        check_free(out, overwrite)  # before any training
+        from probe.app.experiment import run
+        from probe.experiment import TASKS, VARIANTS
+
+        total = len(TASKS) * len(VARIANTS) * seeds
+        console = Console(stderr=True, quiet=quiet)
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+        with Progress(*columns, TimeElapsedColumn(), console=console, transient=True) as progress:
+            bar = progress.add_task("training", total=total)
+
+            def advance(done) -> None:
+                progress.update(bar, advance=1, description=f"{done.task} · {done.variant}")
+
+            path = run(out, steps, list(range(seed, seed + seeds)), overwrite, advance)
+    except ProbeError as e:
+        _fail(str(e))
+    except KeyboardInterrupt:
+        _fail("interrupted; no report was written")
+    if not quiet:
+        index = path / "index.html"
+        Console().print(
+            Text.assemble("report: ", (str(index), Style(link=index.resolve().as_uri())))
+        )
+
+
 def main() -> None:
     """The ``probe`` command."""
     try:
