@@ -34,6 +34,8 @@ _EXPORTS = {
     "trace": "probe.hookpoints",
     "load": "probe.loading",
     "patch": "probe.patching",
+    "show": "probe.viewer",
+    "View": "probe.viewer",
 }
 
 __all__ = [
@@ -44,6 +46,7 @@ __all__ = [
     "HookPoint",
     "MultiHeadAttention",
     "ProbeError",
+    "View",
     "__version__",
     "ablate",
     "head_means",
@@ -51,6 +54,7 @@ __all__ = [
     "hooks",
     "load",
     "patch",
+    "show",
     "spectra",
     "trace",
 ]
@@ -78,3 +82,4 @@ if TYPE_CHECKING:
     from probe.hookpoints import Cache, Hook, HookPoint, hooks, trace
     from probe.loading import load
     from probe.patching import patch
+    from probe.viewer import View, show

@@ -5,7 +5,8 @@ from pathlib import Path
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-def test_readme_api_example_runs(minilm):
+def test_readme_api_example_runs(minilm, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # it saves a page
     text = README.read_text()
     start = text.index("```python") + len("```python")
     code = text[start : text.index("```", start)]
@@ -13,3 +14,4 @@ def test_readme_api_example_runs(minilm):
     exec(compile(code, str(README), "exec"), namespace)
     assert namespace["cache"]["blocks.0.attn.hook_pattern"].shape[:2] == (1, 12)
     assert not namespace["ablated"].equal(namespace["edited"])
+    assert "probe-view" in (tmp_path / "attention.html").read_text()

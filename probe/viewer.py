@@ -1,0 +1,181 @@
+"""``probe.show``: an interactive attention viewer that needs no network.
+
+One self-contained HTML fragment (a ``<div>``, the data and a plain inline script drawing on a
+canvas: no CDN, no require.js, no DOM node per token), so it works in Jupyter Lab and Notebook,
+VS Code notebooks, Colab and a plain browser. Three views: the head view (lines from each token
+to the tokens it attends to), a token x token heatmap, and the model view (every head as a
+thumbnail; a click opens it); layer, head and sentence selectors; hovering a token shows only
+its own attention.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from html import escape
+from importlib.resources import files
+from pathlib import Path
+
+import numpy as np
+import torch
+
+FULL_TOKENS = 64  # longer inputs keep each token's TOP_K largest weights
+TOP_K = 16
+
+
+@dataclass
+class View:
+    """Attention patterns ready to be shown.
+
+    Attributes
+    ----------
+    tokens : list of list of str
+        Per sentence, its tokens.
+    patterns : list of array ``[layer, head, q_pos, k_pos]``
+        Per sentence, float32 attention weights.
+    """
+
+    tokens: list[list[str]]
+    patterns: list[np.ndarray]
+
+    def _repr_html_(self) -> str:
+        return self.html()
+
+    def html(self) -> str:
+        """The view as an HTML fragment (its own ``<div>``, data and script)."""
+        root = "probe-view-" + secrets.token_hex(6)
+        layers, heads = self.patterns[0].shape[:2]
+        sentences = [_encode(t, p) for t, p in zip(self.tokens, self.patterns, strict=True)]
+        data = {"layers": layers, "heads": heads, "k": TOP_K, "sentences": sentences}
+        # JSON inside <script>: "<", ">" and "&" escaped, so no token can close the element.
+        payload = json.dumps(data).replace("<", "\\u003c").replace(">", "\\u003e")
+        payload = payload.replace("&", "\\u0026")
+        script = files("probe").joinpath("data/show.js").read_text(encoding="utf-8")
+        script = script.replace("__ROOT__", json.dumps(root))
+        return f"""<div id="{escape(root)}" class="probe-view" style="--probe-accent:#2f5fd0;\
+font:13px system-ui,sans-serif">
+<div style="display:flex;gap:8px;align-items:center;flex-wrap:wrap;margin:4px 0">
+<select data-role="view" aria-label="view"><option value="head">head view</option>\
+<option value="heatmap">heatmap</option><option value="model">model view</option></select>
+<select data-role="sentence" aria-label="sentence"></select>
+<select data-role="layer" aria-label="layer"></select>
+<select data-role="head" aria-label="head"></select>
+<span data-role="status" style="opacity:.7"></span></div>
+<div style="overflow:auto;max-height:720px"><canvas data-role="canvas"></canvas></div>
+<script type="application/json" class="probe-data">{payload}</script>
+<script>{script}</script>
+</div>"""
+
+    def save(self, path: str | Path) -> Path:
+        """Write the view as a page of its own; returns the path."""
+        path = Path(path)
+        page = ('<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+                "<title>probe · attention</title></head><body>"
+                f"{self.html()}</body></html>\n")  # fmt: skip
+        path.write_text(page, encoding="utf-8")
+        return path
+
+
+def _encode(tokens: list[str], pattern: np.ndarray) -> dict:
+    """One sentence's weights as bytes: every weight, or each query's TOP_K largest."""
+    T = pattern.shape[-1]
+    quantised = lambda w: np.clip(np.rint(w * 255), 0, 255).astype(np.uint8)  # noqa: E731
+    b64 = lambda a: base64.b64encode(np.ascontiguousarray(a).tobytes()).decode()  # noqa: E731
+    if T <= FULL_TOKENS:
+        return {"tokens": tokens, "T": T, "mode": "full", "weights": b64(quantised(pattern))}
+    index = np.argsort(-pattern, axis=-1, kind="stable")[..., :TOP_K]
+    weights = np.take_along_axis(pattern, index, -1)
+    return {"tokens": tokens, "T": T, "mode": "top", "weights": b64(quantised(weights)),
+            "index": b64(index.astype("<u2"))}  # fmt: skip
+
+
+def show(source, tokens_or_tokenizer=None, text=None, *, attention: str | None = None) -> View:
+    """An interactive view of attention patterns (display it in a notebook, or ``.save()``).
+
+    Two ways to call it:
+
+    - ``probe.show(model, tokenizer, text)``: runs the Hugging Face ``model`` on ``text`` (a
+      string, or a list of them: one sentence per entry of the sentence selector) and shows
+      every layer and head;
+    - ``probe.show(patterns, tokens)``: shows patterns already captured: a ``Cache`` (or any
+      mapping of hook names to ``[batch, head, q_pos, k_pos]`` tensors), a tensor
+      ``[layer, head, q_pos, k_pos]`` or ``[batch, layer, head, q_pos, k_pos]``, or a list of
+      per-layer ``[batch, head, q_pos, k_pos]`` tensors; ``tokens`` is a list of strings, or
+      one list per sentence.
+
+    Parameters
+    ----------
+    attention : str, optional
+        Which attention of an encoder-decoder model (``"decoder.cross_attn"``…); by default
+        the first (an encoder-decoder model's encoder).
+
+    Returns
+    -------
+    View
+        Shown by ``_repr_html_`` in notebooks; ``.save(path)`` writes a page.
+    """
+    if isinstance(source, torch.nn.Module):
+        return _from_model(source, tokens_or_tokenizer, text, attention)
+    if tokens_or_tokenizer is None:
+        raise TypeError("probe.show(patterns, tokens) needs the tokens")
+    tokens = tokens_or_tokenizer
+    batch = [list(tokens)] if tokens and isinstance(tokens[0], str) else [list(t) for t in tokens]
+    patterns = _patterns(source, attention)  # [batch, layer, head, q, k]
+    if patterns.shape[0] != len(batch):
+        raise ValueError(f"{patterns.shape[0]} sentences of patterns but {len(batch)} of tokens")
+    views = []
+    for sentence, p in zip(batch, patterns, strict=True):
+        n = len(sentence)
+        if n > p.shape[-1]:
+            raise ValueError(f"{n} tokens but patterns over {p.shape[-1]} positions")
+        views.append(p[..., :n, :n])  # right padding dropped
+    return View([[str(t) for t in s] for s in batch], [np.asarray(v, np.float32) for v in views])
+
+
+def _patterns(source, attention: str | None) -> np.ndarray:
+    """``[batch, layer, head, q, k]`` from a cache, a tensor or a list of layers."""
+    if isinstance(source, Mapping):
+        names = [n for n in source if n.rsplit(".", 1)[-1] == "hook_pattern"]
+        layered = [n.split(".") for n in names if n.count(".") == 3]  # {stack}.{l}.{attn}.…
+        if layered and len(layered) == len(names):
+            first = layered[0]
+            stack, attn = (first[0], first[2]) if attention is None else attention.split(".")
+            chosen = [p for p in layered if p[0] == stack and p[2] == attn]
+            names = [".".join(p) for p in sorted(chosen, key=lambda p: int(p[1]))]
+        if not names:
+            raise ValueError("no hook_pattern in the cache: trace the model with 'hook_pattern'")
+        source = [source[n] for n in names]
+    if isinstance(source, Sequence) and not isinstance(source, torch.Tensor):
+        source = torch.stack([torch.as_tensor(p) for p in source], 1)
+    patterns = torch.as_tensor(source).detach().float().cpu()
+    if patterns.dim() == 4:
+        patterns = patterns[None]
+    if patterns.dim() != 5 or patterns.shape[-1] != patterns.shape[-2]:
+        raise ValueError(
+            "patterns must be [layer, head, q_pos, k_pos] or [batch, layer, head, q_pos, k_pos]"
+        )
+    return patterns.numpy()
+
+
+def _from_model(model, tokenizer, text, attention: str | None) -> View:
+    from probe.hookpoints import trace
+
+    if tokenizer is None or text is None:
+        raise TypeError("probe.show(model, tokenizer, text) needs the tokenizer and the text")
+    texts = [text] if isinstance(text, str) else list(text)
+    device = next(model.parameters()).device
+    tokens, patterns = [], []
+    for one in texts:  # one at a time: no padding to remove, whatever the tokenizer
+        inputs = dict(tokenizer(one, return_tensors="pt").to(device))
+        if getattr(model.config, "is_encoder_decoder", False):
+            from probe.runner import decoder_inputs
+
+            inputs = decoder_inputs(model, inputs)
+        with torch.no_grad(), trace(model, "hook_pattern") as cache:
+            model(**inputs)
+        patterns.append(_patterns(cache, attention)[0])
+        tokens.append(tokenizer.convert_ids_to_tokens(inputs["input_ids"][0].tolist()))
+    return View(tokens, patterns)

@@ -1,0 +1,149 @@
+"""probe.show: the viewer's data against the model's patterns, and the page driven by a script
+in headless Chromium (selectors, hover, the model view's click, a 1,200-token input)."""
+
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+from matplotlib import image as plt_image
+from test_cli import chromium, console_messages, needs_chromium
+
+import probe
+
+HOSTILE = '</script><img src=x onerror="window.pwned=1">'
+
+# Drives one view as a user would, and writes what it saw into <pre id="result">.
+DRIVER = """<pre id="result"></pre><script>
+(function () {
+  const root = document.querySelector(".probe-view"), v = root.probeView, out = {};
+  const canvas = root.querySelector("canvas");
+  const $ = (r) => root.querySelector("[data-role=" + r + "]");
+  const ink = () => {  // read a copy: the viewer's own canvas is never read back
+    const copy = document.createElement("canvas");
+    copy.width = canvas.width;
+    copy.height = canvas.height;
+    const g = copy.getContext("2d");
+    g.drawImage(canvas, 0, 0);
+    const d = g.getImageData(0, 0, copy.width, copy.height).data;
+    let n = 0;
+    for (let i = 3; i < d.length; i += 4) if (d[i] > 0) n++;
+    return n;
+  };
+  const set = (role, value) => {
+    $(role).value = value;
+    $(role).dispatchEvent(new Event("change"));
+  };
+  const at = (x, y, type) => {
+    const b = canvas.getBoundingClientRect();
+    const where = {clientX: b.left + x, clientY: b.top + y, bubbles: true};
+    canvas.dispatchEvent(new MouseEvent(type, where));
+  };
+  out.start = [v.view, v.layer, v.head, v.draws];
+  set("layer", "1"); set("head", "2");
+  out.selected = [v.layer, v.head];
+  out.inkAll = ink();
+  at(20, 5 + 18 * 3 + 9, "mousemove");
+  out.hover = v.hover; out.inkHover = ink(); out.status = $("status").textContent;
+  canvas.dispatchEvent(new MouseEvent("mouseleave"));
+  out.afterLeave = v.hover;
+  set("view", "heatmap"); out.inkMap = ink();
+  set("view", "model"); out.inkModel = ink();
+  at(40 + 70 + 10, 20 + 10, "click");
+  out.clicked = [v.view, v.layer, v.head, $("view").value, $("layer").value, $("head").value];
+  out.elements = document.querySelectorAll("*").length;
+  out.images = document.querySelectorAll("img").length;
+  out.pwned = window.pwned || 0;
+  document.getElementById("result").textContent = JSON.stringify(out);
+})();
+</script>"""
+
+
+def page(view, tmp_path, name="view.html"):
+    path = view.save(tmp_path / name)
+    path.write_text(path.read_text().replace("</body>", DRIVER + "</body>"))
+    return path
+
+
+def result(dom: str) -> dict:
+    found = re.search(r'<pre id="result">(.*?)</pre>', dom, re.S)
+    assert found and found.group(1), "the driver did not run"
+    return json.loads(found.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+
+
+def test_the_view_holds_the_models_patterns():
+    import transformers as tf
+
+    config = tf.BertConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=2,
+                           intermediate_size=64, vocab_size=128)  # fmt: skip
+    torch.manual_seed(0)
+    model = tf.AutoModel.from_config(config).eval()
+    tokenizer = _tokenizer()
+    view = probe.show(model, tokenizer, ["the cat sat on the mat", "dogs bark"])
+    for text, tokens, patterns in zip(["the cat sat on the mat", "dogs bark"], view.tokens,
+                                      view.patterns, strict=True):  # fmt: skip
+        inputs = tokenizer(text, return_tensors="pt")
+        with torch.no_grad(), probe.trace(model, "hook_pattern") as cache:
+            model(**inputs)
+        assert tokens == tokenizer.convert_ids_to_tokens(inputs["input_ids"][0])
+        expected = torch.stack([cache[f"blocks.{i}.attn.hook_pattern"][0] for i in range(2)])
+        np.testing.assert_allclose(patterns, expected.numpy(), atol=1e-6)
+    again = probe.show(cache, tokens)  # a cache and its tokens give the same view
+    np.testing.assert_allclose(again.patterns[0], view.patterns[1], atol=1e-6)
+
+
+def test_patterns_are_checked_and_tokens_escaped():
+    with pytest.raises(ValueError, match="2 sentences of patterns but 1 of tokens"):
+        probe.show(torch.rand(2, 1, 1, 3, 3), ["a", "b", "c"])
+    with pytest.raises(ValueError, match="4 tokens but patterns over 3"):
+        probe.show(torch.rand(1, 1, 3, 3), ["a", "b", "c", "d"])
+    html = probe.show(torch.rand(1, 1, 2, 2), [HOSTILE, "&"]).html()
+    data = re.search(r'class="probe-data">(.*?)</script>', html, re.S).group(1)
+    assert "<" not in data and json.loads(data)["sentences"][0]["tokens"] == [HOSTILE, "&"]
+
+
+def _tokenizer():
+    from tokenizers_util import wordpiece
+
+    return wordpiece()
+
+
+@needs_chromium
+def test_the_viewer_in_chromium(tmp_path):
+    torch.manual_seed(0)
+    patterns = torch.softmax(3 * torch.randn(2, 4, 12, 12), -1)
+    tokens = [f"tok{i}" for i in range(12)]
+    tokens[5] = HOSTILE
+    path = page(probe.show(patterns, tokens), tmp_path)
+    done = chromium(path.as_uri(), tmp_path, "--dump-dom")
+    assert console_messages(done.stderr) == []
+    seen = result(done.stdout)
+    assert seen["start"][:3] == ["head", 0, 0] and seen["start"][3] >= 1
+    assert seen["selected"] == [1, 2]
+    assert seen["hover"] == 3 and "from “tok3”" in seen["status"]
+    assert 0 < seen["inkHover"] < seen["inkAll"]  # only the hovered token's lines
+    assert seen["afterLeave"] is None
+    assert seen["inkMap"] > 0 and seen["inkModel"] > 0
+    assert seen["clicked"] == ["heatmap", 0, 1, "heatmap", "0", "1"]
+    assert seen["images"] == 0 and seen["pwned"] == 0  # a token is text, never markup
+    shot = tmp_path / "view.png"
+    done = chromium(probe.show(patterns, tokens).save(tmp_path / "plain.html").as_uri(),
+                    tmp_path, f"--screenshot={shot}")  # fmt: skip
+    assert console_messages(done.stderr) == []
+    pixels = plt_image.imread(shot)[..., :3]
+    assert (pixels.mean(-1) < 0.9).sum() > 3000  # not blank: tokens and lines are drawn
+
+
+@needs_chromium
+def test_a_long_input_stays_canvas_drawn(tmp_path):
+    """1,200 tokens: each keeps its 16 largest weights; every view draws, and the page has a
+    few dozen elements, not one per token or weight."""
+    torch.manual_seed(0)
+    patterns = torch.softmax(4 * torch.randn(2, 4, 1200, 1200), -1)
+    view = probe.show(patterns, [f"w{i}" for i in range(1200)])
+    assert view.save(tmp_path / "size.html").stat().st_size < 2_000_000
+    done = chromium(page(view, tmp_path).as_uri(), tmp_path, "--dump-dom")
+    assert console_messages(done.stderr) == []
+    seen = result(done.stdout)
+    assert seen["inkMap"] > 0 and seen["inkModel"] > 0 and seen["elements"] < 60
