@@ -84,7 +84,7 @@ def main() -> None:
             timings = json.loads((work / f"run{i}" / "run.json").read_text())["timings_s"]
             stage.append(timings["analyses"])
             spectra_dev.append(analyze(f"sd{i}", "-a", "spectra", "-t", str(dev))[0])
-            spectra_sample.append(analyze(f"ss{i}", "-a", "spectra")[0])
+            spectra_sample.append(analyze(f"ss{i}", "-a", "spectra", "-t", "sample")[0])
         out_dir = work / f"run{args.rounds - 1}"
         html = (out_dir / "index.html").stat().st_size
         folder = sum(p.stat().st_size for p in out_dir.iterdir())

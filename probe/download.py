@@ -20,7 +20,7 @@ from pathlib import Path
 from probe.errors import ProbeError
 
 TIMEOUT_S = 30.0
-OFFLINE_HINT = "pass a local .conllu file with --treebank, or leave it out for the bundled sample"
+OFFLINE_HINT = "pass a local .conllu file with --treebank, or leave it out for the bundled EWT dev"
 
 
 def timeout() -> float:

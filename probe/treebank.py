@@ -1,7 +1,8 @@
-"""Dependency treebanks in CoNLL-U: reading, validating, downloading UD, the bundled sample."""
+"""Dependency treebanks in CoNLL-U: reading, validating, downloading UD, the bundled ones."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import os
 import re
@@ -13,7 +14,12 @@ from pathlib import Path
 from probe.download import fetch
 from probe.errors import ProbeError
 
-SAMPLE = Path(__file__).parent / "data" / "sample.conllu"
+SAMPLE = Path(__file__).parent / "data" / "sample.conllu"  # hand-written: `--treebank sample`
+# The default corpus: UD English EWT dev (r2.15, 2,001 sentences), CC BY-SA 4.0, "Universal
+# Dependencies English Web Treebank, (c) 2013-2021 The Board of Trustees of the Leland Stanford
+# Junior University" (its licence is en_ewt-LICENSE.txt beside it).
+EWT_DEV = Path(__file__).parent / "data" / "en_ewt-ud-dev.conllu.gz"
+BUNDLED = {"sample": SAMPLE, "ewt-dev": EWT_DEV}
 
 
 @dataclass(frozen=True)
@@ -134,9 +140,10 @@ def iter_conllu(path: str | Path) -> Iterator[Sentence]:
     """
     path = Path(path)
     try:
-        with path.open(encoding="utf-8-sig") as lines:  # a byte-order mark is not a column
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt", encoding="utf-8-sig") as lines:  # a byte-order mark is no column
             yield from _parse(lines, str(path))
-    except (OSError, UnicodeDecodeError) as e:
+    except (OSError, UnicodeDecodeError, EOFError) as e:
         raise ProbeError(f"cannot read treebank {path}: {e}") from e
 
 
@@ -273,16 +280,19 @@ def download_url(spec: str) -> list[Path]:
 
 
 def treebank_paths(specs: str | Path | Iterable[str | Path] | None = None) -> list[Path]:
-    """The local files of ``.conllu`` paths, ``ud:`` names and ``http(s)://`` URLs (downloaded
-    once); None is the bundled sample. Checks that each exists, so a run fails before any
-    compute starts."""
+    """The local files of ``.conllu`` paths (``.conllu.gz`` too), ``ud:`` names and
+    ``http(s)://`` URLs (downloaded once), and the bundled ``sample`` and ``ewt-dev``; None is
+    ``ewt-dev``. Checks that each exists, so a run fails before any compute starts."""
     if specs is None:
-        specs = [SAMPLE]
+        specs = [EWT_DEV]
     elif isinstance(specs, str | Path):
         specs = [specs]
     paths = []
     for spec in specs:
         text = str(spec)
+        if text in BUNDLED:
+            paths.append(BUNDLED[text])
+            continue
         if text.startswith("ud:"):
             found = download_ud(text)
         elif text.startswith(("http://", "https://")):
@@ -307,7 +317,7 @@ def iter_treebank(paths: Iterable[Path]) -> Iterator[Sentence]:
 
 
 def load_treebank(specs: str | Path | Iterable[str | Path] | None = None) -> list[Sentence]:
-    """All sentences of ``.conllu`` paths and ``ud:`` names; None is the bundled sample."""
+    """All sentences of the treebanks ``treebank_paths`` finds (None: EWT dev, bundled)."""
     paths = treebank_paths(specs)
     sentences = list(iter_treebank(paths))
     if not sentences:

@@ -89,7 +89,8 @@ def test_one_word_sentences_give_a_report(tmp_path, minilm):
 @pytest.fixture(scope="module")
 def good_report(tmp_path_factory, minilm):
     out = tmp_path_factory.mktemp("report") / "good"
-    assert runner.invoke(app, ["analyze", "-m", "minilm", "-o", str(out), "-q"]).exit_code == 0
+    args = ["analyze", "-m", "minilm", "-t", "sample", "-o", str(out), "-q"]
+    assert runner.invoke(app, args).exit_code == 0
     return out
 
 

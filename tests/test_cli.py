@@ -26,7 +26,9 @@ runner = CliRunner()
 
 
 def analyze(*args: str):
-    return runner.invoke(app, ["analyze", "--model", "minilm", "-q", *args])
+    """``probe analyze`` on MiniLM, on the hand-written sample unless a treebank is given."""
+    sample = [] if {"-t", "--treebank"} & set(args) else ["-t", "sample"]
+    return runner.invoke(app, ["analyze", "--model", "minilm", "-q", *sample, *args])
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +115,7 @@ def test_default_sample_writes_every_file(sample_report):
     assert html.count('class="head"') == 72 and 'id="head-5-11"' in html
     assert "0-based" in html or "numbered from 0" in html
     assert '<svg class="coref"' in html and "An example window read by head" in html
+    assert "<b>Preliminary:</b> 76 sentences" in html  # a sample this small says so at the top
 
 
 def test_report_re_renders_from_tables(sample_report):
@@ -122,6 +125,15 @@ def test_report_re_renders_from_tables(sample_report):
     result = runner.invoke(app, ["report", str(sample_report)])
     assert result.exit_code == 0, result.output
     assert index.read_text() == before
+
+
+def test_enough_sentences_are_not_preliminary(sample_report, tmp_path):
+    folder = tmp_path / "copy"
+    shutil.copytree(sample_report, folder)
+    run = json.loads((folder / "run.json").read_text())
+    (folder / "run.json").write_text(json.dumps(run | {"sentences_analysed": 500}))
+    assert runner.invoke(app, ["report", str(folder)]).exit_code == 0
+    assert "Preliminary" not in (folder / "index.html").read_text()
 
 
 @needs_ewt()
@@ -326,7 +338,9 @@ def test_a_twelve_by_twelve_model_from_a_local_folder(tmp_path):
     tf.BertModel(config).save_pretrained(folder)
     wordpiece().save_pretrained(folder)
     out = tmp_path / "report"
-    result = runner.invoke(app, ["analyze", "--model", str(folder), "--out", str(out), "-q"])
+    result = runner.invoke(
+        app, ["analyze", "--model", str(folder), "-t", "sample", "--out", str(out), "-q"]
+    )
     assert result.exit_code == 0, result.output
     html = out / "index.html"
     assert html.stat().st_size < 10_000_000
@@ -366,7 +380,9 @@ def test_a_decoder_end_to_end(tmp_path):
     tf.GPT2Model(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     out = tmp_path / "report"
-    result = runner.invoke(app, ["analyze", "--model", str(folder), "--out", str(out), "-q"])
+    result = runner.invoke(
+        app, ["analyze", "--model", str(folder), "-t", "sample", "--out", str(out), "-q"]
+    )
     assert result.exit_code == 0, result.output
     assert json.loads((out / "run.json").read_text())["causal"] is True
     heads = pd.read_csv(out / "heads.csv")

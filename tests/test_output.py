@@ -154,7 +154,7 @@ def test_the_report_follows_the_umask(tmp_path):
 def test_sigterm_while_running_keeps_the_old_report(tmp_path, minilm):
     out = report(tmp_path / "model")
     args = [sys.executable, "-m", "probe.app.cli", "analyze", "-m", "minilm", "-o", str(out),
-            "--overwrite", "-q"]  # fmt: skip
+            "-t", "sample", "--overwrite", "-q"]  # fmt: skip
     child = subprocess.Popen(args, stderr=subprocess.PIPE, text=True,
                              env=os.environ | {"HF_HUB_OFFLINE": "1"})  # fmt: skip
     deadline = time.monotonic() + 60

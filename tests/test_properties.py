@@ -95,7 +95,8 @@ HOSTILE = st.sampled_from(["<script>alert(1)</script>", '"><img src=x onerror=al
 @pytest.fixture(scope="module")
 def good_report(tmp_path_factory, minilm):
     out = tmp_path_factory.mktemp("report") / "good"
-    assert runner.invoke(app, ["analyze", "-m", "minilm", "-o", str(out), "-q"]).exit_code == 0
+    args = ["analyze", "-m", "minilm", "-t", "sample", "-o", str(out), "-q"]
+    assert runner.invoke(app, args).exit_code == 0
     return out
 
 

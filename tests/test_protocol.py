@@ -251,7 +251,8 @@ def test_tiny_analysis_in_a_cli_run_and_its_report(registered, tmp_path):
     tf.BertModel(config).save_pretrained(folder)
     wordpiece().save_pretrained(folder)
     out = tmp_path / "report"
-    args = ["analyze", "-m", str(folder), "-a", "diagonal,spectra", "-n", "12", "-o", str(out)]
+    args = ["analyze", "-m", str(folder), "-a", "diagonal,spectra", "-n", "12", "-t", "sample",
+            "-o", str(out)]  # fmt: skip
     result = runner.invoke(app, [*args, "-q"])
     assert result.exit_code == 0, result.output
 

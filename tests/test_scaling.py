@@ -30,8 +30,9 @@ def probe_analyze(out: Path, *args: str, processes: int = 1, launcher: str = "pr
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                    f"--nproc-per-node={processes}", "--no-python", *command]  # fmt: skip
     env = os.environ | {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    return subprocess.run([*command, "analyze", "-m", "minilm", "-o", str(out), "-q", *args],
-                          capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    sample = [] if {"-t", "--treebank"} & set(args) else ["-t", "sample"]
+    command += ["analyze", "-m", "minilm", "-o", str(out), "-q", *sample, *args]
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
 
 
 def assert_same_tables(expected: Path, got: Path) -> None:

@@ -1,6 +1,8 @@
 """CoNLL-U reading and its error messages, the bundled sample, and the ud: source."""
 
 import hashlib
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -81,8 +83,21 @@ def test_unreadable_and_missing_files(tmp_path):
         read_conllu(bad)
 
 
+def test_bundled_treebanks():
+    """The default is EWT dev, gzipped in the package: the facts its README gives, and the
+    same sentences as the copy beside the project where there is one."""
+    ewt = load_treebank()
+    # The data README says 25,149 words; the file has 25,147 lines with an integer ID.
+    assert len(ewt) == 2001 and sum(len(s.words) for s in ewt) == 25147
+    shared = Path(__file__).resolve().parents[2] / "shared/data/ud-english-ewt/en_ewt-ud-dev.conllu"
+    if shared.exists():
+        same = lambda sentences: [replace(s, source="") for s in sentences]  # noqa: E731
+        assert same(read_conllu(shared)) == same(ewt)
+    assert load_treebank("ewt-dev") == ewt
+
+
 def test_bundled_sample_is_valid_and_varied():
-    sentences = load_treebank()
+    sentences = load_treebank("sample")
     assert 50 <= len(sentences) <= 100
     relations = {r for s in sentences for r in s.relations}
     expected = "nsubj obj det amod case obl nmod advmod aux cop mark cc conj compound xcomp ccomp"

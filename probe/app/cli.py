@@ -75,7 +75,8 @@ def analyze(
         None,
         "--treebank",
         "-t",
-        help="CoNLL-U file(s), ud:en_ewt or ud:en_gum [-dev|-test]; default: the bundled sample.",
+        help="CoNLL-U file(s), ud:en_ewt or ud:en_gum [-dev|-test], or sample (76 hand-written "
+        "sentences); default: UD English EWT dev, bundled (2,001 sentences).",
     ),
     out: Path = typer.Option(None, "--out", "-o", help="Output folder [default: reports/<model>]."),
     max_sentences: int = typer.Option(
