@@ -212,6 +212,8 @@ class Syntax(Analysis):
         """Each head's best relation (either direction), its margin over that relation's best
         offset baseline, and the syntactic role where the margin is large enough."""
         best = best_relation_per_head(tables["syntax"], tables["syntax_baselines"], thresholds)
+        # A head has a best relation only where it beats that relation's offset baseline.
+        best = best[best.best_relation_margin > 0].reset_index(drop=True)
         best[str(Role.SYNTACTIC)] = best.best_relation_margin >= thresholds.syntactic
         return best
 
@@ -221,7 +223,11 @@ class Syntax(Analysis):
 
     @classmethod
     def section(cls, tables: dict[str, pd.DataFrame], run: dict) -> dict:
-        return {"best": tables["syntax_best"]}
+        """The best head per relation: frequent relations first, rare ones apart (their
+        accuracies rest on too few words to compare)."""
+        best = tables["syntax_best"]
+        frequent = best.total >= Thresholds(**run.get("thresholds", {})).relation_min_words
+        return {"best": best[frequent], "rare": best[~frequent]}
 
 
 def best_relation_per_head(
@@ -252,38 +258,47 @@ def best_relation_per_head(
 
 
 def heatmaps(tables: dict[str, pd.DataFrame]) -> list[Figure]:
-    """A layer x head heatmap of accuracy (best direction) for each main relation present."""
+    """For each main relation present, a layer x head heatmap of each head's accuracy (better
+    direction) minus the relation's best offset baseline, with the best head marked."""
     syntax, best = tables["syntax"], tables["syntax_best"]
     relations = [r for r in (*MAIN_RELATIONS, "all") if r in set(best.relation)]
     if not relations:
         return []
     columns = 4
     rows = -(-len(relations) // columns)
-    fig = MplFigure(figsize=(3.2 * columns, 2.7 * rows))
-    spacing = {"left": 0.05, "right": 0.9, "bottom": 0.4 / rows, "top": 1 - 0.3 / rows}
+    fig = MplFigure(figsize=(3.3 * columns, 2.9 * rows))
+    spacing = {"left": 0.05, "right": 0.9, "bottom": 0.45 / rows, "top": 1 - 0.3 / rows}
     axes = np.atleast_1d(
-        fig.subplots(rows, columns, gridspec_kw=spacing | {"wspace": 0.35, "hspace": 0.55})
+        fig.subplots(rows, columns, gridspec_kw=spacing | {"wspace": 0.35, "hspace": 0.7})
     ).ravel()
     best_direction = (
         syntax[syntax.relation.isin(relations)]
         .groupby(["relation", "layer", "head"])
         .accuracy.max()
     )
-    for k, (ax, relation) in enumerate(zip(axes, relations, strict=False)):
-        grid = best_direction.loc[relation].unstack("head")
-        bottom, left = k + columns >= len(relations), k % columns == 0
-        image = heatmap(ax, grid, vmin=0, vmax=1, cmap="magma", x_axis=bottom, y_axis=left)
+    baseline = tables["syntax_baselines"].groupby("relation").accuracy.max()
+    margins = {r: best_direction.loc[r].unstack("head") - baseline[r] for r in relations}
+    limit = max(0.1, max(float(np.abs(m.to_numpy()).max()) for m in margins.values()))
+    for ax, relation in zip(axes, relations, strict=False):
+        image = heatmap(ax, margins[relation], vmin=-limit, vmax=limit, cmap="RdBu_r")
         row = best[best.relation == relation].iloc[0]
-        ax.set_title(f"{relation} (n={row.total}): best {row.accuracy:.0%}", fontsize="medium")
+        ax.scatter([row["head"]], [row.layer], marker="*", s=90, color="#ffd400",
+                   edgecolors="black", linewidths=0.6)  # fmt: skip
+        ax.set_title(f"{relation} (n={row.total}): best {row.accuracy:.0%}, "
+                     f"offset {row.baseline_accuracy:.0%}", fontsize="small")  # fmt: skip
     for ax in axes[len(relations) :]:
         ax.set_visible(False)
-    fig.colorbar(image, cax=fig.add_axes((0.92, 0.25, 0.012, 0.5)), label="accuracy")
+    fig.colorbar(
+        image, cax=fig.add_axes((0.92, 0.25, 0.012, 0.5)), label="accuracy − best offset baseline"
+    )
     return [
         Figure(
             "syntax-heatmaps",
-            "Accuracy of every head per relation (better of the two directions)",
-            "Heatmaps of layer by head, one per dependency relation, brighter where the head's "
-            "most-attended word is the syntactic head or dependent more often.",
+            "Accuracy of every head per relation (better of the two directions) above the "
+            "relation's best fixed-offset baseline; ★ the best head",
+            "Heatmaps of layer by head, one per dependency relation, red where the head's "
+            "most-attended word is the syntactic head or dependent more often than the best "
+            "fixed offset finds it, blue where less often; a star marks the best head.",
             fig,
         )
     ]

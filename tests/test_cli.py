@@ -127,6 +127,23 @@ def test_report_re_renders_from_tables(sample_report):
     assert index.read_text() == before
 
 
+def test_best_relations_beat_their_baseline_and_rare_relations_wait_behind_a_click(
+    sample_report,
+):
+    heads = pd.read_csv(sample_report / "heads.csv", keep_default_na=False)
+    named = heads[heads.best_relation != ""]
+    assert len(named) and (named.best_relation_margin.astype(float) > 0).all()
+    assert (heads[heads.best_relation == ""].best_relation_margin == "").all()
+    best = pd.read_csv(sample_report / "syntax_best.csv")
+    rare = set(best[best.total < 20].relation)
+    html = (sample_report / "index.html").read_text()
+    main, _, hidden = html.partition('<details class="rare">')
+    main = main[main.index('id="syntax"') :]
+    assert rare and hidden
+    for relation in rare:
+        assert f"<td>{relation}</td>" in hidden and f"<td>{relation}</td>" not in main
+
+
 def test_enough_sentences_are_not_preliminary(sample_report, tmp_path):
     folder = tmp_path / "copy"
     shutil.copytree(sample_report, folder)
