@@ -27,6 +27,8 @@ MAX_OFFSETS = (-2, -1, 0, 1, 2)
 METRICS = (
     "special",
     "punct",
+    "cls_like",  # the first real token, when special ([CLS], <s>, BOS)
+    "sep_like",  # the other special tokens ([SEP], </s>…)
     "self",
     "previous",
     "next",
@@ -102,7 +104,9 @@ class Roles(Analysis):
         # normalised entropy over queries that see more than one key.
         self._normaliser = (real & (keys > 1)) / torch.log(keys.float().clamp(min=2))
         self._next = (real[:, :-1] & real[:, 1:]).float()  # the next key must be real too
-        self._key_kinds = torch.stack([batch.special, punct], -1).float()  # [B, T, 2]
+        first = torch.arange(T, device=real.device)[None] == real.float().argmax(1, keepdim=True)
+        kinds = [batch.special, punct, batch.special & first, batch.special & ~first]
+        self._key_kinds = torch.stack(kinds, -1).float()  # [B, T, 4]
         self._offsets = torch.arange(T, device=real.device) + MAX_OFFSETS[0]
         self._has_cls = batch.special[:, 0] & (not self.context.causal)
         self.queries += int(real.sum())
@@ -125,10 +129,12 @@ class Roles(Analysis):
         real = self._real  # [B, T]
         entropies = entropy(p)  # [B, H, T]
         confidence, argmax = p.max(-1)
-        # Per query: [special, punct, self, entropy, normalised entropy, confidence]
+        # Per query: [special, punct, cls_like, sep_like, self, entropy, normalised entropy,
+        # confidence]
+        kinds = self._key_kinds.shape[-1]
         per_query = torch.cat(
             [
-                (p.reshape(B, H * T, T) @ self._key_kinds).view(B, H, T, 2),
+                (p.reshape(B, H * T, T) @ self._key_kinds).view(B, H, T, kinds),
                 torch.stack(
                     [
                         p.diagonal(dim1=-2, dim2=-1),
@@ -151,8 +157,9 @@ class Roles(Analysis):
         at = torch.bincount(
             (head * len(MAX_OFFSETS) + offset)[inside], minlength=H * len(MAX_OFFSETS)
         ).view(-1, len(MAX_OFFSETS))  # [H, offset]
+        self_at = METRICS.index("self") + 1  # the sums up to self, then previous and next
         stats = torch.cat(
-            [sums[:3], previous[None], following[None], sums[3:], at.T.to(sums.dtype)]
+            [sums[:self_at], previous[None], following[None], sums[self_at:], at.T.to(sums.dtype)]
         )  # in the order of METRICS
         self.sums[:, layer] += stats.double().cpu()
         self.cls_entropy[layer] += entropies[self._has_cls, :, 0].sum(0).double().cpu()
@@ -265,13 +272,15 @@ def charts(tables: dict[str, pd.DataFrame]) -> list[Figure]:
     """Attention per layer, and the map of heads by similarity."""
     heads = tables["heads"]
     out = []
-    per_layer = heads.groupby("layer")[["special", "punct", "self", "previous", "next"]].mean()
+    per_layer = heads.groupby("layer")[["cls_like", "sep_like", "punct", "self", "previous",
+                                        "next"]].mean()  # fmt: skip
     fig = MplFigure(figsize=(10, 3.4))
     ax1, ax2 = fig.subplots(
         1, 2, gridspec_kw={"left": 0.07, "right": 0.98, "bottom": 0.15, "top": 0.9, "wspace": 0.25}
     )
     labels = {
-        "special": "special tokens",
+        "cls_like": "[CLS]-like (first, special)",
+        "sep_like": "[SEP]-like (other special)",
         "punct": "punctuation",
         "self": "itself",
         "previous": "previous token",
@@ -292,8 +301,8 @@ def charts(tables: dict[str, pd.DataFrame]) -> list[Figure]:
     ax2.set_title("Attention entropy per layer")
     ax2.legend(fontsize="small")
     alt = (
-        "Line charts per layer of mean attention to special tokens, punctuation, self, "
-        "previous and next token, and of entropy."
+        "Line charts per layer of mean attention to the first special token ([CLS]), the other "
+        "special tokens ([SEP]), punctuation, self, previous and next token, and of entropy."
     )
     out.append(Figure("per-layer", "Attention per layer", alt, fig, "svg"))
 

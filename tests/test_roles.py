@@ -78,9 +78,13 @@ def test_statistics_by_hand(analysed):
     )
     assert prev.confidence == pytest.approx(1)
     assert cls.special == pytest.approx(1) and cls.cls_entropy == pytest.approx(0, abs=1e-12)
+    assert cls.cls_like == pytest.approx(1) and cls.sep_like == pytest.approx(0, abs=1e-12)
     assert uniform.entropy == pytest.approx((n * np.log(n)).sum() / total)
     assert uniform.entropy_normalised == pytest.approx(1)
     assert uniform.special == pytest.approx(2 * len(n) / total)  # [CLS] and [SEP] of n keys
+    assert uniform.cls_like == pytest.approx(uniform.sep_like) == pytest.approx(len(n) / total)
+    # the previous-token head: [CLS] attends to itself and the first word to [CLS]
+    assert prev.cls_like == pytest.approx(2 * len(n) / total) and prev.sep_like == 0
     assert uniform.cls_entropy == pytest.approx(np.log(n).mean())
     # punctuation: "." in every sentence, and "," in the second
     punct_tokens = np.array([1, 2, 1])
