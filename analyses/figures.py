@@ -13,12 +13,13 @@ from matplotlib.figure import Figure as MplFigure
 
 @dataclass
 class Figure:
-    """A figure for the report: heatmaps are embedded as PNG, line charts as inline SVG."""
+    """A figure for the report: heatmaps are embedded as PNG, line charts as inline SVG; a
+    figure drawn without matplotlib is its SVG markup (``format="markup"``), already escaped."""
 
     id: str
     title: str
     alt: str
-    figure: MplFigure
+    figure: MplFigure | str
     format: str = "png"
 
 

@@ -306,27 +306,45 @@ def charts(tables: dict[str, pd.DataFrame]) -> list[Figure]:
     )
     out.append(Figure("per-layer", "Attention per layer", alt, fig, "svg"))
 
-    fig = MplFigure(figsize=(10, 4.2))
-    ax1, ax2 = fig.subplots(
-        1, 2, gridspec_kw={"left": 0.04, "right": 0.98, "bottom": 0.06, "top": 0.92, "wspace": 0.12}
-    )
-    points = ax1.scatter(heads.mds_x, heads.mds_y, c=heads.layer, cmap="viridis", s=30)
-    fig.colorbar(points, ax=ax1, label="layer", shrink=0.8)
-    ax1.set_title("Heads by similarity of attention (MDS of √JS), by layer", fontsize="medium")
-    primary = heads.roles.fillna("").map(lambda r: r.split(";")[0] if r else "none")
-    for role in [*Role, "none"]:
-        chosen = primary == role
-        if chosen.any():
-            colour = role.colour if isinstance(role, Role) else "#b0b4bb"
-            ax2.scatter(heads.mds_x[chosen], heads.mds_y[chosen], color=colour, s=30, label=role)
-    ax2.set_title("… by role", fontsize="medium")
-    ax2.legend(fontsize="x-small")
-    for ax in (ax1, ax2):
-        ax.set_xticks([])
-        ax.set_yticks([])
     alt = (
-        "Two scatter plots of all heads placed by multidimensional scaling of the "
-        "Jensen-Shannon distance between their attention, coloured by layer and by role."
+        "A scatter plot of all heads placed by multidimensional scaling of the Jensen-Shannon "
+        "distance between their attention, coloured by role; hovering a point names the head."
     )
-    out.append(Figure("similarity", "Head similarity map", alt, fig))
+    out.append(Figure("similarity", "Head similarity map", alt, similarity_map(heads), "markup"))
     return out
+
+
+def similarity_map(heads: pd.DataFrame, width: int = 640, height: int = 420) -> str:
+    """The heads on their MDS map as inline SVG, coloured by their first role (the overview's
+    colours), each point titled with its head and roles so that hovering names it."""
+    from html import escape
+
+    from probe.heads import HeadId
+
+    x, y = heads.mds_x.to_numpy(float), heads.mds_y.to_numpy(float)
+    pad, legend = 16, 150
+    span = lambda v: (v.min(), max(v.max() - v.min(), 1e-12))  # noqa: E731
+    (x0, dx), (y0, dy) = span(x), span(y)
+    px = pad + (x - x0) / dx * (width - legend - 2 * pad)
+    py = height - pad - (y - y0) / dy * (height - 2 * pad)
+    roles = heads.roles.fillna("")
+    parts = [
+        f'<svg class="similarity" viewBox="0 0 {width} {height}" width="{width}" '
+        f'height="{height}" role="img" aria-label="heads by similarity of attention">'
+    ]
+    for i, row in enumerate(heads.itertuples()):
+        held = [r for r in roles.iloc[i].split(";") if r]
+        colour = Role(held[0]).colour if held else "#b0b4bb"
+        label = f"{HeadId(row.layer, row.head)}: {', '.join(held) or 'no role'}"
+        parts.append(
+            f'<circle cx="{px[i]:.1f}" cy="{py[i]:.1f}" r="5" fill="{colour}" stroke="#333" '
+            f'stroke-width="0.5"><title>{escape(label)}</title></circle>'
+        )
+    for k, role in enumerate([*Role, None]):
+        colour, name = (role.colour, str(role)) if role else ("#b0b4bb", "no role")
+        y_legend = pad + 18 * k
+        parts.append(f'<circle cx="{width - legend + 10}" cy="{y_legend}" r="5" fill="{colour}"/>'
+                     f'<text x="{width - legend + 20}" y="{y_legend + 4}" font-size="12" '
+                     f'fill="currentColor">{escape(name)}</text>')  # fmt: skip
+    parts.append("</svg>")
+    return "".join(parts)

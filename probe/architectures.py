@@ -285,13 +285,21 @@ def head_count(model: nn.Module, attention: str | None = None) -> int:
     arch = architecture(model, attention)
     o = blocks(model, attention)[0].get_submodule(arch.o)
     with materialized(o):
-        return output_weights(o, head_dim(model)).shape[0]
+        return output_weights(o, head_dim(model, attention)).shape[0]
 
 
-def head_dim(model: nn.Module) -> int:
+def head_dim(model: nn.Module, attention: str | None = None) -> int:
+    """The width of each head of one attention (see ``architecture``): the attention module's
+    own, where it states it (an encoder-decoder model's decoder may have other heads than its
+    encoder), otherwise the config's."""
+    arch = architecture(model, attention)
+    module = blocks(model, attention)[0].get_submodule(arch.attention)
+    for name in ("head_dim", "key_value_proj_dim", "attention_head_size"):  # T5, BERT
+        d_head = getattr(module, name, None)
+        if isinstance(d_head, int):
+            return d_head
     config = model.config
-    d_head = getattr(config, "head_dim", None) or getattr(config, "d_kv", None)  # T5: d_kv
-    return d_head or config.hidden_size // config.num_attention_heads
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
 @contextmanager
@@ -336,7 +344,7 @@ def head_weights(model: nn.Module, attention: str | None = None) -> list[HeadWei
 def iter_head_weights(model: nn.Module, attention: str | None = None) -> Iterator[HeadWeights]:
     """``head_weights`` one layer at a time."""
     arch = architecture(model, attention)
-    d_head = head_dim(model)
+    d_head = head_dim(model, attention)
     for block in blocks(model, attention):
         with materialized(block) as copy:
             weights = _block_weights(block, arch, d_head)

@@ -69,7 +69,6 @@ class Mirror:
 
     def __init__(self, model: PreTrainedModel) -> None:
         self.model = model
-        self.d_head = head_dim(model)
         self.embed = HookPoint()
         self.points = {"hook_embed": self.embed}
         # A module shared by several layers (ALBERT) learns its layer from its call count: each
@@ -78,13 +77,16 @@ class Mirror:
         self.output_of: dict[int, nn.Module] = {}  # id(attention hooks) -> output projection
         self.first_block: nn.Module | None = None
         every = attentions(model)
+        self.d_head: dict[int, int] = {}  # id(attention hooks) -> its heads' width
         for name, arch in every.items():
             stack, attn = name.split(".")
+            d_head = head_dim(model, name)
             for i, block in enumerate(blocks(model, name)):
                 hooks = _Attention()
                 self.points |= {f"{stack}.{i}.{attn}.{s}": getattr(hooks, s) for s in SUFFIXES}
                 o = block.get_submodule(arch.o)
                 self.output_of[id(hooks)] = o
+                self.d_head[id(hooks)] = d_head
                 self._own("attn", block.get_submodule(arch.attention), hooks)
                 self._own("output", o, hooks)
                 if attn == "cross_attn":
@@ -250,8 +252,8 @@ def probe_attention(
     # In place: the eager implementation's arithmetic, without two more [batch, head, q, k]
     # tensors to allocate (each a fresh memory mapping at this size).
     scores = torch.matmul(query, key.transpose(2, 3)).mul_(scaling)
-    if softcap is not None:  # Gemma 2's logit soft-capping, before the mask
-        scores = scores.div_(softcap).tanh_().mul_(softcap)
+    if softcap is not None:  # Gemma 2's logit soft-capping, before the mask (out of place:
+        scores = torch.tanh(scores / softcap) * softcap  # tanh's backward needs its output)
     if position_bias is not None:  # T5's relative position bias
         scores.add_(position_bias)
     if attention_mask is not None:
@@ -263,7 +265,7 @@ def probe_attention(
     if p.hook_result.active:
         o = mirror.output_of[id(p)]
         with materialized(o):  # W_O is read before o runs, when accelerate may have offloaded it
-            W_O, b_O = output_weights(o, mirror.d_head), 0 if o.bias is None else o.bias
+            W_O, b_O = output_weights(o, mirror.d_head[id(p)]), 0 if o.bias is None else o.bias
             result = p.hook_result(torch.einsum("bqhk,hkm->bqhm", z, W_O))
             mirror.pending[id(o)] = result.sum(dim=2) + b_O
     return z.contiguous(), pattern

@@ -166,6 +166,12 @@ def _from_model(model, tokenizer, text, attention: str | None) -> View:
     if tokenizer is None or text is None:
         raise TypeError("probe.show(model, tokenizer, text) needs the tokenizer and the text")
     texts = [text] if isinstance(text, str) else list(text)
+    if attention is not None and attention.endswith("cross_attn"):
+        raise ValueError(
+            "probe.show draws self-attention (queries and keys over the same tokens); "
+            "cross-attention is in cache['decoder.{l}.cross_attn.hook_pattern']"
+        )
+    decoder = (attention or "").startswith("decoder")
     device = next(model.parameters()).device
     tokens, patterns = [], []
     for one in texts:  # one at a time: no padding to remove, whatever the tokenizer
@@ -177,5 +183,6 @@ def _from_model(model, tokenizer, text, attention: str | None) -> View:
         with torch.no_grad(), trace(model, "hook_pattern") as cache:
             model(**inputs)
         patterns.append(_patterns(cache, attention)[0])
-        tokens.append(tokenizer.convert_ids_to_tokens(inputs["input_ids"][0].tolist()))
+        ids = inputs["decoder_input_ids" if decoder else "input_ids"][0]  # what the positions hold
+        tokens.append(tokenizer.convert_ids_to_tokens(ids.tolist()))
     return View(tokens, patterns)

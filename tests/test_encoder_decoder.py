@@ -307,3 +307,49 @@ def test_analyze_an_encoder_decoder_model(tmp_path, kind):
     )
     assert refused.exit_code == 1
     assert "importance does not handle encoder-decoder models" in refused.output
+
+
+def test_a_decoder_with_other_heads_than_its_encoder():
+    """BART's decoder may have other heads than its encoder: each attention is split by its
+    own heads, and its results still sum to its output."""
+    import transformers as tf
+
+    config = SEQ2SEQ["bart"]()
+    config.decoder_attention_heads = 2
+    torch.manual_seed(0)
+    model = tf.AutoModel.from_config(config).eval()
+    batch = seq2seq_batch()
+    for attention, heads in (("encoder.attn", 4), ("decoder.attn", 2), ("decoder.cross_attn", 2)):
+        weights = probe.head_weights(model, attention)
+        assert weights[0].W_Q.shape == (heads, 32, 32 // heads)
+        with probe.trace(model, "hook_result") as cache:
+            _, outputs, _ = attention_io(model, batch, attention)
+        stack, attn = attention.split(".")
+        real = real_rows(attention, batch)
+        result = cache[f"{stack}.0.{attn}.hook_result"]
+        assert result.shape[2] == heads
+        torch.testing.assert_close(
+            (result.sum(2) + weights[0].b_O)[real], outputs[0][real], atol=1e-5, rtol=0
+        )
+    assert probe.spectra(model).groupby("attention")["head"].nunique().to_dict() == {
+        "decoder.attn": 2,
+        "decoder.cross_attn": 2,
+        "encoder.attn": 4,
+    }
+
+
+def test_the_viewer_labels_decoder_positions_with_the_decoder_tokens():
+    from tokenizers_util import wordpiece
+
+    config = SEQ2SEQ["bart"]()
+    config.vocab_size = 128
+    import transformers as tf
+
+    model = tf.AutoModel.from_config(config).eval()
+    tokenizer = wordpiece()
+    view = probe.show(model, tokenizer, "the cat sat", attention="decoder.attn")
+    ids = tokenizer("the cat sat", return_tensors="pt")["input_ids"]
+    shifted = [config.decoder_start_token_id, *ids[0, :-1].tolist()]
+    assert view.tokens[0] == tokenizer.convert_ids_to_tokens(shifted)
+    with pytest.raises(ValueError, match="cross-attention"):
+        probe.show(model, tokenizer, "the cat sat", attention="decoder.cross_attn")

@@ -204,3 +204,13 @@ def test_minilm_outputs_and_patterns(minilm):
 
 def test_encoders_and_decoders_are_both_listed():
     assert set(KINDS) > ENCODERS
+
+
+def test_gradients_flow_through_soft_capping():
+    """Gemma 2's capped scores backpropagate (importance takes gradients through hook_z)."""
+    model = small_model("gemma2")
+    batch = padded_batch("gemma2")
+    gate = torch.ones(4, requires_grad=True)
+    with probe.hooks(model, {"blocks.0.attn.hook_z": lambda z, hook: z * gate[:, None]}):
+        model(**batch).last_hidden_state.sum().backward()
+    assert gate.grad is not None and gate.grad.abs().sum() > 0

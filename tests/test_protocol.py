@@ -538,3 +538,29 @@ def test_two_analyses_adding_the_same_head_column_fail_before_any_compute():
 
     with pytest.raises(ValueError, match=r"'entropy'.*roles analysis"):
         heads_schema([Roles, Clash])
+
+
+def test_the_python_api_runs_the_default_analyses_and_leaves_the_collector_alone(tmp_path):
+    """probe.app.run.analyze with the default Settings leaves out what does not apply to the
+    model (cross-attention, on BERT) without complaint, and hands the garbage collector back
+    as it found it."""
+    import gc
+
+    from probe.app.run import Settings
+    from probe.app.run import analyze as run_analyze
+
+    folder = tmp_path / "bert"
+    torch.manual_seed(0)
+    tf.BertModel(
+        tf.BertConfig(**SMALL | {"vocab_size": 200}, intermediate_size=64)
+    ).save_pretrained(folder)
+    wordpiece().save_pretrained(folder)
+    before = gc.isenabled(), gc.get_freeze_count()
+    settings = Settings(model=str(folder), treebank=["sample"], out=tmp_path / "r",
+                        max_sentences=8)  # fmt: skip
+    path = run_analyze(settings)
+    assert (gc.isenabled(), gc.get_freeze_count()) == before
+    assert "cross" not in json.loads((path / "run.json").read_text())["analyses"]
+    with pytest.raises(probe.ProbeError, match="--analyses cross: cross-attention needs"):
+        run_analyze(Settings(model=str(folder), treebank=["sample"], out=tmp_path / "c",
+                             analyses=["cross"], max_sentences=8))  # fmt: skip

@@ -78,6 +78,8 @@ def read_examples(path: Path) -> dict:
 def embed(figure: Figure) -> Markup:
     """A figure as a self-contained <img> (PNG) or inline <svg>, with its alt text."""
     buffer = io.BytesIO()
+    if figure.format == "markup":
+        return Markup(figure.figure)
     if figure.format == "svg":
         figure.figure.savefig(buffer, format="svg", metadata={"Date": None})
         svg = buffer.getvalue().decode()
@@ -181,7 +183,8 @@ def render_html(run: dict, tables: dict[str, pd.DataFrame], examples: dict) -> s
             }
         )
         for f in figures:
-            f.figure.clear()
+            if not isinstance(f.figure, str):  # a matplotlib figure, whose memory is freed now
+                f.figure.clear()
 
     heads = tables["heads"]
     rows = heads.to_dict("records")

@@ -158,6 +158,7 @@ def analyze(
     from probe.distributed import Ranks
 
     ranks = Ranks.from_environment()
+    paused = not gc.isenabled()  # see _run
     try:
         if not ranks.leader:
             _run(settings, thresholds, ranks, None, progress, status)
@@ -167,7 +168,9 @@ def analyze(
             _run(settings, thresholds, ranks, folder, progress, status)
         return settings.output
     finally:
-        gc.unfreeze()  # the run's objects can be freed again
+        if paused:  # as the caller left it, and what _run froze can be freed again
+            gc.unfreeze()
+            gc.disable()
 
 
 def _run(
@@ -235,10 +238,11 @@ def _run(
         }
         context = Context(n_layers, n_heads, causal, settings.seed, thresholds, model, options)
         chosen = [cls(context) for cls in classes]
-        # Imports and the model made about a million objects that live as long as the run: the
-        # collector need not walk them again and again (the command line paused it until now).
-        gc.freeze()
-        gc.enable()
+        if not gc.isenabled():  # the command line paused the collector for the start-up:
+            # imports and the model made about a million objects that live as long as the run,
+            # which the collector need not walk again and again
+            gc.freeze()
+            gc.enable()
         lap("load")
 
         tally = Tally()
@@ -368,7 +372,7 @@ def _applicable(classes: list, model, settings: Settings) -> list:
     """The analyses that can run on ``model``: chosen by default, the others are left out;
     named by the user, any that cannot run is an error."""
     reasons = {cls.name: cls.unsupported(model) for cls in classes}
-    if settings.analyses != analyses.defaults():
+    if list(settings.analyses) != analyses.defaults():
         for name, reason in reasons.items():
             if reason:
                 raise ProbeError(f"--analyses {name}: {reason}")
