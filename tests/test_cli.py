@@ -116,6 +116,9 @@ def test_default_sample_writes_every_file(sample_report):
     assert "0-based" in html or "numbered from 0" in html
     assert '<svg class="coref"' in html and "An example window read by head" in html
     assert "<b>Preliminary:</b> 76 sentences" in html  # a sample this small says so at the top
+    similarity = html[html.index('<svg class="similarity"') :]
+    similarity = similarity[: similarity.index("</svg>")]
+    assert similarity.count("<title>") == 72  # every head names itself on hover
 
 
 def test_report_re_renders_from_tables(sample_report):
