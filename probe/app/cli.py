@@ -356,6 +356,25 @@ def experiment_heads(
         )
 
 
+@app.command("compare")
+def compare_command(
+    a: Path = typer.Argument(..., help="A report folder (e.g. the base model's)."),
+    b: Path = typer.Argument(..., help="Another report folder (e.g. the fine-tuned model's)."),
+    out: Path = typer.Option(None, "--out", "-o", help="Output folder [default: reports/A-vs-B]."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an earlier comparison."),
+) -> None:
+    """Compare two reports: per head if they have the same shape, else per layer matched by
+    relative depth; syntax, roles and weight circuits; self-contained HTML and CSV tables."""
+    from probe.app.compare import compare
+
+    out = out or Path("reports") / f"{a.name}-vs-{b.name}"
+    try:
+        path = compare(a, b, out, overwrite)
+    except ProbeError as e:
+        _fail(str(e))
+    typer.echo(f"comparison: {path / 'index.html'}")
+
+
 def main() -> None:
     """The ``probe`` command."""
     try:

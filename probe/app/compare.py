@@ -1,0 +1,166 @@
+"""``probe compare A B``: what changed between two reports (base and fine-tuned, two checkpoints,
+two models), as tidy tables and a self-contained page.
+
+Reports of the same shape are compared head by head (layer l, head h of A against layer l,
+head h of B). Otherwise layers are matched by relative depth (layer l of A against the layer of
+B at the same fraction of the depth) and compared by their means, since heads of different
+models have no correspondence.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from jinja2 import Environment, PackageLoader, select_autoescape
+from matplotlib.figure import Figure as MplFigure
+
+from analyses.figures import Figure, heatmap
+from analyses.vocabulary import Role
+from probe.app.output import reserved
+from probe.app.report import embed, read_report
+
+# Per-head measures compared, where both reports have them (heads.csv columns).
+MEASURES = (
+    "qk_effective_rank", "ov_effective_rank", "best_relation_accuracy", "entropy",
+    "entropy_normalised", "special", "cls_like", "sep_like", "punct", "previous", "next",
+    "coref_accuracy",
+)  # fmt: skip
+
+
+def matched_layers(n_a: int, n_b: int) -> np.ndarray:
+    """For each layer of A, the layer of B at the same relative depth (0 and the last match)."""
+    if n_a == 1:
+        return np.zeros(1, dtype=int)
+    return np.rint(np.arange(n_a) * (n_b - 1) / (n_a - 1)).astype(int)
+
+
+def _roles(text: str) -> set[str]:
+    return {r for r in str(text or "").split(";") if r}
+
+
+def compare_tables(a: Path, b: Path) -> tuple[dict, dict, dict[str, pd.DataFrame]]:
+    """The two run cards and the comparison's tables: ``compare_heads`` (one row per head, same
+    shape) or ``compare_layers`` (one row per matched layer pair), and ``compare_relations``
+    (one row per relation both reports scored)."""
+    run_a, tables_a, _ = read_report(a)
+    run_b, tables_b, _ = read_report(b)
+    heads_a, heads_b = tables_a["heads"], tables_b["heads"]
+    measures = [m for m in MEASURES if m in heads_a and m in heads_b]
+    same = (run_a["layers"], run_a["heads"]) == (run_b["layers"], run_b["heads"])
+    out: dict[str, pd.DataFrame] = {}
+    if same:
+        joined = heads_a.merge(heads_b, on=["layer", "head"], suffixes=("_a", "_b"))
+        table = joined[["layer", "head"]].copy()
+        for m in measures:
+            table[f"{m}_a"], table[f"{m}_b"] = joined[f"{m}_a"], joined[f"{m}_b"]
+            table[f"{m}_change"] = joined[f"{m}_b"] - joined[f"{m}_a"]
+        roles_a, roles_b = joined.roles_a.map(_roles), joined.roles_b.map(_roles)
+        table["roles_a"], table["roles_b"] = joined.roles_a.fillna(""), joined.roles_b.fillna("")
+        table["roles_gained"] = [
+            ";".join(sorted(b - a)) for a, b in zip(roles_a, roles_b, strict=True)
+        ]
+        table["roles_lost"] = [
+            ";".join(sorted(a - b)) for a, b in zip(roles_a, roles_b, strict=True)
+        ]
+        out["compare_heads"] = table
+    else:
+        per_layer = []
+        for layer_a, layer_b in enumerate(matched_layers(run_a["layers"], run_b["layers"])):
+            part_a = heads_a[heads_a.layer == layer_a]
+            part_b = heads_b[heads_b.layer == layer_b]
+            row = {"layer_a": layer_a, "layer_b": int(layer_b)}
+            for m in measures:
+                row[f"{m}_a"], row[f"{m}_b"] = part_a[m].mean(), part_b[m].mean()
+                row[f"{m}_change"] = row[f"{m}_b"] - row[f"{m}_a"]
+            for role in map(str, Role):  # share of the layer's heads holding the role
+                row[f"{role}_a"] = part_a.roles.map(lambda r, x=role: x in _roles(r)).mean()
+                row[f"{role}_b"] = part_b.roles.map(lambda r, x=role: x in _roles(r)).mean()
+            per_layer.append(row)
+        out["compare_layers"] = pd.DataFrame(per_layer)
+    if "syntax_best" in tables_a and "syntax_best" in tables_b:
+        columns = ["relation", "total", "layer", "head", "direction", "accuracy", "ci_low",
+                   "ci_high"]  # fmt: skip
+        rel = tables_a["syntax_best"][columns].merge(
+            tables_b["syntax_best"][columns], on="relation", suffixes=("_a", "_b")
+        )
+        rel["accuracy_change"] = rel.accuracy_b - rel.accuracy_a
+        # Intervals from two bootstraps over (possibly) different sentences: a change is
+        # called only where the two 95% intervals do not overlap (conservative).
+        rel["intervals_overlap"] = (rel.ci_low_b <= rel.ci_high_a) & (rel.ci_low_a <= rel.ci_high_b)
+        out["compare_relations"] = rel.sort_values("total_a", ascending=False, kind="stable")
+    return run_a, run_b, out
+
+
+def compare(a: Path, b: Path, out: Path, overwrite: bool = False) -> Path:
+    """Write the comparison of report folders ``a`` and ``b`` into ``out``; returns it."""
+    run_a, run_b, tables = compare_tables(Path(a), Path(b))  # errors before anything is written
+    with reserved(out, overwrite) as folder:
+        for name, table in tables.items():
+            table.to_csv(folder / f"{name}.csv", index=False, float_format="%.6g")
+        card = {
+            "a": str(a), "b": str(b), "model_a": run_a["model"], "model_b": run_b["model"],
+            "shape_a": [run_a["layers"], run_a["heads"]],
+            "shape_b": [run_b["layers"], run_b["heads"]],
+            "command": " ".join(["probe", *sys.argv[1:]]) if sys.argv else "probe compare",
+            "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        }  # fmt: skip
+        (folder / "compare.json").write_text(json.dumps(card, indent=2), encoding="utf-8")
+        (folder / "index.html").write_text(render(card, run_a, run_b, tables), encoding="utf-8")
+    return out
+
+
+def render(card: dict, run_a: dict, run_b: dict, tables: dict[str, pd.DataFrame]) -> str:
+    env = Environment(
+        loader=PackageLoader("probe.app", "templates"),
+        autoescape=select_autoescape(["html", "j2"], default_for_string=True),
+    )
+    figures = [f for f in (_rank_changes(tables), _layer_roles(tables)) if f is not None]
+    changed = None
+    if "compare_heads" in tables:
+        heads = tables["compare_heads"]
+        changed = heads[(heads.roles_gained != "") | (heads.roles_lost != "")]
+    return env.get_template("compare.html.j2").render(
+        card=card, a=run_a, b=run_b, figures=[{"figure": f, "html": embed(f)} for f in figures],
+        relations=tables.get("compare_relations"), changed=changed,
+        layers=tables.get("compare_layers"),
+    )  # fmt: skip
+
+
+def _rank_changes(tables: dict[str, pd.DataFrame]) -> Figure | None:
+    heads = tables.get("compare_heads")
+    if heads is None or "qk_effective_rank_change" not in heads:
+        return None
+    fig = MplFigure(figsize=(10, 3.4))
+    margins = {"left": 0.05, "right": 0.97, "bottom": 0.15, "top": 0.88, "wspace": 0.2}
+    axes = fig.subplots(1, 2, gridspec_kw=margins)
+    for ax, circuit in zip(axes, ("qk", "ov"), strict=True):
+        grid = heads.pivot(index="layer", columns="head", values=f"{circuit}_effective_rank_change")
+        limit = max(float(np.nanmax(np.abs(grid.to_numpy()))), 1e-9)
+        heatmap(ax, grid, vmin=-limit, vmax=limit, cmap="RdBu_r", label="B − A")
+        ax.set_title(f"{circuit.upper()} effective rank: B − A")
+    alt = "Two layer-by-head heatmaps of the change in QK and OV effective rank from A to B."
+    return Figure("rank-changes", "Change of each head's effective rank", alt, fig)
+
+
+def _layer_roles(tables: dict[str, pd.DataFrame]) -> Figure | None:
+    layers = tables.get("compare_layers")
+    if layers is None:
+        return None
+    fig = MplFigure(figsize=(10, 3.2))
+    ax = fig.subplots(gridspec_kw={"left": 0.07, "right": 0.8, "bottom": 0.16, "top": 0.9})
+    for role in Role:
+        if layers[f"{role}_a"].any() or layers[f"{role}_b"].any():
+            ax.plot(layers.layer_a, layers[f"{role}_a"], color=role.colour, label=f"{role} (A)")
+            ax.plot(layers.layer_a, layers[f"{role}_b"], color=role.colour, linestyle="--",
+                    label=f"{role} (B)")  # fmt: skip
+    ax.set_xlabel("layer of A (B's layer at the same relative depth)")
+    ax.set_ylabel("share of the layer's heads")
+    ax.set_title("Roles per layer: A solid, B dashed")
+    ax.legend(fontsize="x-small", bbox_to_anchor=(1.01, 1), loc="upper left")
+    alt = "Line chart of the share of heads holding each role, per matched layer, for A and B."
+    return Figure("layer-roles", "Roles per layer, matched by relative depth", alt, fig, "svg")
