@@ -112,3 +112,15 @@ def seq2seq_batch(seed: int = 0):
         "decoder_input_ids": target,
         "decoder_attention_mask": target_mask,
     }
+
+
+def saved_bert(folder, seed: int = 0):
+    """A small random BERT and a WordPiece tokenizer saved in ``folder``, as a user's local
+    model (vocabulary 200, enough for the test tokenizer); returns the folder."""
+    from tokenizers_util import wordpiece
+
+    torch.manual_seed(seed)
+    config = tf.BertConfig(**SMALL | {"vocab_size": 200}, intermediate_size=64)
+    tf.BertModel(config).save_pretrained(folder)
+    wordpiece().save_pretrained(folder)
+    return folder

@@ -5,12 +5,9 @@ import shutil
 
 import pandas as pd
 import pytest
-import torch
-import transformers as tf
 from matplotlib import image as plt_image
-from models import SMALL
+from models import saved_bert
 from test_cli import check_html, chromium, console_messages, needs_chromium
-from tokenizers_util import wordpiece
 from typer.testing import CliRunner
 
 from probe.app.cli import app
@@ -23,12 +20,7 @@ runner = CliRunner()
 def reports(tmp_path_factory, minilm):
     """MiniLM on the sample (6 x 12), and a random 2-layer BERT (2 x 4) on the same."""
     root = tmp_path_factory.mktemp("compare")
-    folder = root / "bert"
-    torch.manual_seed(0)
-    tf.BertModel(
-        tf.BertConfig(**SMALL | {"vocab_size": 200}, intermediate_size=64)
-    ).save_pretrained(folder)
-    wordpiece().save_pretrained(folder)
+    folder = saved_bert(root / "bert")
     out = {}
     for name, model in (("minilm", "minilm"), ("bert", str(folder))):
         out[name] = root / f"report-{name}"

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 import torch
 import transformers as tf
-from models import SMALL
+from models import SMALL, saved_bert
 from streams import context, feed
 from tokenizers_util import wordpiece
 from typer.testing import CliRunner
@@ -245,11 +245,7 @@ def test_tiny_analysis_in_a_cli_run_and_its_report(registered, tmp_path):
     """``probe analyze --analyses diagonal,spectra``: diagonal.csv has its declared columns and
     types and counts every token, heads.csv carries its head column, index.html its section and
     a card entry per head; ``probe report`` draws the same page again from the tables."""
-    folder = tmp_path / "bert"
-    torch.manual_seed(0)
-    config = tf.BertConfig(**SMALL | {"vocab_size": 200}, intermediate_size=64)
-    tf.BertModel(config).save_pretrained(folder)
-    wordpiece().save_pretrained(folder)
+    folder = saved_bert(tmp_path / "bert")
     out = tmp_path / "report"
     args = ["analyze", "-m", str(folder), "-a", "diagonal,spectra", "-n", "12", "-t", "sample",
             "-o", str(out)]  # fmt: skip
@@ -549,12 +545,7 @@ def test_the_python_api_runs_the_default_analyses_and_leaves_the_collector_alone
     from probe.app.run import Settings
     from probe.app.run import analyze as run_analyze
 
-    folder = tmp_path / "bert"
-    torch.manual_seed(0)
-    tf.BertModel(
-        tf.BertConfig(**SMALL | {"vocab_size": 200}, intermediate_size=64)
-    ).save_pretrained(folder)
-    wordpiece().save_pretrained(folder)
+    folder = saved_bert(tmp_path / "bert")
     before = gc.isenabled(), gc.get_freeze_count()
     settings = Settings(model=str(folder), treebank=["sample"], out=tmp_path / "r",
                         max_sentences=8)  # fmt: skip

@@ -16,13 +16,12 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from jinja2 import Environment, PackageLoader, select_autoescape
 from matplotlib.figure import Figure as MplFigure
 
 from analyses.figures import Figure, heatmap
 from analyses.vocabulary import Role
 from probe.app.output import reserved
-from probe.app.report import embed, read_report
+from probe.app.report import embed, environment, read_report
 
 # Per-head measures compared, where both reports have them (heads.csv columns).
 MEASURES = (
@@ -115,10 +114,7 @@ def compare(a: Path, b: Path, out: Path, overwrite: bool = False) -> Path:
 
 
 def render(card: dict, run_a: dict, run_b: dict, tables: dict[str, pd.DataFrame]) -> str:
-    env = Environment(
-        loader=PackageLoader("probe.app", "templates"),
-        autoescape=select_autoescape(["html", "j2"], default_for_string=True),
-    )
+    env = environment()
     figures = [f for f in (_rank_changes(tables), _layer_roles(tables)) if f is not None]
     changed = None
     if "compare_heads" in tables:

@@ -11,13 +11,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pandas as pd
-from jinja2 import Environment, PackageLoader, select_autoescape
 from matplotlib.figure import Figure as MplFigure
 
 from analyses.figures import Figure
 from probe import experiment as science
 from probe.app.output import reserved
-from probe.app.report import embed
+from probe.app.report import embed, environment
 from probe.app.run import package_versions
 
 COLOURS = {"narrow": "#2f5fd0", "wide": "#c2410c", "bilinear": "#15803d", "shared": "#9333ea"}
@@ -63,10 +62,7 @@ def run(
 
 
 def render(card: dict, experiment: pd.DataFrame, curves: pd.DataFrame) -> str:
-    env = Environment(
-        loader=PackageLoader("probe.app", "templates"),
-        autoescape=select_autoescape(["html", "j2"], default_for_string=True),
-    )
+    env = environment()
     figures = [learning_curves(curves), trade_off(experiment), ranks(experiment),
                specialisation(experiment)]  # fmt: skip
     html = [{"figure": f, "html": embed(f)} for f in figures]

@@ -155,15 +155,20 @@ def render(folder: str | Path) -> Path:
     return path
 
 
-def render_html(run: dict, tables: dict[str, pd.DataFrame], examples: dict) -> str:
-    """The report page: the run card, an overview of every head's roles, one section per
-    analysis (its template's ``section`` macro), and a card per head."""
-    env = Environment(
+def environment() -> Environment:
+    """The Jinja environment of every page probe writes: its templates, everything escaped."""
+    return Environment(
         loader=PackageLoader("probe.app", "templates"),
         autoescape=select_autoescape(["html", "j2"], default_for_string=True),
         trim_blocks=True,
         lstrip_blocks=True,
     )
+
+
+def render_html(run: dict, tables: dict[str, pd.DataFrame], examples: dict) -> str:
+    """The report page: the run card, an overview of every head's roles, one section per
+    analysis (its template's ``section`` macro), and a card per head."""
+    env = environment()
     env.filters["num"] = _number
     env.filters["pct"] = lambda x: "–" if x is None or x != x else f"{100 * x:.1f}%"
     env.globals["HeadId"] = HeadId
