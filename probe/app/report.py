@@ -155,6 +155,17 @@ def render(folder: str | Path) -> Path:
     return path
 
 
+def _treebank(path: str) -> Markup:
+    """A treebank as the run card names it: a bundled one by name, not by this machine's path."""
+    from probe.treebank import BUNDLED
+
+    names = {
+        str(BUNDLED["ewt-dev"]): "UD English EWT r2.15 dev (bundled with probe; CC BY-SA 4.0)",
+        str(BUNDLED["sample"]): "the hand-written sample (bundled with probe)",
+    }
+    return Markup(escape(names[path])) if path in names else Markup(f"<code>{escape(path)}</code>")
+
+
 def environment() -> Environment:
     """The Jinja environment of every page probe writes: its templates, everything escaped."""
     return Environment(
@@ -173,6 +184,7 @@ def render_html(run: dict, tables: dict[str, pd.DataFrame], examples: dict) -> s
     env.filters["pct"] = lambda x: "–" if x is None or x != x else f"{100 * x:.1f}%"
     env.globals["HeadId"] = HeadId
     env.globals["PRELIMINARY"] = PRELIMINARY
+    env.filters["treebank"] = _treebank
 
     sections = []
     for name in run["analyses"]:
