@@ -20,7 +20,7 @@ from analyses import Analysis, Context, Schema
 from analyses.figures import Figure
 from analyses.vocabulary import Role, Thresholds
 from probe.corpus import Batch
-from probe.keys import uniform
+from probe.keys import poisson, uniform
 from probe.runner import LayerCapture
 
 MAX_OFFSETS = (-2, -1, 0, 1, 2)
@@ -37,6 +37,12 @@ METRICS = (
     "confidence",
     *(f"max_at_{o:+d}" for o in MAX_OFFSETS),
 )
+# Each role's statistic gets a 95% interval from a Poisson bootstrap over sentences, as syntax
+# has: each sentence weighs Poisson(1) in each replicate, keyed by its index (``probe.keys``).
+ROLE_BOOT = 200
+# The statistic behind each role, in the order of the bootstrap's sums; broad's is over the
+# queries that see more than one key, the others over every real query.
+ROLE_METRICS = ("max_at_-1", "max_at_+1", "sink_share", "entropy_normalised")
 # Head similarity is estimated on a keyed sample of the real queries: each is in it with this
 # probability, decided by its sentence and position alone (``probe.keys``).
 JS_QUERY_SHARE = 1 / 32
@@ -52,6 +58,9 @@ def entropy(p: torch.Tensor) -> torch.Tensor:
     return -(p * torch.log(p.clamp(min=torch.finfo(p.dtype).tiny))).sum(-1)
 
 
+INTERVALS = {f"{m}_{end}": "float" for m in ROLE_METRICS for end in ("low", "high")}
+
+
 class Roles(Analysis):
     """Per-head sums of attention statistics and pairwise Jensen-Shannon divergences."""
 
@@ -61,7 +70,7 @@ class Roles(Analysis):
     tables: ClassVar[dict[str, Schema]] = {
         "head_stats": {
             "layer": "int", "head": "int", **dict.fromkeys(METRICS, "float"),
-            "cls_entropy": "float",
+            "cls_entropy": "float", **INTERVALS,
         },
         "head_similarity": {
             "layer_a": "int", "head_a": "int", "layer_b": "int", "head_b": "int",
@@ -71,7 +80,9 @@ class Roles(Analysis):
     head_columns: ClassVar[Schema] = {
         **dict.fromkeys(METRICS, "float"),
         "cls_entropy": "float",
+        **INTERVALS,
         "sink_share": "float",
+        "uncertain_roles": "str",
         "mds_x": "float",
         "mds_y": "float",
     }
@@ -87,6 +98,9 @@ class Roles(Analysis):
         self.cls_rows = 0
         self.js = torch.zeros(L * H, L * H, dtype=torch.float64)
         self.js_queries = 0
+        self.boot = torch.zeros(ROLE_BOOT, len(ROLE_METRICS), L, H, dtype=torch.float64)
+        self.boot_queries = torch.zeros(ROLE_BOOT, dtype=torch.float64)
+        self.boot_normalisable = torch.zeros(ROLE_BOOT, dtype=torch.float64)
 
     def begin_batch(self, batch: Batch) -> None:
         """What every layer of the batch shares: which queries are real, what each key is
@@ -111,6 +125,11 @@ class Roles(Analysis):
         self._has_cls = batch.special[:, 0] & (not self.context.causal)
         self.queries += int(real.sum())
         self.normalisable += int((real & (keys > 1)).sum())
+        index, replicate = batch.index.cpu().numpy()[None], np.arange(ROLE_BOOT)[:, None]
+        weights = poisson(self.context.seed, "roles-bootstrap", index, replicate)
+        self._weights = torch.from_numpy(weights).double()  # [ROLE_BOOT, B]
+        self.boot_queries += self._weights @ real.sum(1).double().cpu()
+        self.boot_normalisable += self._weights @ (real & (keys > 1)).sum(1).double().cpu()
         self.cls_rows += int(self._has_cls.sum())
         # Head similarity: every pair of heads costs O(keys) per query, so the mean is estimated
         # on a sample of the real queries, each drawn by its sentence and position: the same
@@ -147,21 +166,34 @@ class Roles(Analysis):
             ],
             -1,
         )
-        sums = torch.einsum("bhqm,bq->mh", per_query, real)
+        per_sentence = torch.einsum("bhqm,bq->bmh", per_query, real)
+        sums = per_sentence.sum(0)
         previous = torch.einsum("bhq,bq->h", p.diagonal(-1, -2, -1), real[:, 1:])  # q -> q-1
         following = torch.einsum("bhq,bq->h", p.diagonal(1, -2, -1), self._next)  # q -> q+1
         # Where each query's maximum lies, relative to the query: offsets -2…+2 counted at once.
         offset = argmax - self._offsets  # 0 for the first offset
         inside = (offset >= 0) & (offset < len(MAX_OFFSETS)) & (real[:, None] > 0)
-        head = torch.arange(H, device=p.device)[None, :, None].expand_as(offset)
-        at = torch.bincount(
-            (head * len(MAX_OFFSETS) + offset)[inside], minlength=H * len(MAX_OFFSETS)
-        ).view(-1, len(MAX_OFFSETS))  # [H, offset]
+        row = torch.arange(B, device=p.device)[:, None] * H + torch.arange(H, device=p.device)
+        row = row[:, :, None].expand_as(offset)  # sentence and head of each query
+        n = len(MAX_OFFSETS)
+        at_each = torch.bincount((row * n + offset)[inside], minlength=B * H * n).view(B, H, n)
+        at = at_each.sum(0)  # [H, offset]
         self_at = METRICS.index("self") + 1  # the sums up to self, then previous and next
         stats = torch.cat(
             [sums[:self_at], previous[None], following[None], sums[self_at:], at.T.to(sums.dtype)]
         )  # in the order of METRICS
         self.sums[:, layer] += stats.double().cpu()
+        # The roles' statistics per sentence, [B, ROLE_METRICS, H], for the bootstrap
+        # (per_query's order: special, punct, the other key kinds, self, entropy, normalised).
+        roles = torch.stack([
+            at_each[..., MAX_OFFSETS.index(-1)].to(p.dtype),
+            at_each[..., MAX_OFFSETS.index(1)].to(p.dtype),
+            per_sentence[:, 0] + per_sentence[:, 1],
+            per_sentence[:, kinds + 2],
+        ], 1)  # fmt: skip
+        self.boot[:, :, layer] += (self._weights @ roles.flatten(1).double().cpu()).view(
+            ROLE_BOOT, len(ROLE_METRICS), H
+        )
         self.cls_entropy[layer] += entropies[self._has_cls, :, 0].sum(0).double().cpu()
         b, t = self._sample
         self._rows[layer] = p[b, :, t, :].transpose(0, 1)
@@ -196,7 +228,7 @@ class Roles(Analysis):
 
     def merge(self, other: Roles) -> None:
         self._check_mergeable(other)
-        for name in ("sums", "cls_entropy", "js"):
+        for name in ("sums", "cls_entropy", "js", "boot", "boot_queries", "boot_normalisable"):
             getattr(self, name).add_(getattr(other, name))
         for name in ("queries", "normalisable", "cls_rows", "js_queries"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
@@ -213,6 +245,15 @@ class Roles(Analysis):
         stats["cls_entropy"] = (
             (self.cls_entropy.flatten() / self.cls_rows).numpy() if self.cls_rows else math.nan
         )
+        # 95% bootstrap intervals of each role's statistic (replicates that drew no query
+        # give no ratio, and are left out)
+        for k, metric in enumerate(ROLE_METRICS):
+            counts = self.boot_normalisable if metric == "entropy_normalised" else self.boot_queries
+            drawn = counts > 0
+            ratios = (self.boot[drawn, k] / counts[drawn, None, None]).flatten(1).numpy()
+            low, high = np.percentile(ratios, [2.5, 97.5], axis=0) if drawn.any() else (
+                np.full(L * H, math.nan), np.full(L * H, math.nan))  # fmt: skip
+            stats[f"{metric}_low"], stats[f"{metric}_high"] = low, high
         js = (self.js / max(self.js_queries, 1)).numpy()
         a, b = np.divmod(np.arange((L * H) ** 2), L * H)
         similarity = pd.DataFrame(
@@ -237,8 +278,13 @@ class Roles(Analysis):
             Role.SINK: ("sink_share", thresholds.sink),
             Role.BROAD: ("entropy_normalised", thresholds.broad),
         }
+        uncertain = []
         for role, (column, threshold) in tests.items():
             heads[str(role)] = heads[column] >= threshold
+            # granted, but the interval reaches below the threshold
+            low = heads.get(f"{column}_low", heads[column])
+            uncertain.append(np.where(heads[str(role)] & (low < threshold), str(role), ""))
+        heads["uncertain_roles"] = [";".join(filter(None, r)) for r in zip(*uncertain, strict=True)]
         xy = embed(tables["head_similarity"], len(heads))
         heads["mds_x"], heads["mds_y"] = xy[:, 0], xy[:, 1]
         return heads

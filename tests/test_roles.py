@@ -102,6 +102,35 @@ def test_roles_are_exactly_the_set_ones(analysed):
     assert all("broad" in r for r in roles_of(tables, Thresholds(broad=0.0)))
 
 
+def test_role_intervals_are_keyed_to_sentences_and_flag_uncertain_roles(analysed):
+    """Each role statistic's 95% interval holds its estimate and does not depend on the batch
+    size; a role granted at a threshold inside the interval is uncertain, one far below is not."""
+    tables, n, corpus = analysed
+    stats = tables["head_stats"]
+    for metric in ("max_at_-1", "max_at_+1", "sink_share", "entropy_normalised"):
+        value = stats.special + stats.punct if metric == "sink_share" else stats[metric]
+        assert (stats[f"{metric}_low"] <= value + 1e-12).all()
+        assert (value <= stats[f"{metric}_high"] + 1e-12).all()
+    assert (stats["max_at_-1_high"] > stats["max_at_-1_low"]).any()  # sentences differ
+    torch.manual_seed(0)
+    config = tf.BertConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=2,
+                           intermediate_size=64, vocab_size=200)  # fmt: skip
+    model = tf.BertModel(config).eval()
+    other = Roles(context(2, 4), js_query_share=1.0)
+    with probe.hooks(model, {"blocks.0.attn.hook_pattern": set_patterns}):
+        stream(model, corpus.batches(batch_size=3), [other])  # the same tokens, batched anew
+    again = other.finish()["head_stats"]
+    columns = [c for c in stats.columns if c.endswith(("_low", "_high"))]
+    np.testing.assert_allclose(again[columns], stats[columns], atol=1e-12)
+    share = (n - 1).sum() / n.sum()
+    heads = join_heads([Roles], tables, Thresholds(previous_token=share - 1e-9), 2, 4)
+    heads = heads.set_index(["layer", "head"])
+    low = stats.set_index(["layer", "head"])["max_at_-1_low"][(0, 0)]
+    assert low < share - 1e-9 and heads.uncertain_roles[(0, 0)] == "previous-token"
+    sure = join_heads([Roles], tables, Thresholds(previous_token=low / 2), 2, 4)
+    assert sure.set_index(["layer", "head"]).uncertain_roles[(0, 0)] == ""
+
+
 def test_js_divergence_between_set_heads(analysed):
     tables, n, _ = analysed
     sim = tables["head_similarity"].set_index(["layer_a", "head_a", "layer_b", "head_b"])

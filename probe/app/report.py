@@ -226,7 +226,11 @@ def render_html(run: dict, tables: dict[str, pd.DataFrame], examples: dict) -> s
                 {
                     "id": HeadId(row["layer"], row["head"]),
                     "roles": roles,
-                    "codes": "".join(r.code for r in roles),
+                    # a role whose 95% interval reaches below its threshold is marked "?"
+                    "codes": "".join(
+                        r.code + ("?" if str(r) in str(row.get("uncertain_roles", "")) else "")
+                        for r in roles
+                    ),
                     "primary": roles[0] if roles else "none",
                     # a relation is only worth showing where it earned the role
                     "relation": row.get("best_relation", "") if syntactic else "",
