@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import base64
 import json
-import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from html import escape
 from importlib.resources import files
 from pathlib import Path
 
@@ -36,38 +34,53 @@ class View:
         Per sentence, its tokens.
     patterns : list of array ``[layer, head, q_pos, k_pos]``
         Per sentence, float32 attention weights.
+    arcs : list of list of (int, int), optional
+        Per sentence, (query, key) token pairs to mark in gold over the attention (a treebank's
+        dependency arcs, say).
+    captions : list of str, optional
+        Per sentence, a line shown under the selectors.
+    view : str
+        The view shown first: ``"head"``, ``"heatmap"``, ``"both"`` or ``"model"``.
     """
 
     tokens: list[list[str]]
     patterns: list[np.ndarray]
+    arcs: list[list[tuple[int, int]]] | None = None
+    captions: list[str] | None = None
+    view: str = "head"
 
     def _repr_html_(self) -> str:
         return self.html()
 
-    def html(self) -> str:
-        """The view as an HTML fragment (its own ``<div>``, data and script)."""
-        root = "probe-view-" + secrets.token_hex(6)
+    def html(self, script: bool = True) -> str:
+        """The view as an HTML fragment: its own ``<div>`` with its data and, unless ``script``
+        is false (a page that adds ``viewer_script()`` once, after its views), the script."""
         layers, heads = self.patterns[0].shape[:2]
-        sentences = [_encode(t, p) for t, p in zip(self.tokens, self.patterns, strict=True)]
-        data = {"layers": layers, "heads": heads, "k": TOP_K, "sentences": sentences}
+        n = len(self.tokens)
+        arcs, captions = self.arcs or [[]] * n, self.captions or [""] * n
+        sentences = [
+            {**_encode(t, p), "arcs": [[int(q), int(k)] for q, k in a], "caption": c}
+            for t, p, a, c in zip(self.tokens, self.patterns, arcs, captions, strict=True)
+        ]
+        data = {"layers": layers, "heads": heads, "k": TOP_K, "view": self.view,
+                "sentences": sentences}  # fmt: skip
         # JSON inside <script>: "<", ">" and "&" escaped, so no token can close the element.
         payload = json.dumps(data).replace("<", "\\u003c").replace(">", "\\u003e")
         payload = payload.replace("&", "\\u0026")
-        script = files("probe").joinpath("data/show.js").read_text(encoding="utf-8")
-        script = script.replace("__ROOT__", json.dumps(root))
-        return f"""<div id="{escape(root)}" class="probe-view" style="--probe-accent:#2f5fd0;\
+        return f"""<div class="probe-view" style="--probe-accent:#2f5fd0;\
 font:13px system-ui,sans-serif">
 <div style="display:flex;gap:8px;align-items:center;flex-wrap:wrap;margin:4px 0">
 <select data-role="view" aria-label="view"><option value="head">head view</option>\
-<option value="heatmap">heatmap</option><option value="model">model view</option></select>
+<option value="heatmap">heatmap</option><option value="both">head view and heatmap</option>\
+<option value="model">model view</option></select>
 <select data-role="sentence" aria-label="sentence"></select>
 <select data-role="layer" aria-label="layer"></select>
 <select data-role="head" aria-label="head"></select>
 <span data-role="status" style="opacity:.7"></span></div>
+<div data-role="caption"></div>
 <div style="overflow:auto;max-height:720px"><canvas data-role="canvas"></canvas></div>
 <script type="application/json" class="probe-data">{payload}</script>
-<script>{script}</script>
-</div>"""
+{viewer_script() if script else ""}</div>"""
 
     def save(self, path: str | Path) -> Path:
         """Write the view as a page of its own; returns the path."""
@@ -77,6 +90,15 @@ font:13px system-ui,sans-serif">
                 f"{self.html()}</body></html>\n")  # fmt: skip
         path.write_text(page, encoding="utf-8")
         return path
+
+
+def viewer_script() -> str:
+    """The ``<script>`` that starts every view on a page not yet started."""
+    return (
+        "<script>"
+        + files("probe").joinpath("data/show.js").read_text(encoding="utf-8")
+        + "</script>"
+    )
 
 
 def _encode(tokens: list[str], pattern: np.ndarray) -> dict:

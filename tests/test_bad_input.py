@@ -103,7 +103,7 @@ def _threshold(folder, **change):
 def _example_out_of_range(folder):
     examples = json.loads((folder / "examples.json").read_text())
     first = next(iter(examples["heads"]))
-    examples["heads"][first]["sentence"] = 999
+    examples["heads"][first]["shown"][0]["sentence"] = 999
     (folder / "examples.json").write_text(json.dumps(examples))
 
 
@@ -131,6 +131,11 @@ def _index_is_a_folder(folder):
         (lambda f: (f / "head_stats.csv").unlink(), "head_stats.csv cannot be read"),
         (_example_out_of_range, "examples.json is malformed"),
         (lambda f: (f / "examples.json").write_text("{not json"), "examples.json is malformed"),
+        (
+            lambda f: (f / "attention.npz").write_bytes(b"PK"),
+            "attention.npz is missing or malformed",
+        ),
+        (lambda f: (f / "attention.npz").unlink(), "attention.npz is missing or malformed"),
         (_index_is_a_folder, "cannot write"),
     ],
 )

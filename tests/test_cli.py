@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from probe.app.cli import app
 
 FILES = {
-    "index.html", "run.json", "examples.json", "heads.csv", "head_stats.csv",
+    "index.html", "run.json", "examples.json", "attention.npz", "heads.csv", "head_stats.csv",
     "head_similarity.csv", "spectra.csv", "syntax.csv", "syntax_baselines.csv", "syntax_best.csv",
     "probe.csv", "coref.csv", "coref_baselines.csv", "coref_example.csv",
     ".probe-report",  # the marker: what --overwrite may replace
@@ -51,7 +51,7 @@ class Checker(HTMLParser):
         self.stack, self.errors, self.references, self.scripts = [], [], [], 0
 
     def handle_starttag(self, tag, attrs):
-        self.scripts += tag == "script"
+        self.scripts += tag == "script" and dict(attrs).get("type") != "application/json"
         for key, value in attrs:
             if key in ("src", "href", "xlink:href", "action", "data") and value:
                 self.references.append(value)
@@ -106,7 +106,7 @@ def test_default_sample_writes_every_file(sample_report):
     assert set(run["timings_s"]) == {"start", "load", "analyses", "tables", "render", "total"}
     assert {"torch", "transformers", "probe"} <= set(run["packages"])
     checker = check_html(sample_report / "index.html")
-    assert checker.scripts == 1  # the sorting script, nothing else
+    assert checker.scripts == 2  # the sorting script and the cards' viewer, nothing else
     assert (sample_report / "index.html").stat().st_size < 10_000_000
     html = (sample_report / "index.html").read_text()
     for section in ("run", "overview", "syntax", "roles", "spectra", "probe", "coref", "heads",
@@ -212,9 +212,10 @@ def test_text_from_the_treebank_is_escaped(tmp_path, minilm):
     assert result.exit_code == 0, result.output
     html = (out / "index.html").read_text()
     checker = check_html(out / "index.html")
-    assert checker.scripts == 1
+    assert checker.scripts == 2  # the sorting script and the cards' viewer
     assert "<script>alert(1)</script>" not in html and "</w>" not in html
-    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html  # the caption shows the word as text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html  # shown as text
+    assert "\\u003cscript\\u003ealert(1)\\u003c/script\\u003e" in html  # a card's data
     assert "&lt;/w&gt;" in html
     assert "&#34;quoted&#34;&amp;amp;" in html
     # the coreference example draws the hostile words too, as text

@@ -1,17 +1,21 @@
 """`probe compare A B`: same-shape reports head by head, different shapes by relative depth."""
 
 import json
+import math
 import shutil
 
+import numpy as np
 import pandas as pd
 import pytest
+import torch
 from matplotlib import image as plt_image
 from models import saved_bert
 from test_cli import check_html, chromium, console_messages, needs_chromium
 from typer.testing import CliRunner
 
+from probe.app import examples as examples_io
 from probe.app.cli import app
-from probe.app.compare import matched_layers
+from probe.app.compare import _pairwise_js, _word_distributions, matched_layers, nearest_heads
 
 runner = CliRunner()
 
@@ -45,6 +49,65 @@ def test_a_report_against_itself_changes_nothing(reports, tmp_path):
     assert (relations.accuracy_change == 0).all()
     html = (out / "index.html").read_text()
     assert "Every head holds the same roles" in html and check_html(out / "index.html")
+    assert (heads.attention_js.abs() < 1e-9).all()  # each head attends as itself…
+    pairs = pd.read_csv(out / "compare_attention.csv")
+    assert len(pairs) == 72 * 72 and pairs.sentences.eq(examples_io.N_CANDIDATES).all()
+    nearest = nearest_heads(pairs)
+    assert (nearest.layer_a == nearest.layer_b).all() and (nearest.head_a == nearest.head_b).all()
+    others = pairs[(pairs.layer_a != pairs.layer_b) | (pairs.head_a != pairs.head_b)]
+    assert others.js.min() > 1e-4  # …and unlike any other head
+    assert "Attention on common sentences" in html and "compare_attention.csv" in html
+
+
+def test_jensen_shannon_by_hand():
+    p = torch.tensor([[[0.5, 0.5, 0.0], [1.0, 0.0, 0.0]]], dtype=torch.float64)  # 1 head, 2 words
+    q = torch.tensor([[[0.0, 0.5, 0.5], [1.0, 0.0, 0.0]], [[0.5, 0.5, 0.0], [0.0, 0.0, 1.0]]],
+                     dtype=torch.float64)  # fmt: skip
+    js = _pairwise_js(p, q)
+    # word 0 against [0, .5, .5]: m = [.25, .5, .25], H(m) = 1.5 ln 2, H(p) = H(q) = ln 2
+    assert js[0, 0].item() == pytest.approx(0.5 * math.log(2))
+    assert js[0, 1].item() == pytest.approx(math.log(2))  # word 1: disjoint, ln 2
+    assert _pairwise_js(q, q).diagonal().abs().max() < 1e-12
+
+
+def test_word_distributions_by_hand():
+    """[CLS] a ##b c [SEP]: words 0 = (a, ##b), 1 = c; attention to a word sums its tokens,
+    from a word averages them, and the special tokens' share is the last outcome."""
+    pattern = np.array(
+        [[0.2, 0.2, 0.2, 0.2, 0.2], [0.1, 0.3, 0.2, 0.4, 0.0], [0.0, 0.5, 0.5, 0.0, 0.0],
+         [0.5, 0.0, 0.0, 0.25, 0.25], [1.0, 0.0, 0.0, 0.0, 0.0]], dtype=np.float32,
+    )[None, None]  # fmt: skip
+    sentence = {"pattern": pattern, "words": ["ab", "c"], "word_of_token": [-1, 0, 0, 1, -1]}
+    got = _word_distributions(sentence)[0].numpy()
+    expected = [[(0.5 + 1.0) / 2, (0.4 + 0.0) / 2, (0.1 + 0.0) / 2], [0.0, 0.25, 0.75]]
+    np.testing.assert_allclose(got, expected, atol=1e-6)
+
+
+def test_a_head_whose_attention_moved_is_found(reports, tmp_path):
+    """B is A with heads 2-5 and 3-7 swapped in the kept attention: those two heads, and only
+    they, change, and each finds the other as its nearest head."""
+    edited = tmp_path / "swapped"
+    shutil.copytree(reports["minilm"], edited)
+    with np.load(edited / "attention.npz") as saved:
+        patterns = {name: saved[name].copy() for name in saved.files}
+    for p in patterns.values():
+        p[[2, 3], [5, 7]] = p[[3, 2], [7, 5]]
+    with open(edited / "attention.npz", "wb") as f:
+        np.savez_compressed(f, **patterns)
+    out = tmp_path / "cmp"
+    result = runner.invoke(app, ["compare", str(reports["minilm"]), str(edited), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    heads = pd.read_csv(out / "compare_heads.csv")
+    moved = heads[heads.attention_js > 1e-9][["layer", "head"]].values.tolist()
+    assert moved == [[2, 5], [3, 7]]
+    nearest = nearest_heads(pd.read_csv(out / "compare_attention.csv")).set_index(
+        ["layer_a", "head_a"]
+    )
+    assert tuple(nearest.loc[(2, 5), ["layer_b", "head_b"]]) == (3, 7)
+    assert tuple(nearest.loc[(3, 7), ["layer_b", "head_b"]]) == (2, 5)
+    assert nearest.loc[(2, 5), "js"] < 1e-9
+    html = (out / "index.html").read_text()
+    assert "changed most" in html and "3-7" in html
 
 
 def test_roles_gained_and_lost_are_named(reports, tmp_path):
@@ -78,9 +141,27 @@ def test_different_shapes_are_matched_by_relative_depth(reports, tmp_path):
     bert = pd.read_csv(reports["bert"] / "heads.csv")
     expected = bert[bert.layer == 1].qk_effective_rank.mean()
     assert layers.qk_effective_rank_b.iloc[-1] == pytest.approx(expected, rel=1e-5)
+    # two tokenizers, the same sentences: heads are matched on their word-level attention
+    pairs = pd.read_csv(out / "compare_attention.csv")
+    kept_a, kept_b = (examples_io.read(reports[n])["sentences"] for n in ("minilm", "bert"))
+    common = {s["index"] for s in kept_a} & {s["index"] for s in kept_b}
+    assert len(pairs) == 72 * 8 and pairs.sentences.eq(len(common)).all() and common
+    assert pairs.js.between(0, math.log(2) + 1e-9).all()
+    assert "Which layers of B attend like which layers of A" in (out / "index.html").read_text()
     assert json.loads((out / "compare.json").read_text())["shape_b"] == [2, 4]
     assert "relative depth" in (out / "index.html").read_text()
     check_html(out / "index.html")
+
+
+def test_a_report_without_attention_is_compared_without_it(reports, tmp_path):
+    spectra = tmp_path / "spectra"
+    args = ["analyze", "-m", "minilm", "--analyses", "spectra", "-o", str(spectra), "-q"]
+    assert runner.invoke(app, args).exit_code == 0
+    out = tmp_path / "cmp"
+    result = runner.invoke(app, ["compare", str(reports["minilm"]), str(spectra), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert not (out / "compare_attention.csv").exists()
+    assert "Not compared: the two reports kept no attention" in (out / "index.html").read_text()
 
 
 def test_bad_comparisons_are_one_line(reports, tmp_path):

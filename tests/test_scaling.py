@@ -51,6 +51,10 @@ def assert_same_tables(expected: Path, got: Path) -> None:
             else:
                 assert a[column].tolist() == b[column].tolist(), f"{name}:{column}"
     assert (expected / "examples.json").read_text() == (got / "examples.json").read_text()
+    with np.load(expected / "attention.npz") as a, np.load(got / "attention.npz") as b:
+        assert sorted(a.files) == sorted(b.files)
+        for name in a.files:  # float16: a rounding step apart at most
+            np.testing.assert_allclose(b[name], a[name], atol=1e-3, rtol=0, err_msg=name)
 
 
 @pytest.fixture(scope="module")

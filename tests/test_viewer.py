@@ -147,3 +147,20 @@ def test_a_long_input_stays_canvas_drawn(tmp_path):
     assert console_messages(done.stderr) == []
     seen = result(done.stdout)
     assert seen["inkMap"] > 0 and seen["inkModel"] > 0 and seen["elements"] < 60
+
+
+@needs_chromium
+def test_views_on_one_page_start_once_each(tmp_path):
+    """Each notebook output carries the script; a second copy starts only the views not yet
+    started."""
+    torch.manual_seed(0)
+    views = [probe.show(torch.softmax(torch.randn(1, 2, 5, 5), -1), list("abcde")) for _ in "xy"]
+    count = ("<pre id='result'></pre><script>document.getElementById('result').textContent = "
+             "JSON.stringify([...document.querySelectorAll('.probe-view')]"
+             ".map((v) => v.probeView.draws))</script>")  # fmt: skip
+    path = tmp_path / "two.html"
+    path.write_text(f"<!doctype html><html><body>{views[0].html()}{views[1].html()}{count}"
+                    "</body></html>")  # fmt: skip
+    done = chromium(path.as_uri(), tmp_path, "--dump-dom")
+    assert console_messages(done.stderr) == []
+    assert re.search(r"<pre id=\"result\">(.*?)</pre>", done.stdout).group(1) == "[1,1]"

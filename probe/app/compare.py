@@ -4,7 +4,10 @@ two models), as tidy tables and a self-contained page.
 Reports of the same shape are compared head by head (layer l, head h of A against layer l,
 head h of B). Otherwise layers are matched by relative depth (layer l of A against the layer of
 B at the same fraction of the depth) and compared by their means, since heads of different
-models have no correspondence.
+models have no correspondence. Where both reports kept their heads' attention on the same
+treebank sentences (``attention.npz``, the head cards' sentences), every head of A is compared
+with every head of B by the Jensen-Shannon divergence of their word-level attention, so that
+even models with different tokenizers and shapes can be matched head to head.
 """
 
 from __future__ import annotations
@@ -44,10 +47,11 @@ def _roles(text: str) -> set[str]:
 
 def compare_tables(a: Path, b: Path) -> tuple[dict, dict, dict[str, pd.DataFrame]]:
     """The two run cards and the comparison's tables: ``compare_heads`` (one row per head, same
-    shape) or ``compare_layers`` (one row per matched layer pair), and ``compare_relations``
-    (one row per relation both reports scored)."""
-    run_a, tables_a, _ = read_report(a)
-    run_b, tables_b, _ = read_report(b)
+    shape) or ``compare_layers`` (one row per matched layer pair), ``compare_relations`` (one
+    row per relation both reports scored) and ``compare_attention`` (one row per pair of heads,
+    where both reports kept attention on common sentences)."""
+    run_a, tables_a, examples_a = read_report(a)
+    run_b, tables_b, examples_b = read_report(b)
     heads_a, heads_b = tables_a["heads"], tables_b["heads"]
     measures = [m for m in MEASURES if m in heads_a and m in heads_b]
     same = (run_a["layers"], run_a["heads"]) == (run_b["layers"], run_b["heads"])
@@ -92,7 +96,89 @@ def compare_tables(a: Path, b: Path) -> tuple[dict, dict, dict[str, pd.DataFrame
         # called only where the two 95% intervals do not overlap (conservative).
         rel["intervals_overlap"] = (rel.ci_low_b <= rel.ci_high_a) & (rel.ci_low_a <= rel.ci_high_b)
         out["compare_relations"] = rel.sort_values("total_a", ascending=False, kind="stable")
+    pairs = attention_divergence(examples_a, examples_b)
+    if pairs is not None:
+        out["compare_attention"] = pairs
+        if same:
+            own = pairs[(pairs.layer_a == pairs.layer_b) & (pairs.head_a == pairs.head_b)]
+            own = own.rename(columns={"layer_a": "layer", "head_a": "head", "js": "attention_js"})
+            heads = out["compare_heads"].merge(own[["layer", "head", "attention_js"]], how="left")
+            out["compare_heads"] = heads
     return run_a, run_b, out
+
+
+def common_sentences(examples_a: dict, examples_b: dict) -> list[tuple[dict, dict]]:
+    """The example sentences both reports kept: the same treebank position and the same words
+    (the tokens may differ)."""
+    key = lambda s: (s.get("index"), tuple(s["words"]))  # noqa: E731
+    in_b = {key(s): s for s in examples_b["sentences"]}
+    return [(s, in_b[key(s)]) for s in examples_a["sentences"] if key(s) in in_b]
+
+
+def attention_divergence(examples_a: dict, examples_b: dict) -> pd.DataFrame | None:
+    """Every head of A against every head of B: the Jensen-Shannon divergence (nats) between
+    their word-level attention, averaged over the query words of the sentences both reports
+    kept. Attention on tokens of no word (special tokens) is one more outcome, so each query's
+    distribution sums to 1 whatever the tokenizer. None where no sentence is common.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per pair: ``layer_a, head_a, layer_b, head_b, js, sentences, words``.
+    """
+    common = common_sentences(examples_a, examples_b)
+    if not common:
+        return None
+    total, words = None, 0
+    for sentence_a, sentence_b in common:
+        p, q = _word_distributions(sentence_a), _word_distributions(sentence_b)
+        part = _pairwise_js(p, q)  # [heads of A, heads of B], summed over query words
+        total = part if total is None else total + part
+        words += p.shape[1]
+    js = (total / words).numpy()
+    shape_a = common[0][0]["pattern"].shape[:2]
+    shape_b = common[0][1]["pattern"].shape[:2]
+    layer_a, head_a = np.unravel_index(np.arange(js.shape[0]), shape_a)
+    layer_b, head_b = np.unravel_index(np.arange(js.shape[1]), shape_b)
+    return pd.DataFrame(
+        {
+            "layer_a": np.repeat(layer_a, js.shape[1]),
+            "head_a": np.repeat(head_a, js.shape[1]),
+            "layer_b": np.tile(layer_b, js.shape[0]),
+            "head_b": np.tile(head_b, js.shape[0]),
+            "js": js.ravel(),
+            "sentences": len(common),
+            "words": words,
+        }
+    )
+
+
+def _word_distributions(sentence: dict):
+    """``[layer·head, word, word + 1]``: each word's attention to every word, then to the tokens
+    of no word."""
+    import torch
+
+    from probe.alignment import word_attention
+
+    pattern = torch.from_numpy(sentence["pattern"]).double()
+    L, H = pattern.shape[:2]
+    n = len(sentence["words"])
+    word_of_token = torch.tensor(sentence["word_of_token"])[None]
+    words = word_attention(pattern[None], word_of_token, n)[0].reshape(L * H, n, n)
+    rest = (1 - words.sum(-1, keepdim=True)).clamp_min(0)
+    return torch.cat([words, rest], -1)
+
+
+def _pairwise_js(p, q, block: int = 32):
+    """``[A, B]``: JS(p_a, q_b) summed over the query words; p ``[A, n, k]``, q ``[B, n, k]``."""
+    import torch
+
+    entropy = lambda x: -torch.xlogy(x, x).sum((-1, -2))  # noqa: E731
+    out = torch.empty(p.shape[0], q.shape[0], dtype=p.dtype)
+    for start in range(0, p.shape[0], block):
+        m = (p[start : start + block, None] + q[None]) / 2
+        out[start : start + block] = entropy(m)
+    return out - (entropy(p)[:, None] + entropy(q)[None, :]) / 2
 
 
 def compare(a: Path, b: Path, out: Path, overwrite: bool = False) -> Path:
@@ -115,7 +201,8 @@ def compare(a: Path, b: Path, out: Path, overwrite: bool = False) -> Path:
 
 def render(card: dict, run_a: dict, run_b: dict, tables: dict[str, pd.DataFrame]) -> str:
     env = environment()
-    figures = [f for f in (_rank_changes(tables), _layer_roles(tables)) if f is not None]
+    drawn = (_rank_changes(tables), _layer_roles(tables), _layer_correspondence(tables))
+    figures = [f for f in drawn if f is not None]
     changed = None
     if "compare_heads" in tables:
         heads = tables["compare_heads"]
@@ -123,8 +210,31 @@ def render(card: dict, run_a: dict, run_b: dict, tables: dict[str, pd.DataFrame]
     return env.get_template("compare.html.j2").render(
         card=card, a=run_a, b=run_b, figures=[{"figure": f, "html": embed(f)} for f in figures],
         relations=tables.get("compare_relations"), changed=changed,
-        layers=tables.get("compare_layers"),
+        layers=tables.get("compare_layers"), attention=_attention_summary(tables),
     )  # fmt: skip
+
+
+def nearest_heads(pairs: pd.DataFrame) -> pd.DataFrame:
+    """For each head of A, the head of B whose attention is nearest (least JS divergence)."""
+    best = pairs.loc[pairs.groupby(["layer_a", "head_a"]).js.idxmin()]
+    return best.reset_index(drop=True)
+
+
+def _attention_summary(tables: dict[str, pd.DataFrame]) -> dict | None:
+    """What the page says of the attention comparison: its size, and the heads of A whose
+    attention moved most (same shape) or each of A's heads' nearest in B."""
+    pairs = tables.get("compare_attention")
+    if pairs is None:
+        return None
+    nearest = nearest_heads(pairs).rename(columns={"js": "nearest_js"})
+    heads = tables.get("compare_heads")
+    if heads is not None:
+        moved = heads.merge(nearest, left_on=["layer", "head"], right_on=["layer_a", "head_a"])
+        rows = moved.sort_values("attention_js", ascending=False, kind="stable").head(12)
+    else:
+        rows = nearest.sort_values("nearest_js", kind="stable").head(12)
+    return {"sentences": int(pairs.sentences.iloc[0]), "words": int(pairs.words.iloc[0]),
+            "rows": rows.to_dict("records"), "same": heads is not None}  # fmt: skip
 
 
 def _rank_changes(tables: dict[str, pd.DataFrame]) -> Figure | None:
@@ -160,3 +270,27 @@ def _layer_roles(tables: dict[str, pd.DataFrame]) -> Figure | None:
     ax.legend(fontsize="x-small", bbox_to_anchor=(1.01, 1), loc="upper left")
     alt = "Line chart of the share of heads holding each role, per matched layer, for A and B."
     return Figure("layer-roles", "Roles per layer, matched by relative depth", alt, fig, "svg")
+
+
+def _layer_correspondence(tables: dict[str, pd.DataFrame]) -> Figure | None:
+    pairs = tables.get("compare_attention")
+    if pairs is None:
+        return None
+    # each head of A's nearest head within each layer of B, averaged over A's layer
+    nearest = pairs.groupby(["layer_a", "head_a", "layer_b"]).js.min().reset_index()
+    grid = nearest.groupby(["layer_a", "layer_b"]).js.mean().unstack()
+    fig = MplFigure(figsize=(5.4, 4.2))
+    ax = fig.subplots(gridspec_kw={"left": 0.14, "right": 0.95, "bottom": 0.13, "top": 0.9})
+    image = ax.imshow(grid.to_numpy(), cmap="viridis", aspect="auto")
+    ax.set_xticks(range(grid.shape[1]), [str(c) for c in grid.columns], fontsize="x-small")
+    ax.set_yticks(range(grid.shape[0]), [str(i) for i in grid.index], fontsize="x-small")
+    ax.set_xlabel("layer of B")
+    ax.set_ylabel("layer of A")
+    ax.set_title("Nearest head's attention divergence")
+    fig.colorbar(image, ax=ax, label="mean JS (nats)", shrink=0.9)
+    alt = (
+        "Heatmap, layers of A by layers of B: for each head of A, the least Jensen-Shannon "
+        "divergence to a head of B's layer, averaged over A's layer; darker is closer."
+    )
+    title = "Which layers of B attend like which layers of A"
+    return Figure("layer-correspondence", title, alt, fig)

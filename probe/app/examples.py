@@ -1,6 +1,6 @@
 """Example attention maps for the report's head cards: a few real treebank sentences, and for
-each head the one that best shows what it does (for a syntactic head, the sentence where it gets
-its best relation right most often).
+each head the few that best show what it does (for a syntactic head, the sentences where it gets
+its best relation right most often, first).
 
 The candidates are the first ``n_candidates`` sentences of the treebank (by position, whatever
 order the batches come in) of a readable length; their token-level patterns are kept, layer by
@@ -9,19 +9,27 @@ layer, so memory is fixed whatever the corpus size.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
-from transformers import PreTrainedTokenizerBase
 
 from analyses.vocabulary import Direction
-from probe.corpus import Batch
+from probe.errors import ProbeError
 from probe.heads import HeadId
-from probe.runner import LayerCapture
-from probe.treebank import Sentence
 
-N_CANDIDATES = 12
+if TYPE_CHECKING:
+    import pandas as pd
+    from transformers import PreTrainedTokenizerBase
+
+    from probe.corpus import Batch
+    from probe.runner import LayerCapture
+    from probe.treebank import Sentence
+
+N_CANDIDATES = 16
+PER_HEAD = 3  # sentences on each head's card
 WORDS = (5, 14)  # a readable sentence has this many words…
 MAX_TOKENS = 32  # …and at most this many tokens
 
@@ -94,13 +102,16 @@ class Examples:
             del self.candidates[max(self.candidates)]
 
     def choose(self, heads: pd.DataFrame) -> dict:
-        """``examples.json``: the candidate sentences (heads 0-based, -1 for the root), and per
-        head (keyed ``"layer.head"``) its sentence and pattern."""
+        """``examples.json``: the candidate sentences (their treebank position ``index``; heads
+        0-based, -1 for the root), and per head (keyed ``"layer.head"``) the sentences its card
+        shows, in order. A syntactic head's come with how many words of its relation it gets
+        right (``correct``) of how many (``words``), best first."""
         candidates = [self.candidates[i] for i in sorted(self.candidates)]
-        if not candidates:
+        if not candidates:  # no sentence of a readable length
             return {"sentences": [], "heads": {}}
         sentences = [
             {
+                "index": c.index,
                 "words": c.sentence.words,
                 "heads": c.sentence.heads,
                 "relations": c.sentence.relations,
@@ -109,33 +120,76 @@ class Examples:
             }
             for c in candidates
         ]
-        longest = int(np.argmax([len(c.tokens) for c in candidates]))
+        # the longest show positional and sink heads best
+        longest = sorted(range(len(candidates)), key=lambda i: (-len(candidates[i].tokens), i))
         chosen = {}
         for row in heads.itertuples():
             head = HeadId(row.layer, row.head)
             relation = getattr(row, "best_relation", None)
-            index, correct = longest, None  # the longest shows positional and sink heads best
-            if isinstance(relation, str) and relation:
-                direction = Direction(row.best_relation_direction).index
-                hits = [_hits(c, direction, head, relation) for c in candidates]
-                index = int(np.argmax(hits))
-                correct = int(hits[index])
-            pattern = candidates[index].pattern[head.layer, head.head]
-            chosen[head.key] = {
-                "sentence": index,
-                "relation": relation if correct is not None else None,
-                "correct": correct,
-                "pattern": np.round(pattern, 3).tolist(),
-            }
+            shown = [{"sentence": i} for i in longest[:PER_HEAD]]
+            if not (isinstance(relation, str) and relation):
+                relation = direction = None
+            else:
+                direction = Direction(row.best_relation_direction)
+                scored = [(*_hits(c, direction.index, head, relation), i)
+                          for i, c in enumerate(candidates)]  # fmt: skip
+                scored = sorted((s for s in scored if s[1] > 0),
+                                key=lambda s: (-s[0], -s[0] / s[1], s[2]))  # fmt: skip
+                if scored:
+                    shown = [{"sentence": i, "correct": correct, "words": words}
+                             for correct, words, i in scored[:PER_HEAD]]  # fmt: skip
+                else:
+                    relation = direction = None  # no candidate has a word of its relation
+            chosen[head.key] = {"relation": relation, "direction": direction, "shown": shown}
         return {"sentences": sentences, "heads": chosen}
 
+    def patterns(self) -> dict[str, np.ndarray]:
+        """``attention.npz``: each candidate sentence's token-level attention, float16
+        ``[layer, head, q_pos, k_pos]``, keyed by its place in ``examples.json`` (``"0"``…)."""
+        candidates = [self.candidates[i] for i in sorted(self.candidates)]
+        return {str(i): c.pattern.astype(np.float16) for i, c in enumerate(candidates)}
 
-def _hits(candidate: _Candidate, direction: int, head: HeadId, relation: str) -> int:
-    """Words of ``relation`` whose head this head predicts in ``candidate``."""
+
+def _hits(candidate: _Candidate, direction: int, head: HeadId, relation: str) -> tuple[int, int]:
+    """Words of ``relation`` in ``candidate`` whose head this head predicts, and all of them."""
     s = candidate.sentence
     predicted = candidate.predicted[direction, head.layer, head.head]
-    return sum(
-        1
-        for i, (h, r) in enumerate(zip(s.heads, s.relations, strict=True))
-        if r == relation and h >= 0 and predicted[i] == h
-    )
+    words = [i for i, (h, r) in enumerate(zip(s.heads, s.relations, strict=True))
+             if r == relation and h >= 0]  # fmt: skip
+    return sum(1 for i in words if predicted[i] == s.heads[i]), len(words)
+
+
+def write(folder: Path, chosen: dict, patterns: dict[str, np.ndarray]) -> None:
+    """``examples.json`` and ``attention.npz`` in ``folder``."""
+    (folder / "examples.json").write_text(json.dumps(chosen), encoding="utf-8")
+    with open(folder / "attention.npz", "wb") as f:
+        np.savez_compressed(f, **patterns)
+
+
+def read(folder: Path) -> dict:
+    """A report folder's examples (``examples.json``) with each sentence's ``pattern`` (from
+    ``attention.npz``), checked: every head's sentences exist, every pattern fits its tokens.
+    A folder without them (an analysis run without patterns) has none."""
+    path = folder / "examples.json"
+    if not path.exists():
+        return {"sentences": [], "heads": {}}
+    try:
+        examples = json.loads(path.read_text(encoding="utf-8"))
+        n = len(examples["sentences"])
+        for head in examples["heads"].values():
+            if not all(0 <= int(s["sentence"]) < n for s in head["shown"]):
+                raise ValueError("a head's example sentence is out of range")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ProbeError(f"{path} is malformed ({str(e).splitlines()[0]})") from None
+    path = folder / "attention.npz"
+    try:
+        with np.load(path) as saved:
+            for i, sentence in enumerate(examples["sentences"]):
+                T = len(sentence["tokens"])
+                pattern = saved[str(i)]
+                if pattern.ndim != 4 or pattern.shape[2:] != (T, T):
+                    raise ValueError(f"sentence {i}'s attention is not over its {T} tokens")
+                sentence["pattern"] = pattern.astype(np.float32)
+    except (OSError, ValueError, KeyError) as e:
+        raise ProbeError(f"{path} is missing or malformed ({str(e).splitlines()[0]})") from None
+    return examples

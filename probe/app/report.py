@@ -22,10 +22,12 @@ from markupsafe import Markup, escape
 
 import analyses
 from analyses.figures import Figure
-from analyses.vocabulary import Role, Thresholds
+from analyses.vocabulary import Direction, Role, Thresholds
+from probe.app import examples as examples_io
 from probe.app import tables as table_io
 from probe.errors import ProbeError
 from probe.heads import HeadId
+from probe.viewer import View, viewer_script
 
 # Below this many sentences a report says, at the top, that its findings are preliminary (the
 # 76-sentence sample gives 35 sink heads where 300 EWT sentences give 14).
@@ -58,21 +60,7 @@ def read_report(folder: Path) -> tuple[dict, dict[str, pd.DataFrame], dict]:
             tables[name] = table_io.read(path, schema)
         except (OSError, ValueError) as e:
             raise ProbeError(f"{path} cannot be read ({str(e).splitlines()[0]})") from None
-    return run, tables, read_examples(folder / "examples.json")
-
-
-def read_examples(path: Path) -> dict:
-    """``examples.json``, checked: each head's example names one of its sentences."""
-    if not path.exists():
-        return {"sentences": [], "heads": {}}
-    try:
-        examples = json.loads(path.read_text(encoding="utf-8"))
-        n = len(examples["sentences"])
-        if any(not 0 <= int(h["sentence"]) < n for h in examples["heads"].values()):
-            raise ValueError("a head's example sentence is out of range")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ProbeError(f"{path} is malformed ({str(e).splitlines()[0]})") from None
-    return examples
+    return run, tables, examples_io.read(folder)
 
 
 def embed(figure: Figure) -> Markup:
@@ -94,36 +82,46 @@ def embed(figure: Figure) -> Markup:
     )
 
 
-def attention_svg(
-    tokens: list[str], pattern: list[list[float]], floor: float = 0.04, per_token: int = 4
-) -> Markup:
-    """bertviz-style map: tokens on the left attend to tokens on the right; line opacity is the
-    weight. Each token's ``per_token`` largest weights of at least ``floor`` are drawn (a broad
-    head would otherwise draw every pair and weigh down the page)."""
-    row, width, left, right = 17, 330, 110, 220
-    height = row * len(tokens) + 8
-    parts = [
-        f'<svg class="attn" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
-        'role="img" aria-label="attention from each token (left) to each token (right)">'
-    ]
-    for i, weights in enumerate(pattern):
-        y1 = row * i + 12
-        strongest = sorted(range(len(weights)), key=weights.__getitem__, reverse=True)
-        for j in strongest[:per_token]:
-            w = weights[j]
-            if w >= floor:
-                y2 = row * j + 12
-                parts.append(
-                    f'<line x1="{left + 4}" y1="{y1 - 4}" x2="{right - 4}" y2="{y2 - 4}" '
-                    f'stroke-opacity="{min(w, 1):.2f}" stroke-width="{1 + 2 * w:.1f}"/>'
-                )
-    for i, token in enumerate(tokens):
-        y = row * i + 12
-        text = escape(token)
-        parts.append(f'<text x="{left}" y="{y}" text-anchor="end">{text}</text>')
-        parts.append(f'<text x="{right}" y="{y}">{text}</text>')
-    parts.append("</svg>")
-    return Markup("".join(parts))
+def head_view(examples: dict, head: HeadId) -> tuple[Markup, str | None] | None:
+    """A head's card view: its example sentences (navigable; the head view beside the heatmap),
+    with the gold arcs of its relation, or of every dependency for a head without one; and, when
+    the head gets its relation wrong on every sentence, a line saying so (the card then does not
+    lead with the example)."""
+    chosen = examples["heads"].get(head.key)
+    if chosen is None:
+        return None
+    relation, direction = chosen["relation"], chosen["direction"]
+    tokens, patterns, arcs, captions = [], [], [], []
+    for shown in chosen["shown"]:
+        sentence = examples["sentences"][shown["sentence"]]
+        tokens.append(sentence["tokens"])
+        patterns.append(sentence["pattern"][head.layer, head.head][None, None])
+        arcs.append(gold_arcs(sentence, relation, direction))
+        caption = "“" + " ".join(sentence["words"]) + "”"
+        if relation:
+            caption += (f": gets {shown['correct']} of {shown['words']} {relation} word(s) right "
+                        f"({Direction(direction).label})")  # fmt: skip
+        captions.append(caption)
+    view = View(tokens, patterns, arcs=arcs, captions=captions, view="both")
+    wrong = relation is not None and chosen["shown"][0]["correct"] == 0
+    miss = f"wrong on every example sentence ({relation})" if wrong else None
+    return Markup(view.html(script=False)), miss
+
+
+def gold_arcs(sentence: dict, relation: str | None, direction: str | None) -> list[tuple[int, int]]:
+    """The treebank's arcs as (query, key) token pairs, first token to first token: those of
+    ``relation`` read in ``direction``, or every arc from dependent to head."""
+    first = {}
+    for position, word in enumerate(sentence["word_of_token"]):
+        first.setdefault(word, position)
+    arcs = []
+    for word, (head, rel) in enumerate(zip(sentence["heads"], sentence["relations"], strict=True)):
+        if head < 0 or word not in first or head not in first:
+            continue
+        if relation is None or rel == relation:
+            pair = (first[word], first[head])
+            arcs.append(pair[::-1] if direction == Direction.HEAD_TO_DEPENDENT else pair)
+    return arcs
 
 
 def _number(x, digits: int = 3) -> str:
@@ -204,18 +202,12 @@ def render_html(run: dict, tables: dict[str, pd.DataFrame], examples: dict) -> s
                 f.figure.clear()
 
     heads = tables["heads"]
-    rows = heads.to_dict("records")
     cards = []
-    for row in rows:
+    for row in heads.to_dict("records"):
         head = HeadId(row["layer"], row["head"])
-        example = examples["heads"].get(head.key)
-        svg = sentence = None
-        if example is not None:
-            sentence = examples["sentences"][example["sentence"]]
-            svg = attention_svg(sentence["tokens"], example["pattern"])
+        view, miss = head_view(examples, head) or (None, None)
         roles = [r for r in row["roles"].split(";") if r]
-        cards.append({"id": head, "row": row, "roles": roles, "example": example,
-                      "sentence": sentence, "svg": svg})  # fmt: skip
+        cards.append({"id": head, "row": row, "roles": roles, "view": view, "miss": miss})
     grid = []
     for layer, part in heads.groupby("layer"):
         cells = []
@@ -244,6 +236,7 @@ def render_html(run: dict, tables: dict[str, pd.DataFrame], examples: dict) -> s
             role_counts[role] = role_counts.get(role, 0) + 1
     return env.get_template("report.html.j2").render(
         run=run,
+        viewer_script=Markup(viewer_script()) if any(c["view"] for c in cards) else "",
         sections=sections,
         cards=cards,
         grid=grid,

@@ -198,6 +198,7 @@ def _run(
     import torch
 
     from analyses import Context
+    from probe.app import examples as examples_io
     from probe.app.examples import Examples
     from probe.app.report import render_html
     from probe.architectures import blocks, head_count, is_causal
@@ -316,7 +317,6 @@ def _run(
         tables |= analysis.finish()
     tables["heads"] = join_heads(classes, tables, thresholds, n_layers, n_heads)
     tables = {name: table_io.typed(tables[name], schema) for name, schema in schemas.items()}
-    example_maps = examples.choose(tables["heads"]) if examples else {"sentences": [], "heads": {}}
     lap("tables")
 
     coref = tally.get("coref", {})
@@ -359,9 +359,10 @@ def _run(
     }
     for name, table in tables.items():
         table_io.write(table, schemas[name], folder / f"{name}.csv")
-    (folder / "examples.json").write_text(json.dumps(example_maps), encoding="utf-8")
+    if examples is not None:
+        examples_io.write(folder, examples.choose(tables["heads"]), examples.patterns())
     status("rendering the report")
-    html = render_html(run_card, tables, example_maps)
+    html = render_html(run_card, tables, examples_io.read(folder))
     (folder / "index.html").write_text(html, encoding="utf-8")
     lap("render")
     timings["total"] = round(time.perf_counter() - started, 3)

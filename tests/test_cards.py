@@ -1,0 +1,140 @@
+"""The report's head cards: the sentences each head shows (right ones first), the patterns kept
+for them against the model's own, the gold arcs worked out by hand, and the cards driven in
+headless Chromium (every card drawn, a sentence picked from a card's menu)."""
+
+import base64
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+from test_cli import analyze, chromium, console_messages, needs_chromium
+
+import probe
+from probe.app import examples as examples_io
+from probe.app.report import gold_arcs
+
+# Reads every card's view as the page left it, then picks another sentence in the first card
+# that has several.
+DRIVER = """<pre id="result"></pre><script>
+(function () {
+  const views = [...document.querySelectorAll("article.head .probe-view")], out = {};
+  out.cards = views.length;
+  out.started = views.filter((v) => v.probeView && v.probeView.draws >= 1).length;
+  out.views = views.map((v) => v.probeView.view);
+  const data = (v) => JSON.parse(v.querySelector("script.probe-data").textContent);
+  out.withArcs = views.filter((v) => data(v).sentences[0].arcs.length > 0).length;
+  const card = views.find((v) => !v.querySelector("[data-role=sentence]").hidden);
+  const caption = () => card.querySelector("[data-role=caption]").textContent;
+  out.before = [card.probeView.sentence, caption()];
+  const menu = card.querySelector("[data-role=sentence]");
+  menu.value = "1";
+  menu.dispatchEvent(new Event("change"));
+  out.after = [card.probeView.sentence, caption()];
+  out.expected = data(card).sentences[1].caption;
+  out.layerMenuHidden = card.querySelector("[data-role=layer]").hidden;
+  document.getElementById("result").textContent = JSON.stringify(out);
+})();
+</script>"""
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory, minilm):
+    out = tmp_path_factory.mktemp("cards") / "minilm"
+    result = analyze("--out", str(out))
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_gold_arcs_by_hand():
+    sentence = {
+        "words": ["She", "gave", "books"],
+        "heads": [1, -1, 1],
+        "relations": ["nsubj", "root", "obj"],
+        "tokens": ["[CLS]", "she", "ga", "##ve", "books", "[SEP]"],
+        "word_of_token": [-1, 0, 1, 1, 2, -1],
+    }
+    assert gold_arcs(sentence, None, None) == [(1, 2), (4, 2)]  # every arc, dependent -> head
+    assert gold_arcs(sentence, "nsubj", "dependent_to_head") == [(1, 2)]
+    assert gold_arcs(sentence, "obj", "head_to_dependent") == [(2, 4)]
+    assert gold_arcs(sentence, "amod", "dependent_to_head") == []
+
+
+def test_cards_lead_with_sentences_where_the_head_is_right(report):
+    examples = examples_io.read(report)
+    heads = examples["heads"]
+    assert len(heads) == 6 * 12
+    with_relation = [h for h in heads.values() if h["relation"]]
+    assert with_relation, "the sample run has syntactic heads"
+    html = (report / "index.html").read_text()
+    for key, head in heads.items():
+        shown = head["shown"]
+        assert 1 <= len(shown) <= examples_io.PER_HEAD
+        assert len({s["sentence"] for s in shown}) == len(shown)
+        if not head["relation"]:
+            continue
+        counts = [s["correct"] for s in shown]
+        assert counts == sorted(counts, reverse=True)
+        assert all(0 <= s["correct"] <= s["words"] for s in shown)
+        for s in shown:  # the count is the gold arcs the head's predictions hit, recounted
+            sentence = examples["sentences"][s["sentence"]]
+            words = [i for i, r in enumerate(sentence["relations"]) if r == head["relation"]]
+            assert s["words"] == sum(sentence["heads"][i] >= 0 for i in words)
+        card = html[html.index(f'id="head-{key.replace(".", "-")}"') :]
+        card = card[: card.index("</article>")]
+        # a card never leads with a sentence where its head is wrong
+        assert ("<details>" in card) == (counts[0] == 0), key
+
+
+def test_kept_patterns_are_the_models(report, minilm):
+    model, tokenizer = minilm
+    examples = examples_io.read(report)
+    assert len(examples["sentences"]) == examples_io.N_CANDIDATES
+    indices = [s["index"] for s in examples["sentences"]]
+    assert indices == sorted(indices)  # the treebank's first readable sentences, in order
+    for sentence in examples["sentences"][:3]:
+        ids = torch.tensor([tokenizer.convert_tokens_to_ids(sentence["tokens"])])
+        with torch.no_grad(), probe.trace(model, "hook_pattern") as cache:
+            model(input_ids=ids)
+        expected = torch.stack([cache[f"blocks.{i}.attn.hook_pattern"][0] for i in range(6)])
+        np.testing.assert_allclose(sentence["pattern"], expected.numpy(), atol=1e-3)
+        words = {w for w in sentence["word_of_token"] if w >= 0}
+        assert words == set(range(len(sentence["words"])))
+
+
+def test_a_cards_view_holds_its_heads_pattern_and_arcs(report):
+    examples = examples_io.read(report)
+    html = (report / "index.html").read_text()
+    key, head = next((k, h) for k, h in examples["heads"].items() if h["relation"])
+    card = html[html.index(f'id="head-{key.replace(".", "-")}"') :]
+    data = re.search(r'class="probe-data">(.*?)</script>', card, re.S).group(1)
+    view = json.loads(data)
+    assert view["layers"] == view["heads"] == 1 and view["view"] == "both"
+    layer, index = map(int, key.split("."))
+    for shown, drawn in zip(head["shown"], view["sentences"], strict=True):
+        sentence = examples["sentences"][shown["sentence"]]
+        weights = np.frombuffer(base64.b64decode(drawn["weights"]), np.uint8) / 255
+        expected = sentence["pattern"][layer, index].ravel()
+        np.testing.assert_allclose(weights, expected, atol=0.5 / 255 + 1e-3)
+        arcs = gold_arcs(sentence, head["relation"], head["direction"])
+        assert [tuple(a) for a in drawn["arcs"]] == arcs and len(arcs) == shown["words"]
+        assert f"gets {shown['correct']} of {shown['words']} {head['relation']}" in drawn["caption"]
+    assert html.count("data/show.js") == 0 and html.count('"use strict"') == 1  # one script
+
+
+@needs_chromium
+def test_cards_in_chromium(report, tmp_path):
+    page = tmp_path / "report.html"
+    html = (report / "index.html").read_text()
+    page.write_text(html.replace("</body>", DRIVER + "</body>"))
+    done = chromium(page.as_uri(), tmp_path, "--dump-dom")
+    assert console_messages(done.stderr) == []
+    found = re.search(r'<pre id="result">(.*?)</pre>', done.stdout, re.S)
+    assert found and found.group(1), "the driver did not run"
+    seen = json.loads(found.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+    assert seen["cards"] == seen["started"] == 72  # every card's view is drawn
+    assert set(seen["views"]) == {"both"} and seen["withArcs"] == 72
+    assert seen["before"][0] == 0 and seen["after"][0] == 1
+    assert seen["after"][1] == seen["expected"] != seen["before"][1]
+    assert seen["layerMenuHidden"] is True
