@@ -13,7 +13,10 @@ from test_cli import analyze, chromium, console_messages, needs_chromium
 
 import probe
 from probe.app import examples as examples_io
-from probe.app.report import gold_arcs
+from probe.app.examples import COREFERENCE, Examples, _Candidate, coreference_links
+from probe.app.report import gold_arcs, head_view
+from probe.heads import HeadId
+from probe.treebank import Sentence
 
 # Reads every card's view as the page left it, then picks another sentence in the first card
 # that has several.
@@ -59,6 +62,79 @@ def test_gold_arcs_by_hand():
     assert gold_arcs(sentence, "nsubj", "dependent_to_head") == [(1, 2)]
     assert gold_arcs(sentence, "obj", "head_to_dependent") == [(2, 4)]
     assert gold_arcs(sentence, "amod", "dependent_to_head") == []
+
+
+def _sentence(words, heads, relations, entity=None) -> Sentence:
+    fields = ("eid", "etype", "infstat", "minspan", "link")
+    return Sentence(words, heads, relations, upos=["PRON" if w in ("It", "it") else "NOUN"
+                    for w in words], feats=["_"] * len(words), entity=entity or [""] * len(words),
+                    entity_fields=fields)  # fmt: skip
+
+
+def test_coreference_links_and_arcs_by_hand():
+    """The last word of "It sorted them , and they liked it" is linked to the first."""
+    words = ["It", "sorted", "them", ",", "and", "they", "liked", "it"]
+    entity = ["(8-object-giv-1-coref)", "", "(9-object-giv-1-coref)", "", "", "", "",
+              "(8-object-giv-1-coref)"]  # fmt: skip
+    heads, relations = [1, -1, 1, 6, 6, 6, 1, 6], ["nsubj", "root", "obj", "punct", "cc",
+                                                  "nsubj", "conj", "obj"]  # fmt: skip
+    sentence = _sentence(words, heads, relations, entity)
+    assert coreference_links(sentence) == [(7, [0])]
+    tokens = {"word_of_token": [-1, *range(8), -1], "heads": heads, "relations": relations,
+              "coreference": [(7, [0])]}  # fmt: skip
+    assert gold_arcs(tokens, COREFERENCE, "dependent_to_head") == [(8, 1)]
+    unclosed = _sentence(words, heads, relations, ["(8-object-giv-1-coref", *[""] * 7])
+    assert coreference_links(unclosed) == []  # a mention running past the sentence: no link
+
+
+def test_choosing_by_hand():
+    """Two heads over three candidate sentences whose predictions are set by hand: the
+    syntactic head leads with the sentence where it is right most often and skips the one
+    without its relation; the coreference head is shown on the sentence with a link."""
+    import pandas as pd
+
+    plain = _sentence(["a", "b", "c", "d", "e"], [1, -1, 1, 1, 1], ["det", "root", "obj", "obj",
+                      "punct"])  # fmt: skip
+    words = ["It", "sorted", "them", ",", "and", "they", "liked", "it"]
+    entity = ["(8-object-giv-1-coref)", "", "", "", "", "", "", "(8-object-giv-1-coref)"]
+    linked = _sentence(words, [1, -1, 1, 6, 6, 6, 1, 6], ["nsubj", "root", "obj", "punct", "cc",
+                       "nsubj", "conj", "obj"], entity)  # fmt: skip
+    no_obj = _sentence(["x", "y", "z", "w", "v"], [1, -1, 1, 1, 1], ["det", "root", "nsubj",
+                       "nsubj", "punct"])  # fmt: skip
+    examples = Examples(None, 1, 2)
+    for index, sentence in enumerate([plain, linked, no_obj]):
+        n = len(sentence.words)
+        pattern, predicted = np.zeros((1, 2, n, n), np.float32), np.zeros((2, 1, 2, n), np.int64)
+        examples.candidates[index] = _Candidate(
+            index, sentence, ["t"] * n, list(range(n)), pattern, predicted
+        )
+    examples.candidates[0].predicted[0, 0, 0] = [1, 0, 1, 0, 1]  # obj: 1 of 2 right
+    examples.candidates[1].predicted[0, 0, 0] = [1, 0, 1, 0, 0, 0, 0, 6]  # obj: 2 of 2
+    examples.candidates[1].predicted[0, 0, 1, 7] = 0  # head 1 reads "it" -> "It"
+    heads = pd.DataFrame({"layer": [0, 0], "head": [0, 1], "roles": ["syntactic", "coreference"],
+                          "best_relation": ["obj", ""], "best_relation_direction":
+                          ["dependent_to_head", ""]})  # fmt: skip
+    chosen = examples.choose(heads)["heads"]
+    assert chosen["0.0"] == {
+        "relation": "obj",
+        "direction": "dependent_to_head",
+        "shown": [
+            {"sentence": 1, "correct": 2, "words": 2},
+            {"sentence": 0, "correct": 1, "words": 2},
+        ],
+    }
+    assert chosen["0.1"]["relation"] == COREFERENCE
+    assert chosen["0.1"]["shown"] == [{"sentence": 1, "correct": 1, "words": 1}]
+    # the coreference head's card: its link drawn, its count in the caption
+    kept = json.loads(json.dumps(examples.choose(heads)))  # as examples.json holds it
+    for sentence, pattern in zip(kept["sentences"], examples.patterns().values(), strict=True):
+        sentence["pattern"] = pattern.astype(np.float32)
+    view, miss = head_view(kept, HeadId(0, 1))
+    data = json.loads(re.search(r'class="probe-data">(.*?)</script>', view, re.S).group(1))
+    assert miss is None and data["sentences"][0]["arcs"] == [[7, 0]]
+    assert (
+        "from 1 of 1 mention(s) it attends most to an antecedent" in data["sentences"][0]["caption"]
+    )
 
 
 def test_cards_lead_with_sentences_where_the_head_is_right(report):

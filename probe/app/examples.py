@@ -16,9 +16,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from analyses.vocabulary import Direction
+from analyses.vocabulary import Direction, Role
+from probe.coreference import mentions, scored
 from probe.errors import ProbeError
 from probe.heads import HeadId
+from probe.treebank import Sentence
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -26,10 +28,10 @@ if TYPE_CHECKING:
 
     from probe.corpus import Batch
     from probe.runner import LayerCapture
-    from probe.treebank import Sentence
 
 N_CANDIDATES = 16
 PER_HEAD = 3  # sentences on each head's card
+COREFERENCE = "coreference"  # a card's "relation" when it shows coreference links
 WORDS = (5, 14)  # a readable sentence has this many words…
 MAX_TOKENS = 32  # …and at most this many tokens
 
@@ -103,22 +105,26 @@ class Examples:
 
     def choose(self, heads: pd.DataFrame) -> dict:
         """``examples.json``: the candidate sentences (their treebank position ``index``; heads
-        0-based, -1 for the root), and per head (keyed ``"layer.head"``) the sentences its card
-        shows, in order. A syntactic head's come with how many words of its relation it gets
-        right (``correct``) of how many (``words``), best first."""
+        0-based, -1 for the root; ``coreference``, each scored mention's head word with its
+        antecedents' in the sentence), and per head (keyed ``"layer.head"``) the sentences its
+        card shows, in order. A head with the coreference role is shown on its links, a
+        syntactic head on its best relation; either with how many of them it gets right
+        (``correct``) of how many (``words``), best first."""
         candidates = [self.candidates[i] for i in sorted(self.candidates)]
         if not candidates:  # no sentence of a readable length
             return {"sentences": [], "heads": {}}
+        links = [coreference_links(c.sentence) for c in candidates]
         sentences = [
             {
                 "index": c.index,
                 "words": c.sentence.words,
                 "heads": c.sentence.heads,
                 "relations": c.sentence.relations,
+                "coreference": found,
                 "tokens": c.tokens,
                 "word_of_token": c.word_of_token,
             }
-            for c in candidates
+            for c, found in zip(candidates, links, strict=True)
         ]
         # the longest show positional and sink heads best
         longest = sorted(range(len(candidates)), key=lambda i: (-len(candidates[i].tokens), i))
@@ -126,20 +132,25 @@ class Examples:
         for row in heads.itertuples():
             head = HeadId(row.layer, row.head)
             relation = getattr(row, "best_relation", None)
-            shown = [{"sentence": i} for i in longest[:PER_HEAD]]
-            if not (isinstance(relation, str) and relation):
-                relation = direction = None
-            else:
+            tried = []  # (relation, direction, [(correct, of, sentence)]), the first that shows
+            if Role.COREFERENCE in str(row.roles).split(";"):
+                hits = [_coreference_hits(c, found, head)
+                        for c, found in zip(candidates, links, strict=True)]  # fmt: skip
+                # read as the coreference analysis reads it: from the mention
+                tried.append((COREFERENCE, Direction.DEPENDENT_TO_HEAD, hits))
+            if isinstance(relation, str) and relation:
                 direction = Direction(row.best_relation_direction)
-                scored = [(*_hits(c, direction.index, head, relation), i)
-                          for i, c in enumerate(candidates)]  # fmt: skip
-                scored = sorted((s for s in scored if s[1] > 0),
-                                key=lambda s: (-s[0], -s[0] / s[1], s[2]))  # fmt: skip
-                if scored:
-                    shown = [{"sentence": i, "correct": correct, "words": words}
-                             for correct, words, i in scored[:PER_HEAD]]  # fmt: skip
-                else:
-                    relation = direction = None  # no candidate has a word of its relation
+                hits = [_hits(c, direction.index, head, relation) for c in candidates]
+                tried.append((relation, direction, hits))
+            shown, relation, direction = [{"sentence": i} for i in longest[:PER_HEAD]], None, None
+            for name, way, hits in tried:
+                ranked = sorted((-correct, -correct / of, i)
+                                for i, (correct, of) in enumerate(hits) if of)  # fmt: skip
+                if ranked:  # some candidate has a word of it
+                    shown = [{"sentence": i, "correct": -c, "words": hits[i][1]}
+                             for c, _, i in ranked[:PER_HEAD]]  # fmt: skip
+                    relation, direction = name, way
+                    break
             chosen[head.key] = {"relation": relation, "direction": direction, "shown": shown}
         return {"sentences": sentences, "heads": chosen}
 
@@ -157,6 +168,24 @@ def _hits(candidate: _Candidate, direction: int, head: HeadId, relation: str) ->
     words = [i for i, (h, r) in enumerate(zip(s.heads, s.relations, strict=True))
              if r == relation and h >= 0]  # fmt: skip
     return sum(1 for i in words if predicted[i] == s.heads[i]), len(words)
+
+
+def coreference_links(sentence: Sentence) -> list[tuple[int, list[int]]]:
+    """The sentence's mentions scored as the coreference analysis scores them, each as its head
+    word and its antecedents' head words, all within the sentence."""
+    try:
+        found = scored(mentions([sentence]))
+    except ProbeError:  # a mention that runs over the sentence's ends
+        return []
+    return [(m.head, sorted({a.head for a in antecedents})) for m, antecedents in found]
+
+
+def _coreference_hits(
+    candidate: _Candidate, links: list[tuple[int, list[int]]], head: HeadId
+) -> tuple[int, int]:
+    """Mentions whose most-attended word (from their head word) is an antecedent's head word."""
+    predicted = candidate.predicted[Direction.DEPENDENT_TO_HEAD.index, head.layer, head.head]
+    return sum(1 for m, antecedents in links if predicted[m] in antecedents), len(links)
 
 
 def write(folder: Path, chosen: dict, patterns: dict[str, np.ndarray]) -> None:

@@ -25,6 +25,7 @@ from analyses.figures import Figure
 from analyses.vocabulary import Direction, Role, Thresholds
 from probe.app import examples as examples_io
 from probe.app import tables as table_io
+from probe.app.examples import COREFERENCE
 from probe.errors import ProbeError
 from probe.heads import HeadId
 from probe.viewer import View, viewer_script
@@ -98,7 +99,10 @@ def head_view(examples: dict, head: HeadId) -> tuple[Markup, str | None] | None:
         patterns.append(sentence["pattern"][head.layer, head.head][None, None])
         arcs.append(gold_arcs(sentence, relation, direction))
         caption = "“" + " ".join(sentence["words"]) + "”"
-        if relation:
+        if relation == COREFERENCE:
+            caption += (f": from {shown['correct']} of {shown['words']} mention(s) it attends "
+                        "most to an antecedent")  # fmt: skip
+        elif relation:
             caption += (f": gets {shown['correct']} of {shown['words']} {relation} word(s) right "
                         f"({Direction(direction).label})")  # fmt: skip
         captions.append(caption)
@@ -110,10 +114,14 @@ def head_view(examples: dict, head: HeadId) -> tuple[Markup, str | None] | None:
 
 def gold_arcs(sentence: dict, relation: str | None, direction: str | None) -> list[tuple[int, int]]:
     """The treebank's arcs as (query, key) token pairs, first token to first token: those of
-    ``relation`` read in ``direction``, or every arc from dependent to head."""
+    ``relation`` read in ``direction``, or every arc from dependent to head; for coreference,
+    from each scored mention's head word to its antecedents'."""
     first = {}
     for position, word in enumerate(sentence["word_of_token"]):
         first.setdefault(word, position)
+    if relation == COREFERENCE:
+        return [(first[m], first[a]) for m, antecedents in sentence.get("coreference", [])
+                for a in antecedents if m in first and a in first]  # fmt: skip
     arcs = []
     for word, (head, rel) in enumerate(zip(sentence["heads"], sentence["relations"], strict=True)):
         if head < 0 or word not in first or head not in first:
