@@ -59,7 +59,8 @@ class Syntax(Analysis):
     tables: ClassVar[dict[str, Schema]] = {
         "syntax": {
             "relation": "str", "direction": "str", "layer": "int", "head": "int",
-            "correct": "int", "total": "int", "accuracy": "float",
+            "correct": "int", "total": "int", "accuracy": "float", "ci_low": "float",
+            "ci_high": "float",
         },
         "syntax_baselines": {
             "relation": "str", "offset": "int", "correct": "int", "total": "int",
@@ -149,8 +150,13 @@ class Syntax(Analysis):
         layer, head = np.divmod(np.arange(L * H), H)
         rows, base_rows, best_rows = [], [], []
         for r in present:
+            drawn = b_total[:, r] > 0  # replicates that drew at least one word of r
+            denominator = b_total[drawn, r]
+            intervals = {}  # by direction: [2 (low, high), layer·head]
             for direction in Direction:
                 c = correct[r, direction.index].numpy()
+                boot = (b_correct[drawn, r, direction.index] / denominator[:, None]).numpy()
+                low, high = intervals[direction.index] = np.percentile(boot, [2.5, 97.5], axis=0)
                 rows.append(
                     pd.DataFrame(
                         {
@@ -161,6 +167,8 @@ class Syntax(Analysis):
                             "correct": c.astype(int),
                             "total": int(total[r]),
                             "accuracy": c / float(total[r]),
+                            "ci_low": low,
+                            "ci_high": high,
                         }
                     )
                 )
@@ -178,8 +186,6 @@ class Syntax(Analysis):
             )
             d, h = np.unravel_index(int(correct[r].argmax()), correct[r].shape)
             o = int(baseline[r].argmax())
-            drawn = b_total[:, r] > 0  # replicates that drew at least one word of r
-            denominator = b_total[drawn, r]
             head_boot = (b_correct[drawn, r, d, h] / denominator).numpy()
             difference = head_boot - (b_baseline[drawn, r, o] / denominator).numpy()
             best_rows.append(
@@ -190,8 +196,8 @@ class Syntax(Analysis):
                     "layer": int(h // H),
                     "head": int(h % H),
                     "accuracy": float(correct[r, d, h] / total[r]),
-                    "ci_low": float(np.percentile(head_boot, 2.5)),
-                    "ci_high": float(np.percentile(head_boot, 97.5)),
+                    "ci_low": float(intervals[d][0, h]),
+                    "ci_high": float(intervals[d][1, h]),
                     "baseline_offset": OFFSETS[o],
                     "baseline_accuracy": float(baseline[r, o] / total[r]),
                     "beats_baseline": bool(np.percentile(difference, 2.5) > 0),

@@ -1,11 +1,13 @@
 """Word alignment across tokenizer families, and Clark et al.'s word-level attention by hand."""
 
+import numpy as np
 import pytest
 import torch
 from streams import context, feed
 from tokenizers_util import FAMILIES, TEXT
 
 from analyses.syntax import Syntax
+from analyses.vocabulary import Direction
 from probe.alignment import head_predictions, word_attention, word_tokenizer
 from probe.corpus import NO_TOKENS, TOO_LONG, Corpus
 from probe.treebank import Sentence
@@ -122,6 +124,35 @@ def test_bootstrap_intervals_are_seeded():
     assert (first.ci_low, first.ci_high) == (again.ci_low, again.ci_high)
     assert first.ci_low < first.accuracy < first.ci_high
     assert (first.ci_low, first.ci_high) != (other.ci_low, other.ci_high)
+
+
+def test_every_heads_interval_is_its_own_bootstrap():
+    """syntax.csv's interval for each head, recomputed outside the analysis: each sentence's
+    correct count weighted by its keyed Poisson(1) draws, the 2.5th and 97.5th percentiles of
+    the replicates' accuracies."""
+    from probe.keys import poisson
+
+    n_boot, g = 200, torch.Generator().manual_seed(7)
+    analysis = Syntax(context(1, 2, seed=3), n_boot=n_boot)
+    correct = []  # per sentence: [direction, head] words of every relation right
+    for i in range(30):
+        pattern = torch.softmax(3 * torch.randn(1, 1, 2, 6, 6, generator=g), -1)
+        feed(analysis, hand_batch(i), pattern)
+        words = word_attention(pattern[:, 0], WORD_OF_TOKEN, 3)
+        predicted = head_predictions(words, torch.tensor([3]))[0]  # [direction, head, word]
+        gold = torch.tensor([1, 2])  # the -> cats, cats -> sleep
+        correct.append((predicted[:, :, :2] == gold).sum(-1).numpy())
+    correct = np.stack(correct)  # [sentence, direction, head]
+    weights = poisson(3, "syntax-bootstrap", np.arange(30)[None], np.arange(n_boot)[:, None])
+    replicate = np.einsum("bs,sdh->bdh", weights, correct) / (2 * weights.sum(1))[:, None, None]
+    low, high = np.percentile(replicate, [2.5, 97.5], axis=0)
+    syntax = analysis.finish()["syntax"].query("relation == 'all'")
+    for row in syntax.itertuples():
+        d = Direction(row.direction).index
+        assert row.correct == correct[:, d, row.head].sum()
+        assert row.ci_low == pytest.approx(low[d, row.head], abs=1e-6)
+        assert row.ci_high == pytest.approx(high[d, row.head], abs=1e-6)
+    assert (syntax.ci_high - syntax.ci_low).min() > 0
 
 
 def test_predictions_and_scores_by_hand():

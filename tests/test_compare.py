@@ -59,6 +59,36 @@ def test_a_report_against_itself_changes_nothing(reports, tmp_path):
     assert "Attention on common sentences" in html and "compare_attention.csv" in html
 
 
+def test_a_heads_syntax_change_is_called_only_outside_the_intervals(reports, tmp_path):
+    """B is A with one head made wrong on its best relation: only that head's change is
+    called; a report against itself calls none."""
+    edited = tmp_path / "edited"
+    shutil.copytree(reports["minilm"], edited)
+    heads = pd.read_csv(edited / "heads.csv", keep_default_na=False)
+    target = heads[heads.best_relation != ""].iloc[0]
+    syntax = pd.read_csv(edited / "syntax.csv", keep_default_na=False)
+    row = ((syntax.relation == target.best_relation)
+           & (syntax.direction == target.best_relation_direction)
+           & (syntax.layer == target.layer) & (syntax["head"] == target["head"]))  # fmt: skip
+    assert row.sum() == 1
+    syntax.loc[row, ["correct", "accuracy", "ci_low", "ci_high"]] = [0, 0.0, 0.0, 0.0]
+    syntax.to_csv(edited / "syntax.csv", index=False)
+    out = tmp_path / "cmp"
+    result = runner.invoke(app, ["compare", str(reports["minilm"]), str(edited), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    table = pd.read_csv(out / "compare_heads.csv", keep_default_na=False)
+    called = table[table.relation_change_called.astype(str) == "True"]
+    assert called[["layer", "head"]].values.tolist() == [[target.layer, target["head"]]]
+    change = float(called.relation_accuracy_change.item())  # CSVs keep 6 digits
+    assert change == pytest.approx(-float(target.best_relation_accuracy), abs=1e-6)
+    assert (table.relation != "").sum() == (heads.best_relation != "").sum()
+    assert "Syntax per head" in (out / "index.html").read_text()
+    same = tmp_path / "same"
+    runner.invoke(app, ["compare", str(reports["minilm"]), str(reports["minilm"]), "-o", str(same)])
+    table = pd.read_csv(same / "compare_heads.csv", keep_default_na=False)
+    assert (table.relation_change_called.astype(str) != "True").all()
+
+
 def test_jensen_shannon_by_hand():
     p = torch.tensor([[[0.5, 0.5, 0.0], [1.0, 0.0, 0.0]]], dtype=torch.float64)  # 1 head, 2 words
     q = torch.tensor([[[0.0, 0.5, 0.5], [1.0, 0.0, 0.0]], [[0.5, 0.5, 0.0], [0.0, 0.0, 1.0]]],

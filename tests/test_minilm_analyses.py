@@ -36,6 +36,16 @@ def test_det_best_head_beats_its_best_offset(results):
     assert det.total > 300
 
 
+def test_every_head_has_its_interval(results):
+    """syntax.csv's intervals, one per head and relation, widen as the relation's words get
+    fewer (tests/test_alignment.py recomputes them by hand)."""
+    syntax = results["syntax"]["syntax"]
+    assert (syntax.ci_low <= syntax.ci_high).all() and syntax.ci_low.ge(0).all()
+    width = (syntax.ci_high - syntax.ci_low).groupby(syntax.relation).mean()
+    totals = syntax.groupby("relation").total.first()
+    assert width[totals.idxmax()] < width[totals[totals >= 20].idxmin()]
+
+
 def test_probe_beats_right_branching(results):
     uas = results["probe"]["probe"].set_index("parser").uas
     assert uas["attention_probe"] > uas["right_branching"] + 0.1

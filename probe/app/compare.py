@@ -70,6 +70,9 @@ def compare_tables(a: Path, b: Path) -> tuple[dict, dict, dict[str, pd.DataFrame
         table["roles_lost"] = [
             ";".join(sorted(a - b)) for a, b in zip(roles_a, roles_b, strict=True)
         ]
+        if "syntax" in tables_a and "syntax" in tables_b:
+            change = relation_change(heads_a, tables_a["syntax"], tables_b["syntax"])
+            table = table.merge(change, on=["layer", "head"], how="left")
         out["compare_heads"] = table
     else:
         per_layer = []
@@ -105,6 +108,37 @@ def compare_tables(a: Path, b: Path) -> tuple[dict, dict, dict[str, pd.DataFrame
             heads = out["compare_heads"].merge(own[["layer", "head", "attention_js"]], how="left")
             out["compare_heads"] = heads
     return run_a, run_b, out
+
+
+def relation_change(heads_a: pd.DataFrame, syntax_a: pd.DataFrame, syntax_b: pd.DataFrame):
+    """Per head of A with a best relation: its accuracy on that relation (read the same way) in
+    A and in B, with their 95% intervals; a change is called where the intervals do not
+    overlap."""
+    keys = ["relation", "direction", "layer", "head"]
+    chosen = heads_a[heads_a.best_relation.fillna("") != ""]
+    chosen = chosen.rename(columns={"best_relation": "relation",
+                                    "best_relation_direction": "direction"})[keys]  # fmt: skip
+    columns = [*keys, "accuracy", "ci_low", "ci_high"]
+    joined = chosen.merge(syntax_a[columns], on=keys).merge(
+        syntax_b[columns], on=keys, suffixes=("_a", "_b")
+    )
+    overlap = (joined.ci_low_b <= joined.ci_high_a) & (joined.ci_low_a <= joined.ci_high_b)
+    return pd.DataFrame(
+        {
+            "layer": joined.layer,
+            "head": joined["head"],
+            "relation": joined.relation,
+            "relation_direction": joined.direction,
+            "relation_accuracy_a": joined.accuracy_a,
+            "relation_ci_low_a": joined.ci_low_a,
+            "relation_ci_high_a": joined.ci_high_a,
+            "relation_accuracy_b": joined.accuracy_b,
+            "relation_ci_low_b": joined.ci_low_b,
+            "relation_ci_high_b": joined.ci_high_b,
+            "relation_accuracy_change": joined.accuracy_b - joined.accuracy_a,
+            "relation_change_called": ~overlap,
+        }
+    )
 
 
 def common_sentences(examples_a: dict, examples_b: dict) -> list[tuple[dict, dict]]:
@@ -203,14 +237,19 @@ def render(card: dict, run_a: dict, run_b: dict, tables: dict[str, pd.DataFrame]
     env = environment()
     drawn = (_rank_changes(tables), _layer_roles(tables), _layer_correspondence(tables))
     figures = [f for f in drawn if f is not None]
-    changed = None
+    changed = moved = None
     if "compare_heads" in tables:
         heads = tables["compare_heads"]
         changed = heads[(heads.roles_gained != "") | (heads.roles_lost != "")]
+        if "relation_accuracy_change" in heads:
+            scored = heads[heads.relation.fillna("") != ""]
+            moved = scored.reindex(
+                scored.relation_accuracy_change.abs().sort_values(ascending=False).index
+            ).head(12)
     return env.get_template("compare.html.j2").render(
         card=card, a=run_a, b=run_b, figures=[{"figure": f, "html": embed(f)} for f in figures],
         relations=tables.get("compare_relations"), changed=changed,
-        layers=tables.get("compare_layers"), attention=_attention_summary(tables),
+        layers=tables.get("compare_layers"), attention=_attention_summary(tables), moved=moved,
     )  # fmt: skip
 
 
