@@ -64,9 +64,11 @@ class View:
         ]
         data = {"layers": layers, "heads": heads, "k": TOP_K, "view": self.view,
                 "sentences": sentences}  # fmt: skip
-        # JSON inside <script>: "<", ">" and "&" escaped, so no token can close the element.
-        payload = json.dumps(data).replace("<", "\\u003c").replace(">", "\\u003e")
-        payload = payload.replace("&", "\\u0026")
+        # JSON inside <script>: "<", ">", "&" and "'" escaped, so no token can close the
+        # element, and the page holds no text of the data unescaped.
+        payload = json.dumps(data)
+        for character in "<>&'":
+            payload = payload.replace(character, f"\\u{ord(character):04x}")
         return f"""<div class="probe-view" style="--probe-accent:#2f5fd0;\
 font:13px system-ui,sans-serif">
 <div style="display:flex;gap:8px;align-items:center;flex-wrap:wrap;margin:4px 0">

@@ -429,7 +429,8 @@ def test_a_treebank_with_no_word_to_score(tmp_path, minilm):
     assert {p.name for p in out.iterdir()} == FILES
     syntax = pd.read_csv(out / "syntax.csv")
     assert list(syntax.columns) == ["relation", "direction", "layer", "head", "correct",
-                                    "total", "accuracy"] and syntax.empty  # fmt: skip
+                                    "total", "accuracy", "ci_low", "ci_high"]  # fmt: skip
+    assert syntax.empty
     html = (out / "index.html").read_text()
     assert "Not evaluated: too few sentences" in html
     assert "Coreference was skipped: the treebank has no <code>Entity=</code>" in html
