@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import gzip
 import os
 import statistics
-import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -15,9 +16,17 @@ EWT_DEV = Path(__file__).resolve().parents[2] / "shared/data/ud-english-ewt/en_e
 
 
 def ewt_dev() -> Path:
-    if not EWT_DEV.exists():
-        sys.exit(f"needs {EWT_DEV} (../shared beside the checkout)")
-    return EWT_DEV
+    """``../shared``'s EWT dev, else the same file bundled with probe, unpacked once into the
+    temporary folder (a machine without ``../shared``, say a GPU one)."""
+    if EWT_DEV.exists():
+        return EWT_DEV
+    from probe.treebank import BUNDLED
+
+    unpacked = Path(tempfile.gettempdir()) / "probe-bench-en_ewt-ud-dev.conllu"
+    if not unpacked.exists():
+        with gzip.open(BUNDLED["ewt-dev"], "rt", encoding="utf-8") as f:
+            unpacked.write_text(f.read(), encoding="utf-8")
+    return unpacked
 
 
 def timed(fn, rounds: int = 3) -> float:

@@ -1,6 +1,6 @@
 """`probe analyze --model minilm` over the whole EWT dev split, end to end, against the floor.
 
-    python benchmarks/analyze.py [--rounds 2]
+    python benchmarks/analyze.py [--rounds 2] [--model minilm] [--device cpu]
 
 Floor: a fresh Python process that imports torch and transformers, loads MiniLM and its
 tokenizer, reads and tokenizes the same sentences, and runs the plain forward pass (the model's
@@ -35,14 +35,20 @@ from transformers import AutoModel, AutoTokenizer
 from probe.corpus import Corpus, max_tokens
 from probe.loading import resolve_name
 from probe.treebank import iter_conllu
-source = resolve_name("minilm")
-tokenizer, model = AutoTokenizer.from_pretrained(source), AutoModel.from_pretrained(source).eval()
-corpus = Corpus(iter_conllu(sys.argv[1]), tokenizer, max_tokens(model.config, tokenizer))
+treebank, name, device = sys.argv[1:4]
+source = resolve_name(name)
+tokenizer = AutoTokenizer.from_pretrained(source)
+model = AutoModel.from_pretrained(source, dtype=torch.float32).eval().to(device)
+corpus = Corpus(iter_conllu(treebank), tokenizer, max_tokens(model.config, tokenizer))
+sync = torch.cuda.synchronize if device.startswith("cuda") else lambda: None
 forward = 0.0
 with torch.inference_mode():
     for batch in corpus.batches(32):  # the very batches probe analyze runs
+        inputs = {k: v.to(device) for k, v in batch.inputs.items()}
+        sync()
         start = time.perf_counter()
-        model(**batch.inputs)
+        model(**inputs)
+        sync()
         forward += time.perf_counter() - start
 print(f"{forward:.3f}")
 """
@@ -63,20 +69,25 @@ def peak_rss(command: list[str]) -> tuple[float, int, str]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--model", default="minilm", help="a name or folder probe can load")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     args = parser.parse_args()
     dev = ewt_dev()
-    probe_exe = str(Path(sys.executable).with_name("probe"))
+    console = Path(sys.executable).with_name("probe")  # the installed command, as users run it
+    probe_exe = [str(console)] if console.exists() else [sys.executable, "-m", "probe.app.cli"]
     work = Path(tempfile.mkdtemp(prefix="probe-bench-"))
 
     def analyze(out: str, *extra: str) -> tuple[float, int]:
-        seconds, rss, _ = peak_rss([probe_exe, "analyze", "--model", "minilm", "--out",
-                                    str(work / out), "-q", *extra])  # fmt: skip
+        seconds, rss, _ = peak_rss([*probe_exe, "analyze", "--model", args.model, "--device",
+                                    args.device, "--dtype", "float32", "--out", str(work / out),
+                                    "-q", *extra])  # fmt: skip
         return seconds, rss
 
     floor, ours, forward, stage, spectra_dev, spectra_sample = [], [], [], [], [], []
     try:
         for i in range(args.rounds):
-            seconds, floor_rss, out = peak_rss([sys.executable, "-c", FLOOR, str(dev)])
+            command = [sys.executable, "-c", FLOOR, str(dev), args.model, args.device]
+            seconds, floor_rss, out = peak_rss(command)
             floor.append(seconds)
             forward.append(float(out.strip().splitlines()[-1]))
             seconds, ours_rss = analyze(f"run{i}", "--treebank", str(dev))
@@ -93,7 +104,8 @@ def main() -> None:
     median = statistics.median
     f, o, fw, st = median(floor), median(ours), median(forward), median(stage)
     sd, ss = median(spectra_dev), median(spectra_sample)
-    print(f"MiniLM over EWT dev ({dev.name}), medians of {args.rounds} fresh processes")
+    print(f"{args.model} on {args.device} over EWT dev ({dev.name}), medians of {args.rounds} "
+          "fresh processes")  # fmt: skip
     print(f"floor process (import, load, tokenize, plain forward) {f:6.1f} s   "
           f"peak {floor_rss / 2**20:6.0f} MiB")  # fmt: skip
     print(f"  of which the plain forward pass                      {fw:6.1f} s")
