@@ -42,3 +42,17 @@ def minilm():
     import probe
 
     return probe.load("minilm")
+
+
+@pytest.fixture(scope="session")
+def sample_report(tmp_path_factory, minilm):
+    """A report of MiniLM on the hand-written sample, written once by the command line."""
+    from typer.testing import CliRunner
+
+    from probe.app.cli import app
+
+    out = tmp_path_factory.mktemp("reports") / "minilm"
+    args = ["analyze", "--model", "minilm", "-q", "-t", "sample", "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return out

@@ -7,9 +7,8 @@ import json
 import re
 
 import numpy as np
-import pytest
 import torch
-from test_cli import analyze, chromium, console_messages, needs_chromium
+from test_cli import chromium, console_messages, needs_chromium
 
 import probe
 from probe.app import examples as examples_io
@@ -40,14 +39,6 @@ DRIVER = """<pre id="result"></pre><script>
   document.getElementById("result").textContent = JSON.stringify(out);
 })();
 </script>"""
-
-
-@pytest.fixture(scope="module")
-def report(tmp_path_factory, minilm):
-    out = tmp_path_factory.mktemp("cards") / "minilm"
-    result = analyze("--out", str(out))
-    assert result.exit_code == 0, result.output
-    return out
 
 
 def test_gold_arcs_by_hand():
@@ -137,13 +128,13 @@ def test_choosing_by_hand():
     )
 
 
-def test_cards_lead_with_sentences_where_the_head_is_right(report):
-    examples = examples_io.read(report)
+def test_cards_lead_with_sentences_where_the_head_is_right(sample_report):
+    examples = examples_io.read(sample_report)
     heads = examples["heads"]
     assert len(heads) == 6 * 12
     with_relation = [h for h in heads.values() if h["relation"]]
     assert with_relation, "the sample run has syntactic heads"
-    html = (report / "index.html").read_text()
+    html = (sample_report / "index.html").read_text()
     for key, head in heads.items():
         shown = head["shown"]
         assert 1 <= len(shown) <= examples_io.PER_HEAD
@@ -163,9 +154,9 @@ def test_cards_lead_with_sentences_where_the_head_is_right(report):
         assert ("<details>" in card) == (counts[0] == 0), key
 
 
-def test_kept_patterns_are_the_models(report, minilm):
+def test_kept_patterns_are_the_models(sample_report, minilm):
     model, tokenizer = minilm
-    examples = examples_io.read(report)
+    examples = examples_io.read(sample_report)
     assert len(examples["sentences"]) == examples_io.N_CANDIDATES
     indices = [s["index"] for s in examples["sentences"]]
     assert indices == sorted(indices)  # the treebank's first readable sentences, in order
@@ -179,9 +170,9 @@ def test_kept_patterns_are_the_models(report, minilm):
         assert words == set(range(len(sentence["words"])))
 
 
-def test_a_cards_view_holds_its_heads_pattern_and_arcs(report):
-    examples = examples_io.read(report)
-    html = (report / "index.html").read_text()
+def test_a_cards_view_holds_its_heads_pattern_and_arcs(sample_report):
+    examples = examples_io.read(sample_report)
+    html = (sample_report / "index.html").read_text()
     key, head = next((k, h) for k, h in examples["heads"].items() if h["relation"])
     card = html[html.index(f'id="head-{key.replace(".", "-")}"') :]
     data = re.search(r'class="probe-data">(.*?)</script>', card, re.S).group(1)
@@ -200,9 +191,9 @@ def test_a_cards_view_holds_its_heads_pattern_and_arcs(report):
 
 
 @needs_chromium
-def test_cards_in_chromium(report, tmp_path):
+def test_cards_in_chromium(sample_report, tmp_path):
     page = tmp_path / "report.html"
-    html = (report / "index.html").read_text()
+    html = (sample_report / "index.html").read_text()
     page.write_text(html.replace("</body>", DRIVER + "</body>"))
     done = chromium(page.as_uri(), tmp_path, "--dump-dom")
     assert console_messages(done.stderr) == []

@@ -31,14 +31,6 @@ def analyze(*args: str):
     return runner.invoke(app, ["analyze", "--model", "minilm", "-q", *sample, *args])
 
 
-@pytest.fixture(scope="module")
-def sample_report(tmp_path_factory, minilm):
-    out = tmp_path_factory.mktemp("reports") / "minilm"
-    result = analyze("--out", str(out))
-    assert result.exit_code == 0, result.output
-    return out
-
-
 class Checker(HTMLParser):
     """Collects tags, external references and unbalanced elements."""
 
