@@ -22,6 +22,7 @@ import torch
 
 FULL_TOKENS = 64  # longer inputs keep each token's TOP_K largest weights
 TOP_K = 16
+VIEWS = ("head", "heatmap", "both", "model")
 
 
 @dataclass
@@ -48,6 +49,10 @@ class View:
     arcs: list[list[tuple[int, int]]] | None = None
     captions: list[str] | None = None
     view: str = "head"
+
+    def __post_init__(self) -> None:
+        if self.view not in VIEWS:
+            raise ValueError(f"unknown view {self.view!r}; use one of {', '.join(VIEWS)}")
 
     def _repr_html_(self) -> str:
         return self.html()

@@ -98,6 +98,8 @@ def test_patterns_are_checked_and_tokens_escaped():
         probe.show(torch.rand(2, 1, 1, 3, 3), ["a", "b", "c"])
     with pytest.raises(ValueError, match="4 tokens but patterns over 3"):
         probe.show(torch.rand(1, 1, 3, 3), ["a", "b", "c", "d"])
+    with pytest.raises(ValueError, match="unknown view 'lines'; use one of head, heatmap"):
+        probe.View([["a"]], [np.ones((1, 1, 1, 1))], view="lines")
     html = probe.show(torch.rand(1, 1, 2, 2), [HOSTILE, "&"]).html()
     data = re.search(r'class="probe-data">(.*?)</script>', html, re.S).group(1)
     assert "<" not in data and json.loads(data)["sentences"][0]["tokens"] == [HOSTILE, "&"]

@@ -25,7 +25,6 @@ from analyses.figures import Figure
 from analyses.vocabulary import Direction, Role, Thresholds
 from probe.app import examples as examples_io
 from probe.app import tables as table_io
-from probe.app.examples import COREFERENCE
 from probe.errors import ProbeError
 from probe.heads import HeadId
 from probe.viewer import View, viewer_script
@@ -99,7 +98,7 @@ def head_view(examples: dict, head: HeadId) -> tuple[Markup, str | None] | None:
         patterns.append(sentence["pattern"][head.layer, head.head][None, None])
         arcs.append(gold_arcs(sentence, relation, direction))
         caption = "“" + " ".join(sentence["words"]) + "”"
-        if relation == COREFERENCE:
+        if relation == examples_io.COREFERENCE:
             caption += (f": from {shown['correct']} of {shown['words']} mention(s) it attends "
                         "most to an antecedent")  # fmt: skip
         elif relation:
@@ -119,7 +118,7 @@ def gold_arcs(sentence: dict, relation: str | None, direction: str | None) -> li
     first = {}
     for position, word in enumerate(sentence["word_of_token"]):
         first.setdefault(word, position)
-    if relation == COREFERENCE:
+    if relation == examples_io.COREFERENCE:
         return [(first[m], first[a]) for m, antecedents in sentence.get("coreference", [])
                 for a in antecedents if m in first and a in first]  # fmt: skip
     arcs = []
