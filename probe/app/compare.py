@@ -97,7 +97,7 @@ def compare_tables(a: Path, b: Path) -> tuple[dict, dict, dict[str, pd.DataFrame
         rel["accuracy_change"] = rel.accuracy_b - rel.accuracy_a
         # Intervals from two bootstraps over (possibly) different sentences: a change is
         # called only where the two 95% intervals do not overlap (conservative).
-        rel["intervals_overlap"] = (rel.ci_low_b <= rel.ci_high_a) & (rel.ci_low_a <= rel.ci_high_b)
+        rel["intervals_overlap"] = overlap(rel, "ci_low", "ci_high")
         out["compare_relations"] = rel.sort_values("total_a", ascending=False, kind="stable")
     pairs = attention_divergence(examples_a, examples_b)
     if pairs is not None:
@@ -110,7 +110,14 @@ def compare_tables(a: Path, b: Path) -> tuple[dict, dict, dict[str, pd.DataFrame
     return run_a, run_b, out
 
 
-def relation_change(heads_a: pd.DataFrame, syntax_a: pd.DataFrame, syntax_b: pd.DataFrame):
+def overlap(table: pd.DataFrame, low: str, high: str) -> pd.Series:
+    """Whether A's and B's intervals (columns ``{low}_a``, ``{high}_a``, ``{low}_b``…) overlap."""
+    return (table[f"{low}_b"] <= table[f"{high}_a"]) & (table[f"{low}_a"] <= table[f"{high}_b"])
+
+
+def relation_change(
+    heads_a: pd.DataFrame, syntax_a: pd.DataFrame, syntax_b: pd.DataFrame
+) -> pd.DataFrame:
     """Per head of A with a best relation: its accuracy on that relation (read the same way) in
     A and in B, with their 95% intervals; a change is called where the intervals do not
     overlap."""
@@ -122,7 +129,6 @@ def relation_change(heads_a: pd.DataFrame, syntax_a: pd.DataFrame, syntax_b: pd.
     joined = chosen.merge(syntax_a[columns], on=keys).merge(
         syntax_b[columns], on=keys, suffixes=("_a", "_b")
     )
-    overlap = (joined.ci_low_b <= joined.ci_high_a) & (joined.ci_low_a <= joined.ci_high_b)
     return pd.DataFrame(
         {
             "layer": joined.layer,
@@ -136,7 +142,7 @@ def relation_change(heads_a: pd.DataFrame, syntax_a: pd.DataFrame, syntax_b: pd.
             "relation_ci_low_b": joined.ci_low_b,
             "relation_ci_high_b": joined.ci_high_b,
             "relation_accuracy_change": joined.accuracy_b - joined.accuracy_a,
-            "relation_change_called": ~overlap,
+            "relation_change_called": ~overlap(joined, "ci_low", "ci_high"),
         }
     )
 
