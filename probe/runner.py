@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 from collections.abc import Callable, Collection, Iterable, Sequence
+from contextlib import suppress
 from functools import cached_property
 from typing import Protocol
 
@@ -89,6 +90,12 @@ class LayerCapture(dict):
         return self.alignment.predictions(self.words)
 
 
+class _AllSeen(Exception):  # noqa: N818 (a signal, not an error)
+    """Raised from the hook that hands on the last capture of a batch: what the model computes
+    after it (the last block's MLP, a pooler, a decoder the consumers do not read) feeds no
+    consumer, so the forward pass stops there."""
+
+
 class Consumer(Protocol):
     """What the runner needs of whatever reads the captures (an analysis, say). A consumer may
     name the ``attention`` it reads (``"decoder.cross_attn"``; see
@@ -134,6 +141,9 @@ def stream(
 ) -> None:
     """Run every batch through ``model`` and hand each layer's captures to every consumer.
 
+    The forward pass of a batch stops once its last capture has been handed on: nothing the
+    model computes after it reaches a consumer.
+
     Parameters
     ----------
     model : PreTrainedModel
@@ -159,6 +169,7 @@ def stream(
         for layer in range(len(blocks(model, site)))
         for suffix in wanted
     ]
+    last = {site: len(blocks(model, site)) - 1 for site in readers}
     encoder_decoder = is_encoder_decoder(model)
     pending: dict[tuple[str, int], dict[str, torch.Tensor]] = {}
     batch: Batch
@@ -172,6 +183,10 @@ def stream(
             capture = LayerCapture(pending.pop(site), batch, alignment)
             for consumer in readers[site[0]]:
                 consumer.update(batch, site[1], capture)
+            if site[1] == last[site[0]]:
+                finished.add(site[0])
+                if len(finished) == len(readers):
+                    raise _AllSeen
 
     with torch.inference_mode(), hooks(model, dict.fromkeys(names, receive)):
         for batch in batches:
@@ -180,7 +195,9 @@ def stream(
             for consumer in consumers:
                 consumer.begin_batch(batch)
             inputs = decoder_inputs(model, batch.inputs) if encoder_decoder else batch.inputs
-            model(**inputs)
+            finished: set[str] = set()
+            with suppress(_AllSeen):
+                model(**inputs)
             for consumer in consumers:
                 consumer.end_batch(batch)
     release_memory()

@@ -71,6 +71,35 @@ def test_the_runner_holds_one_layer_at_a_time():
     assert watcher.alive == [0] * 12
 
 
+def test_the_forward_pass_stops_after_the_last_capture():
+    """Nothing after the last layer's pattern reaches a consumer: the last block's MLP and the
+    pooler do not run, while every layer's pattern equals the full forward pass's."""
+    model = small_bert(3)
+    model.set_attn_implementation("eager")  # the reference: attentions returned by the model
+    corpus = Corpus([chain(9), chain(5), chain(12)], wordpiece(), max_length=64)
+    batches = list(corpus.batches(batch_size=2))
+    ran = []
+    hooks = [module.register_forward_hook(lambda *_, name=name: ran.append(name))
+             for name, module in model.named_modules()
+             if name in ("encoder.layer.1.output", "encoder.layer.2.output", "pooler")]  # fmt: skip
+    seen = {}
+
+    class Keeper(Watcher):
+        def update(self, batch, layer, capture):
+            seen[len(self.alive), layer] = capture["hook_pattern"].clone()
+            self.alive.append(0)
+
+    stream(model, batches, [Keeper()])
+    for hook in hooks:
+        hook.remove()
+    assert ran == ["encoder.layer.1.output"] * len(batches)  # never the last block's or pooler
+    with torch.inference_mode():
+        for i, batch in enumerate(batches):
+            full = model(**batch.inputs, output_attentions=True).attentions
+            for layer in range(3):
+                torch.testing.assert_close(seen[3 * i + layer, layer], full[layer])
+
+
 def test_the_corpus_is_read_lazily():
     endless = (chain(4 + i % 7) for i in itertools.count())
     corpus = Corpus(endless, wordpiece(), max_length=64, chunk_size=16)
