@@ -16,7 +16,7 @@ Memory is bounded in bytes, whatever the depth of the model or the size of the c
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -46,9 +46,8 @@ class _Held:
     features: np.ndarray  # [word, word, feature], written once every layer has been seen
     gold: np.ndarray  # [word] 0-based head, -1 for the root
     counted: np.ndarray  # [word] bool: scored and not punctuation
-    head_correct: np.ndarray  # [direction, layer, head]
+    head_correct: np.ndarray  # [direction, layer, head], written with the features
     right_branching: int
-    layers: list = field(default_factory=list)  # word attention per layer, until end_batch
 
 
 class AttentionProbe(Analysis):
@@ -126,19 +125,23 @@ class AttentionProbe(Analysis):
 
         # Held-out sentences: those with the smallest keys that fit are evaluated.
         counted = scored & ~batch.punct[:, :n]
+        counted_np, gold_np = counted.cpu().numpy(), gold.cpu().numpy()
+        n_words = batch.n_words.cpu().numpy()
+        rows = np.flatnonzero(held)
+        evaluate = keys(self.context.seed, "evaluate", index[rows])
         new = []
-        for s in np.flatnonzero(held):
-            k = int(batch.n_words[s])
-            c = counted[s, :k].cpu().numpy()
+        for s, key in zip(rows, evaluate, strict=True):
+            k = int(n_words[s])
+            c = counted_np[s, :k]
             if not c.any():
                 continue
             if k * k > self.max_eval_pairs:
                 self.too_long += 1
                 continue
-            g = gold[s, :k].cpu().numpy()
+            g = gold_np[s, :k]
             right = np.append(np.arange(1, k), -2)  # the next word, if any
             self.held[int(index[s])] = entry = _Held(
-                key=int(keys(self.context.seed, "evaluate", index[s])),
+                key=int(key),
                 features=np.zeros((0, 0, self.n_features), dtype=np.float32),
                 gold=g,
                 counted=c,
@@ -147,7 +150,13 @@ class AttentionProbe(Analysis):
             )
             new.append((s, entry))
         self._evict()
-        self._held_now = [(s, e) for s, e in new if self.held.get(int(index[s])) is e]
+        self._held_now = [e for s, e in new if self.held.get(int(index[s])) is e]
+        # Their rows in the batch, and each word's gold head where it counts (-2, which no
+        # prediction names, where it does not): every layer gathers them at once.
+        kept = [s for s, e in new if self.held.get(int(index[s])) is e]
+        self._held_rows = torch.tensor(kept, dtype=torch.long, device=gold.device)
+        self._held_gold = torch.where(counted, gold, -2).index_select(0, self._held_rows)
+        self._held_words, self._held_hits = [], []
 
     def update(self, batch: Batch, layer: int, capture: LayerCapture) -> None:
         words = capture.words  # [B, H, n, n]
@@ -155,12 +164,11 @@ class AttentionProbe(Analysis):
         forward, backward = self._pairs
         self._forward.append(flat[forward])  # [pairs, H]: this layer's heads' attention i -> j
         self._backward.append(flat[backward])  # … and j -> i
-        predicted = capture.predictions
-        for s, entry in self._held_now:
-            k = len(entry.gold)
-            entry.layers.append(words[s, :, :k, :k].cpu())
-            correct = (predicted[s, :, :, :k].cpu().numpy() == entry.gold) & entry.counted
-            entry.head_correct[:, layer] = correct.sum(-1)
+        if self._held_now:
+            rows = self._held_rows
+            self._held_words.append(words.index_select(0, rows))  # [held, H, n, n]
+            predicted = capture.predictions.index_select(0, rows)  # [held, 2, H, n]
+            self._held_hits.append((predicted == self._held_gold[:, None, None]).sum(-1))
 
     def end_batch(self, batch: Batch) -> None:
         """Write the batch's features, every layer at once, in the column order of
@@ -168,11 +176,16 @@ class AttentionProbe(Analysis):
         slots = self._slots
         if len(slots):
             self.X[slots] = torch.cat(self._forward + self._backward, dim=1).cpu().numpy()
-        for _, entry in self._held_now:
-            w = torch.cat(entry.layers)  # [LH, k, k]
-            entry.features = torch.cat([w.permute(1, 2, 0), w.permute(2, 1, 0)], -1).numpy()
-            entry.layers = []
+        if self._held_now:
+            words = torch.stack(self._held_words, 1).cpu()  # [held, L, H, n, n]
+            hits = torch.stack(self._held_hits, 2).cpu().numpy()  # [held, 2, L, H]
+            for i, entry in enumerate(self._held_now):
+                k = len(entry.gold)
+                w = words[i, :, :, :k, :k].flatten(0, 1)  # [LH, k, k]
+                entry.features = torch.cat([w.permute(1, 2, 0), w.permute(2, 1, 0)], -1).numpy()
+                entry.head_correct = hits[i]
         self._forward, self._backward, self._held_now = [], [], []
+        self._held_words, self._held_hits = [], []
 
     def _admit(self, new_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Keep the ``capacity`` smallest keys among those kept so far and ``new_keys``.

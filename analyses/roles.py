@@ -148,48 +148,38 @@ class Roles(Analysis):
         real = self._real  # [B, T]
         entropies = entropy(p)  # [B, H, T]
         confidence, argmax = p.max(-1)
-        # Per query: [special, punct, cls_like, sep_like, self, entropy, normalised entropy,
-        # confidence]
-        kinds = self._key_kinds.shape[-1]
-        per_query = torch.cat(
-            [
-                (p.reshape(B, H * T, T) @ self._key_kinds).view(B, H, T, kinds),
-                torch.stack(
-                    [
-                        p.diagonal(dim1=-2, dim2=-1),
-                        entropies,
-                        entropies * self._normaliser[:, None],
-                        confidence,
-                    ],
-                    -1,
-                ),
-            ],
-            -1,
-        )
-        per_sentence = torch.einsum("bhqm,bq->bmh", per_query, real)
-        sums = per_sentence.sum(0)
-        previous = torch.einsum("bhq,bq->h", p.diagonal(-1, -2, -1), real[:, 1:])  # q -> q-1
-        following = torch.einsum("bhq,bq->h", p.diagonal(1, -2, -1), self._next)  # q -> q+1
-        # Where each query's maximum lies, relative to the query: offsets -2…+2 counted at once.
-        offset = argmax - self._offsets  # 0 for the first offset
-        inside = (offset >= 0) & (offset < len(MAX_OFFSETS)) & (real[:, None] > 0)
-        row = torch.arange(B, device=p.device)[:, None] * H + torch.arange(H, device=p.device)
-        row = row[:, :, None].expand_as(offset)  # sentence and head of each query
+        # Per sentence and head: the attention the real queries give each kind of key (special,
+        # punct, cls_like, sep_like), then the sums over real queries of self, entropy,
+        # normalised entropy and confidence.
+        received = (real[:, None, None] @ p).squeeze(2)  # [B, H, T]: each key's share
+        per_query = torch.stack(
+            [p.diagonal(dim1=-2, dim2=-1), entropies, entropies * self._normaliser[:, None],
+             confidence], 2
+        )  # fmt: skip
+        per_sentence = torch.cat(
+            [received @ self._key_kinds, (per_query @ real[:, None, :, None]).squeeze(-1)], -1
+        )  # [B, H, 8]
+        sums = per_sentence.sum(0).T
+        previous = (p.diagonal(-1, -2, -1) * real[:, None, 1:]).sum((0, 2))  # q -> q-1
+        following = (p.diagonal(1, -2, -1) * self._next[:, None]).sum((0, 2))  # q -> q+1
+        # Where each query's maximum lies, relative to the query: offsets -2…+2 counted at once
+        # (anything else, and padding queries, in one more bin).
         n = len(MAX_OFFSETS)
-        at_each = torch.bincount((row * n + offset)[inside], minlength=B * H * n).view(B, H, n)
+        offset = argmax - self._offsets  # 0 for the first offset
+        offset.masked_fill_((offset < 0) | (offset >= n) | (real[:, None] == 0), n)
+        at_each = p.new_zeros(B, H, n + 1).scatter_add_(2, offset, p.new_ones(()).expand(B, H, T))
+        at_each = at_each[..., :n]
         at = at_each.sum(0)  # [H, offset]
         self_at = METRICS.index("self") + 1  # the sums up to self, then previous and next
-        stats = torch.cat(
-            [sums[:self_at], previous[None], following[None], sums[self_at:], at.T.to(sums.dtype)]
-        )  # in the order of METRICS
-        self.sums[:, layer] += stats.double().cpu()
+        stats = torch.cat([sums[:self_at], previous[None], following[None], sums[self_at:], at.T])
+        self.sums[:, layer] += stats.double().cpu()  # in the order of METRICS
         # The roles' statistics per sentence, [B, ROLE_METRICS, H], for the bootstrap
-        # (per_query's order: special, punct, the other key kinds, self, entropy, normalised).
+        kinds = self._key_kinds.shape[-1]
         roles = torch.stack([
-            at_each[..., MAX_OFFSETS.index(-1)].to(p.dtype),
-            at_each[..., MAX_OFFSETS.index(1)].to(p.dtype),
-            per_sentence[:, 0] + per_sentence[:, 1],
-            per_sentence[:, kinds + 2],
+            at_each[..., MAX_OFFSETS.index(-1)],
+            at_each[..., MAX_OFFSETS.index(1)],
+            per_sentence[..., 0] + per_sentence[..., 1],
+            per_sentence[..., kinds + 2],
         ], 1)  # fmt: skip
         self.boot[:, :, layer] += (self._weights @ roles.flatten(1).double().cpu()).view(
             ROLE_BOOT, len(ROLE_METRICS), H
