@@ -50,6 +50,10 @@ JS_QUERY_SHARE = 1 / 32
 # core's cache and below the allocator's mmap threshold (``probe.runner``); blocks of a few MiB
 # run three times slower, mostly in page faults.
 JS_BLOCK = 2**17
+# The head map's SMACOF stops when an iteration lowers the stress by less than this share of it
+# (far below what a figure shows), or after this many iterations.
+SMACOF_TOLERANCE = 1e-7
+SMACOF_MAX_ITER = 1000
 
 
 def entropy(p: torch.Tensor) -> torch.Tensor:
@@ -290,18 +294,49 @@ class Roles(Analysis):
 
 
 def embed(similarity: pd.DataFrame, n: int) -> np.ndarray:
-    """A 2-D MDS embedding of the heads from √JS (a metric), as in Clark et al. (2019).
-
-    SMACOF from the classical (eigenvector) solution: deterministic, no seed needed."""
-    from sklearn.manifold import MDS
-
+    """A 2-D MDS embedding of the heads from √JS (a metric), as in Clark et al. (2019):
+    ``smacof`` from the classical solution, deterministic, no seed needed."""
     js = similarity.js_divergence.to_numpy().reshape(n, n)
     distance = np.sqrt(np.maximum((js + js.T) / 2, 0))
     np.fill_diagonal(distance, 0)
     if n < 3 or not distance.any():  # nothing to lay out (a corpus too small to sample)
         return np.zeros((n, 2))
-    mds = MDS(n_components=2, metric="precomputed", init="classical_mds", random_state=0)
-    return mds.fit_transform(distance)
+    return smacof(distance, classical_mds(distance))
+
+
+def classical_mds(distance: np.ndarray, dims: int = 2) -> np.ndarray:
+    """Torgerson's scaling: the points ``[n, dims]`` whose centred inner products are nearest
+    to those the distances imply, each axis signed so that its largest coordinate is positive
+    (eigenvectors have no sign of their own)."""
+    n = len(distance)
+    centring = np.eye(n) - 1 / n
+    gram = -centring @ (distance**2) @ centring / 2
+    values, vectors = np.linalg.eigh(gram)  # ascending
+    top = np.argsort(values)[::-1][:dims]
+    points = vectors[:, top] * np.sqrt(np.maximum(values[top], 0))
+    largest = points[np.abs(points).argmax(0), np.arange(dims)]
+    return points * np.where(largest < 0, -1, 1)
+
+
+def smacof(distance: np.ndarray, points: np.ndarray, tolerance: float = SMACOF_TOLERANCE,
+           max_iter: int = SMACOF_MAX_ITER) -> np.ndarray:  # fmt: skip
+    """Metric MDS: from ``points`` ``[n, dims]``, Guttman transforms lower the raw stress
+    Σ_{i<j} (|x_i - x_j| - distance_ij)² until a step lowers it by less than ``tolerance`` of
+    itself (de Leeuw's SMACOF, unit weights; Borg & Groenen, 2005, ch. 8)."""
+    n = len(distance)
+    stress = np.inf
+    for _ in range(max_iter):
+        fitted = np.sqrt(((points[:, None] - points[None]) ** 2).sum(-1))
+        new_stress = ((fitted - distance) ** 2).sum() / 2
+        if stress - new_stress <= tolerance * new_stress:
+            break
+        stress = new_stress
+        with np.errstate(divide="ignore", invalid="ignore"):
+            b = np.where(fitted > 0, -distance / fitted, 0.0)
+        np.fill_diagonal(b, 0)
+        np.fill_diagonal(b, -b.sum(1))
+        points = b @ points / n
+    return points
 
 
 def charts(tables: dict[str, pd.DataFrame]) -> list[Figure]:

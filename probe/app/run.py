@@ -27,7 +27,7 @@ from probe.app import tables as table_io
 from probe.app.output import check_free, default_out, reserved
 from probe.errors import ProbeError
 
-PACKAGES = ("probe", "torch", "transformers", "scikit-learn", "numpy", "pandas")
+PACKAGES = ("probe", "torch", "transformers", "tokenizers", "numpy", "pandas")
 WINDOWS_PER_BATCH_SHARE = 4  # a batch holds at most a quarter of batch_size full windows
 Progress = Callable[[str, int | None], Callable[[Iterable], Iterator]]
 
