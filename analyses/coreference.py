@@ -16,7 +16,6 @@ import numpy as np
 import pandas as pd
 import torch
 from markupsafe import Markup, escape
-from matplotlib.figure import Figure as MplFigure
 
 from analyses import Analysis, Context, Schema
 from analyses.figures import Figure, heatmap
@@ -287,6 +286,8 @@ class Coreference(Analysis):
 
     @classmethod
     def figures(cls, tables: dict[str, pd.DataFrame]) -> list[Figure]:
+        from matplotlib.figure import Figure as MplFigure  # only when drawn
+
         coref = tables["coref"]
         kinds = [k for k in MENTION_TYPES if k in set(coref.mention_type)]
         if not kinds:

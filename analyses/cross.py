@@ -17,7 +17,6 @@ from typing import ClassVar
 import numpy as np
 import pandas as pd
 import torch
-from matplotlib.figure import Figure as MplFigure
 
 from analyses import Analysis, Context, Schema
 from analyses.figures import Figure, heatmap
@@ -117,6 +116,8 @@ class CrossAttention(Analysis):
 
     @classmethod
     def figures(cls, tables: dict[str, pd.DataFrame]) -> list[Figure]:
+        from matplotlib.figure import Figure as MplFigure  # only when drawn
+
         table = tables["cross_attention"]
         fig = MplFigure(figsize=(10, 3.4))
         axes = fig.subplots(

@@ -1,14 +1,13 @@
-"""Figures for the report, drawn with matplotlib's object API (no pyplot, no display)."""
+"""Figures for the report: inline SVG markup (``analyses.svg``), or matplotlib figures drawn
+with its object API (no pyplot, no display), imported only when one is drawn."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import matplotlib
-
-matplotlib.use("Agg")  # figures are rendered to files, never shown
-
-from matplotlib.figure import Figure as MplFigure
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure as MplFigure
 
 
 @dataclass

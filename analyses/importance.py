@@ -27,7 +27,6 @@ import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
-from matplotlib.figure import Figure as MplFigure
 
 from analyses import Analysis, Context, Schema
 from analyses.figures import Figure, heatmap
@@ -208,6 +207,8 @@ class Importance(Analysis):
 
     @classmethod
     def figures(cls, tables: dict[str, pd.DataFrame]) -> list[Figure]:
+        from matplotlib.figure import Figure as MplFigure  # only when drawn
+
         table, curve = tables["importance"], tables["importance_curve"]
         if table.empty:
             return []

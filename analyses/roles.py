@@ -14,9 +14,8 @@ from typing import ClassVar
 import numpy as np
 import pandas as pd
 import torch
-from matplotlib.figure import Figure as MplFigure
 
-from analyses import Analysis, Context, Schema
+from analyses import Analysis, Context, Schema, svg
 from analyses.figures import Figure
 from analyses.vocabulary import Role, Thresholds
 from probe.corpus import Batch
@@ -345,10 +344,6 @@ def charts(tables: dict[str, pd.DataFrame]) -> list[Figure]:
     out = []
     per_layer = heads.groupby("layer")[["cls_like", "sep_like", "punct", "self", "previous",
                                         "next"]].mean()  # fmt: skip
-    fig = MplFigure(figsize=(10, 3.4))
-    ax1, ax2 = fig.subplots(
-        1, 2, gridspec_kw={"left": 0.07, "right": 0.98, "bottom": 0.15, "top": 0.9, "wspace": 0.25}
-    )
     labels = {
         "cls_like": "[CLS]-like (first, special)",
         "sep_like": "[SEP]-like (other special)",
@@ -357,25 +352,24 @@ def charts(tables: dict[str, pd.DataFrame]) -> list[Figure]:
         "previous": "previous token",
         "next": "next token",
     }
-    for column, label in labels.items():
-        ax1.plot(per_layer.index, per_layer[column], marker="o", label=label)
-    ax1.set_xlabel("layer (0-based)")
-    ax1.set_ylabel("mean attention")
-    ax1.set_title("Where attention goes, mean over heads")
-    ax1.legend(fontsize="small")
+    where = [svg.Series(label, per_layer.index, per_layer[column])
+             for column, label in labels.items()]  # fmt: skip
     entropy = heads.groupby("layer")[["entropy", "cls_entropy"]].mean()
-    ax2.plot(entropy.index, entropy.entropy, marker="o", label="mean over tokens")
+    entropies = [svg.Series("mean over tokens", entropy.index, entropy.entropy)]
     if entropy.cls_entropy.notna().any():
-        ax2.plot(entropy.index, entropy.cls_entropy, marker="s", label="[CLS] row")
-    ax2.set_xlabel("layer (0-based)")
-    ax2.set_ylabel("entropy (nats)")
-    ax2.set_title("Attention entropy per layer")
-    ax2.legend(fontsize="small")
+        entropies.append(svg.Series("[CLS] row", entropy.index, entropy.cls_entropy))
+    panels = [
+        svg.Chart("Where attention goes, mean over heads", where, "layer (0-based)",
+                  "mean attention"),
+        svg.Chart("Attention entropy per layer", entropies, "layer (0-based)", "entropy (nats)"),
+    ]  # fmt: skip
     alt = (
         "Line charts per layer of mean attention to the first special token ([CLS]), the other "
         "special tokens ([SEP]), punctuation, self, previous and next token, and of entropy."
     )
-    out.append(Figure("per-layer", "Attention per layer", alt, fig, "svg"))
+    out.append(
+        Figure("per-layer", "Attention per layer", alt, svg.charts(panels, alt=alt), "markup")
+    )
 
     alt = (
         "A scatter plot of all heads placed by multidimensional scaling of the Jensen-Shannon "

@@ -7,13 +7,11 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import matplotlib as mpl
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure as MplFigure
 
-from analyses import Analysis, Schema
-from analyses.figures import Figure, heatmap
+from analyses import Analysis, Schema, svg
+from analyses.figures import Figure
 from analyses.vocabulary import Thresholds
 from probe.architectures import iter_head_weights
 from probe.circuits import spectra
@@ -76,59 +74,39 @@ def singular_values(table: pd.DataFrame) -> list[np.ndarray]:
 
 def charts(table: pd.DataFrame) -> list[Figure]:
     """Effective-rank heatmaps, and the mean normalised spectrum of each layer."""
-    out = []
-    fig = MplFigure(figsize=(10, 3.8))
-    axes = fig.subplots(
-        1, 2, gridspec_kw={"left": 0.05, "right": 0.99, "bottom": 0.13, "top": 0.9, "wspace": 0.12}
-    )
     top = float(table.d_head.iloc[0])
-    for ax, circuit in zip(axes, ("QK", "OV"), strict=True):
-        grid = table[table.circuit == circuit].pivot(
-            index="layer", columns="head", values="effective_rank"
+    grids = [
+        svg.Grid(
+            f"{circuit}: effective rank (of at most d_head = {int(top)})",
+            table[table.circuit == circuit].pivot(
+                index="layer", columns="head", values="effective_rank"
+            ),
         )
-        heatmap(ax, grid, vmin=0, vmax=top, cmap="viridis", label="effective rank")
-        ax.set_title(f"{circuit}: effective rank (of at most d_head = {int(top)})")
-    out.append(
-        Figure(
-            "effective-rank",
-            "Effective rank of each head's QK and OV circuit",
-            "Two layer-by-head heatmaps of the effective rank of W_Q W_Kᵀ and W_V W_O.",
-            fig,
-        )
-    )
-    fig = MplFigure(figsize=(10, 3.6))
-    axes = fig.subplots(
-        1,
-        2,
-        sharey=True,
-        gridspec_kw={"left": 0.08, "right": 0.99, "bottom": 0.14, "top": 0.9, "wspace": 0.05},
-    )
+        for circuit in ("QK", "OV")
+    ]
+    alt = "Two layer-by-head heatmaps of the effective rank of W_Q W_Kᵀ and W_V W_O."
+    ranks = svg.heatmaps(grids, vmin=0, vmax=top, anchors=svg.VIRIDIS, label="effective rank",
+                         alt=alt, name="effective-rank", columns=2, size=(300, 170))  # fmt: skip
     layers = sorted(table.layer.unique())
-    colours = mpl.colormaps["viridis"](np.linspace(0, 1, len(layers)))
-    for ax, circuit in zip(axes, ("QK", "OV"), strict=True):
+    colours = svg.spread(svg.VIRIDIS, len(layers))
+    panels = []
+    for circuit in ("QK", "OV"):
         part = table[table.circuit == circuit]
+        series = []
         for layer, colour in zip(layers, colours, strict=True):
-            rows = part[part.layer == layer]
-            curves = [s / s[0] for s in singular_values(rows) if s.size and s[0] > 0]
+            curves = [s / s[0] for s in singular_values(part[part.layer == layer])
+                      if s.size and s[0] > 0]  # fmt: skip
             if curves:
                 width = min(len(c) for c in curves)
-                ax.plot(
-                    np.mean([c[:width] for c in curves], axis=0),
-                    color=colour,
-                    label=f"layer {layer}",
-                )
-        ax.set_yscale("log")
-        ax.set_xlabel("index k")
-        ax.set_title(f"{circuit}: σ_k / σ_1, mean over heads")
-    axes[0].set_ylabel("normalised singular value")
-    axes[1].legend(fontsize="small", ncols=2)
-    out.append(
-        Figure(
-            "spectra",
-            "Singular-value spectra per layer",
-            "Line charts of the normalised singular values of QK and OV, one line per layer.",
-            fig,
-            "svg",
-        )
-    )
-    return out
+                mean = np.mean([c[:width] for c in curves], axis=0)
+                series.append(svg.Series(f"layer {layer}", np.arange(width), mean, colour,
+                                         markers=False))  # fmt: skip
+        panels.append(svg.Chart(f"{circuit}: σ_k / σ_1, mean over heads", series, "index k",
+                                "normalised singular value", log_y=True))  # fmt: skip
+    alt_lines = "Line charts of the normalised singular values of QK and OV, one line per layer."
+    return [
+        Figure("effective-rank", "Effective rank of each head's QK and OV circuit", alt, ranks,
+               "markup"),
+        Figure("spectra", "Singular-value spectra per layer", alt_lines,
+               svg.charts(panels, alt=alt_lines), "markup"),
+    ]  # fmt: skip

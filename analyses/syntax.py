@@ -15,10 +15,9 @@ import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
-from matplotlib.figure import Figure as MplFigure
 
-from analyses import Analysis, Context, Schema
-from analyses.figures import Figure, heatmap
+from analyses import Analysis, Context, Schema, svg
+from analyses.figures import Figure
 from analyses.vocabulary import Direction, Role, Thresholds
 from probe.corpus import Batch
 from probe.keys import poisson
@@ -270,13 +269,6 @@ def heatmaps(tables: dict[str, pd.DataFrame]) -> list[Figure]:
     relations = [r for r in (*MAIN_RELATIONS, "all") if r in set(best.relation)]
     if not relations:
         return []
-    columns = 4
-    rows = -(-len(relations) // columns)
-    fig = MplFigure(figsize=(3.3 * columns, 2.9 * rows))
-    spacing = {"left": 0.05, "right": 0.9, "bottom": 0.45 / rows, "top": 1 - 0.3 / rows}
-    axes = np.atleast_1d(
-        fig.subplots(rows, columns, gridspec_kw=spacing | {"wspace": 0.35, "hspace": 0.7})
-    ).ravel()
     best_direction = (
         syntax[syntax.relation.isin(relations)]
         .groupby(["relation", "layer", "head"])
@@ -285,26 +277,25 @@ def heatmaps(tables: dict[str, pd.DataFrame]) -> list[Figure]:
     baseline = tables["syntax_baselines"].groupby("relation").accuracy.max()
     margins = {r: best_direction.loc[r].unstack("head") - baseline[r] for r in relations}
     limit = max(0.1, max(float(np.abs(m.to_numpy()).max()) for m in margins.values()))
-    for ax, relation in zip(axes, relations, strict=False):
-        image = heatmap(ax, margins[relation], vmin=-limit, vmax=limit, cmap="RdBu_r")
+    grids = []
+    for relation in relations:
         row = best[best.relation == relation].iloc[0]
-        ax.scatter([row["head"]], [row.layer], marker="*", s=90, color="#ffd400",
-                   edgecolors="black", linewidths=0.6)  # fmt: skip
-        ax.set_title(f"{relation} (n={row.total}): best {row.accuracy:.0%}, "
-                     f"offset {row.baseline_accuracy:.0%}", fontsize="small")  # fmt: skip
-    for ax in axes[len(relations) :]:
-        ax.set_visible(False)
-    fig.colorbar(
-        image, cax=fig.add_axes((0.92, 0.25, 0.012, 0.5)), label="accuracy − best offset baseline"
-    )
+        title = (f"{relation} (n={row.total}): best {row.accuracy:.0%}, "
+                 f"offset {row.baseline_accuracy:.0%}")  # fmt: skip
+        grids.append(svg.Grid(title, margins[relation], star=(row.layer, row["head"])))
+    alt = ("Heatmaps of layer by head, one per dependency relation, red where the head's "
+           "most-attended word is the syntactic head or dependent more often than the best "
+           "fixed offset finds it, blue where less often; a star marks the best head.")  # fmt: skip
+    drawing = svg.heatmaps(grids, vmin=-limit, vmax=limit, anchors=svg.BLUE_RED,
+                           label="accuracy − best offset baseline", alt=alt,
+                           name="syntax-heatmaps")  # fmt: skip
     return [
         Figure(
             "syntax-heatmaps",
             "Accuracy of every head per relation (better of the two directions) above the "
             "relation's best fixed-offset baseline; ★ the best head",
-            "Heatmaps of layer by head, one per dependency relation, red where the head's "
-            "most-attended word is the syntactic head or dependent more often than the best "
-            "fixed offset finds it, blue where less often; a star marks the best head.",
-            fig,
+            alt,
+            drawing,
+            "markup",
         )
     ]

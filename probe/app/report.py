@@ -1,9 +1,9 @@
 """Render a report folder's tables as one self-contained ``index.html``.
 
-Everything the page needs is inside it: CSS and the small sorting script inline, heatmaps as
-base64 PNG, line charts and example attention maps as inline SVG. Every text that comes from the
-model or the treebank is escaped (Jinja2 autoescaping), so a token like ``</script>`` is shown,
-never run.
+Everything the page needs is inside it: CSS and the small sorting script inline, figures and
+example attention maps as inline SVG (matplotlib's heatmaps, for the analyses that still draw
+with it, as base64 PNG). Every text that comes from the model or the treebank is escaped (Jinja2
+autoescaping, ``analyses.svg``), so a token like ``</script>`` is shown, never run.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import math
 import re
 from pathlib import Path
 
-import matplotlib
 import pandas as pd
 from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup, escape
@@ -33,7 +32,7 @@ from probe.viewer import View, viewer_script
 # 76-sentence sample gives 35 sink heads where 300 EWT sentences give 14).
 PRELIMINARY = 500
 
-matplotlib.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "probe", "figure.dpi": 100})
+MATPLOTLIB = {"svg.fonttype": "none", "svg.hashsalt": "probe", "figure.dpi": 100}
 
 
 def read_report(folder: Path) -> tuple[dict, dict[str, pd.DataFrame], dict]:
@@ -65,9 +64,13 @@ def read_report(folder: Path) -> tuple[dict, dict[str, pd.DataFrame], dict]:
 
 def embed(figure: Figure) -> Markup:
     """A figure as a self-contained <img> (PNG) or inline <svg>, with its alt text."""
-    buffer = io.BytesIO()
     if figure.format == "markup":
         return Markup(figure.figure)
+    import matplotlib  # imported by the analyses that draw with it
+
+    matplotlib.use("Agg")  # figures are rendered to files, never shown
+    matplotlib.rcParams.update(MATPLOTLIB)
+    buffer = io.BytesIO()
     if figure.format == "svg":
         figure.figure.savefig(buffer, format="svg", metadata={"Date": None})
         svg = buffer.getvalue().decode()
