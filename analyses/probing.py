@@ -16,7 +16,6 @@ Memory is bounded in bytes, whatever the depth of the model or the size of the c
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -44,7 +43,7 @@ NEWTON_TOLERANCE = 1e-12
 # gradient promises, else halved, at most MAX_HALVINGS times.
 ARMIJO = 1e-4
 MAX_HALVINGS = 30
-NEWTON_ROWS = 8192  # training pairs per block of the solver's work
+NEWTON_ROWS = 8192  # training pairs per block of the Hessian's float32 work space
 PARSERS = ("attention_probe", "right_branching", "best_single_head")
 
 
@@ -308,7 +307,8 @@ def fit_logistic(
     objective; the intercept is not penalised). The problem is strictly convex, so Newton's
     method with a backtracking line search reaches the one minimum in a few steps (about seven
     on attention features, where L-BFGS at scikit-learn's default tolerance stops far from it).
-    The gradient is taken in float64; the Hessian, which only steers the steps, in float32.
+    The gradient is taken in float64; the Hessian, which only steers the steps, in float32, a
+    block of rows at a time.
 
     Parameters
     ----------
@@ -323,20 +323,11 @@ def fit_logistic(
     b : float
     """
     n, d = X.shape
-    X = torch.from_numpy(np.asarray(X, dtype=np.float32))
+    X64 = torch.ones(n, d + 1, dtype=torch.float64)  # the last column is the intercept's
+    X64[:, :d] = torch.from_numpy(np.asarray(X))
     target = torch.from_numpy(np.asarray(y, dtype=np.float64))
     ridge = torch.ones(d + 1, dtype=torch.float64)
-    ridge[-1] = 0  # the last weight is the intercept
-
-    def rows() -> Iterator[tuple[slice, torch.Tensor]]:
-        """The features a block of rows at a time, with the intercept's column of ones: the
-        work space stays small whatever the sample's size."""
-        for start in range(0, n, NEWTON_ROWS):
-            block = X[start : start + NEWTON_ROWS]
-            yield slice(start, start + len(block)), F.pad(block, (0, 1), value=1.0)
-
-    def scores(w: torch.Tensor) -> torch.Tensor:
-        return torch.cat([block.double() @ w for _, block in rows()])
+    ridge[-1] = 0  # the intercept is not penalised
 
     def objective(z: torch.Tensor, w: torch.Tensor) -> float:
         return float(c * (F.softplus(z) - target * z).sum() + (ridge * w * w).sum() / 2)
@@ -346,10 +337,11 @@ def fit_logistic(
     f = objective(z, w)
     for _ in range(max_iter):
         p = torch.sigmoid(z)
-        gradient, hessian = ridge * w, torch.diag(ridge)
-        for at, block in rows():
-            gradient += c * (block.double().T @ (p[at] - target[at]))
-            A = block * (c * p[at] * (1 - p[at])).sqrt().float()[:, None]
+        gradient = c * (X64.T @ (p - target)) + ridge * w
+        hessian = torch.diag(ridge)
+        root = (c * p * (1 - p)).sqrt()
+        for start in range(0, n, NEWTON_ROWS):  # in float32, a block at a time
+            A = (X64[start : start + NEWTON_ROWS] * root[start : start + NEWTON_ROWS, None]).float()
             hessian += (A.T @ A).double()
         step = torch.linalg.solve(hessian, gradient)
         decrease = float(gradient @ step)  # twice what a full step would gain, near the minimum
@@ -357,7 +349,7 @@ def fit_logistic(
             break
         for halvings in range(MAX_HALVINGS):  # far from the minimum a full step may overshoot
             w_new = w - step / 2**halvings
-            z_new = scores(w_new)
+            z_new = X64 @ w_new
             f_new = objective(z_new, w_new)
             if f_new <= f - ARMIJO * decrease / 2**halvings:
                 break
