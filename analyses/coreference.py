@@ -17,8 +17,8 @@ import pandas as pd
 import torch
 from markupsafe import Markup, escape
 
-from analyses import Analysis, Context, Schema
-from analyses.figures import Figure, heatmap
+from analyses import Analysis, Context, Schema, svg
+from analyses.figures import Figure
 from analyses.vocabulary import Role, Thresholds
 from probe.coreference import BASELINES, MENTION_TYPES, Window, baselines, nearest, scored
 from probe.corpus import Batch
@@ -286,42 +286,24 @@ class Coreference(Analysis):
 
     @classmethod
     def figures(cls, tables: dict[str, pd.DataFrame]) -> list[Figure]:
-        from matplotlib.figure import Figure as MplFigure  # only when drawn
-
         coref = tables["coref"]
         kinds = [k for k in MENTION_TYPES if k in set(coref.mention_type)]
         if not kinds:
             return []
-        fig = MplFigure(figsize=(3.2 * len(kinds), 2.9))
-        axes = np.atleast_1d(
-            fig.subplots(
-                1,
-                len(kinds),
-                gridspec_kw={
-                    "left": 0.06,
-                    "right": 0.9,
-                    "bottom": 0.17,
-                    "top": 0.85,
-                    "wspace": 0.35,
-                },
-            )
-        )
-        for k, (ax, kind) in enumerate(zip(axes, kinds, strict=True)):
+        grids = []
+        for kind in kinds:
             rows = coref[coref.mention_type == kind]
-            grid = rows.pivot(index="layer", columns="head", values="accuracy")
-            image = heatmap(ax, grid, vmin=0, vmax=1, cmap="magma", y_axis=k == 0)
             top = rows.loc[rows.accuracy.idxmax()]
-            ax.set_title(f"{kind} (n={top.total}): best {top.accuracy:.0%}", fontsize="medium")
-        fig.colorbar(image, cax=fig.add_axes((0.92, 0.2, 0.012, 0.6)), label="accuracy")
-        return [
-            Figure(
-                "coref-heatmaps",
-                "Antecedent accuracy of every head, per mention type",
-                "Heatmaps of layer by head, one per mention type, brighter where the word the "
-                "head attends to most from a mention is more often one of its antecedents.",
-                fig,
-            )
-        ]
+            grid = rows.pivot(index="layer", columns="head", values="accuracy")
+            grids.append(svg.Grid(f"{kind} (n={top.total}): best {top.accuracy:.0%}", grid))
+        alt = (
+            "Heatmaps of layer by head, one per mention type, brighter where the word the "
+            "head attends to most from a mention is more often one of its antecedents."
+        )
+        drawing = svg.heatmaps(grids, vmin=0, vmax=1, anchors=svg.MAGMA, label="accuracy",
+                               alt=alt, name="coref-heatmaps", columns=len(kinds))  # fmt: skip
+        title = "Antecedent accuracy of every head, per mention type"
+        return [Figure("coref-heatmaps", title, alt, drawing, "markup")]
 
     @classmethod
     def section(cls, tables: dict[str, pd.DataFrame], run: dict) -> dict:

@@ -18,8 +18,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from analyses import Analysis, Context, Schema
-from analyses.figures import Figure, heatmap
+from analyses import Analysis, Context, Schema, svg
+from analyses.figures import Figure
 from analyses.roles import entropy
 from probe.corpus import Batch
 from probe.runner import LayerCapture
@@ -116,31 +116,25 @@ class CrossAttention(Analysis):
 
     @classmethod
     def figures(cls, tables: dict[str, pd.DataFrame]) -> list[Figure]:
-        from matplotlib.figure import Figure as MplFigure  # only when drawn
-
         table = tables["cross_attention"]
-        fig = MplFigure(figsize=(10, 3.4))
-        axes = fig.subplots(
-            1,
-            2,
-            gridspec_kw={"left": 0.06, "right": 0.99, "bottom": 0.15, "top": 0.88, "wspace": 0.15},
-        )
-        for ax, (column, title, cmap) in zip(
-            axes,
-            (
-                ("diagonal", "weight within one position of the diagonal", "magma"),
-                ("entropy_normalised", "normalised entropy", "viridis"),
-            ),
-            strict=True,
-        ):
-            grid = table.pivot(index="layer", columns="head", values=column)
-            heatmap(ax, grid, vmin=0, vmax=1, cmap=cmap, label=column.replace("_", " "))
-            ax.set_title(f"Cross-attention: {title}")
         alt = (
             "Two decoder layer-by-head heatmaps: the share of cross-attention within one "
             "position of the diagonal, and the normalised entropy of cross-attention."
         )
-        return [Figure("cross-attention", "Cross-attention per decoder head", alt, fig)]
+        drawings = [
+            svg.heatmaps(
+                [svg.Grid(f"Cross-attention: {title}",
+                          table.pivot(index="layer", columns="head", values=column))],
+                vmin=0, vmax=1, anchors=anchors, label=column.replace("_", " "), alt=alt,
+                name=f"cross-{column}", size=(300, 170),
+            )
+            for column, title, anchors in (
+                ("diagonal", "weight within one position of the diagonal", svg.MAGMA),
+                ("entropy_normalised", "normalised entropy", svg.VIRIDIS),
+            )
+        ]  # fmt: skip
+        title = "Cross-attention per decoder head"
+        return [Figure("cross-attention", title, alt, "".join(drawings), "markup")]
 
     @classmethod
     def section(cls, tables: dict[str, pd.DataFrame], run: dict) -> dict:

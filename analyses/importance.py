@@ -28,8 +28,8 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from analyses import Analysis, Context, Schema
-from analyses.figures import Figure, heatmap
+from analyses import Analysis, Context, Schema, svg
+from analyses.figures import Figure
 from analyses.vocabulary import Thresholds
 from probe.corpus import Batch
 
@@ -207,49 +207,36 @@ class Importance(Analysis):
 
     @classmethod
     def figures(cls, tables: dict[str, pd.DataFrame]) -> list[Figure]:
-        from matplotlib.figure import Figure as MplFigure  # only when drawn
-
         table, curve = tables["importance"], tables["importance_curve"]
         if table.empty:
             return []
         measures = ["ablation_effect"] + (
             ["gradient_importance"] if table.gradient_importance.notna().any() else []
         )
-        fig = MplFigure(figsize=(5 * len(measures), 3.8))
-        axes = np.atleast_1d(fig.subplots(1, len(measures), gridspec_kw={"wspace": 0.25}))
-        for ax, measure in zip(axes, measures, strict=True):
+        gradient = " and of its gradient importance" if len(measures) > 1 else ""
+        alt = f"Layer-by-head heatmaps of the output change when the head is ablated{gradient}."
+        drawings = []
+        for measure in measures:
             grid = table.pivot(index="layer", columns="head", values=measure)
-            heatmap(
-                ax,
-                grid,
-                vmin=0,
-                vmax=float(grid.max().max()) or 1.0,
-                cmap="magma",
-                label=measure.replace("_", " "),
-            )
-            ax.set_title(measure.replace("_", " ").capitalize())
-        heat = Figure(
-            "importance",
-            "Each head's importance",
-            "Layer-by-head heatmaps of the output change when the head is ablated"
-            + (" and of its gradient importance" if len(measures) > 1 else "")
-            + ".",
-            fig,
-        )
-        fig = MplFigure(figsize=(6, 3.4))
-        ax = fig.subplots(gridspec_kw={"left": 0.13, "right": 0.97, "bottom": 0.15, "top": 0.9})
-        ax.plot(100 * curve.share_removed, curve.output_change, marker="o")
-        ax.set_xlabel("heads removed, least important first (%)")
-        ax.set_ylabel("output change")
-        ax.set_title("Pruning curve")
-        line = Figure(
-            "pruning",
+            name = measure.replace("_", " ")
+            drawings.append(svg.heatmaps(
+                [svg.Grid(name.capitalize(), grid)], vmin=0,
+                vmax=float(grid.max().max()) or 1.0, anchors=svg.MAGMA, label=name, alt=alt,
+                name=f"importance-{measure}", size=(300, 170),
+            ))  # fmt: skip
+        heat = Figure("importance", "Each head's importance", alt, "".join(drawings), "markup")
+        alt = ("A line chart of the output change as more heads are ablated together, least "
+               "important first.")  # fmt: skip
+        curve_chart = svg.Chart(
             "Pruning curve",
-            "A line chart of the output change as more heads are ablated together, least "
-            "important first.",
-            fig,
-            "svg",
+            [svg.Series("output change", 100 * curve.share_removed, curve.output_change)],
+            "heads removed, least important first (%)",
+            "output change",
+            integer_x=False,
+            legend=False,
         )
+        line = Figure("pruning", "Pruning curve", alt, svg.charts([curve_chart], alt=alt),
+                      "markup")  # fmt: skip
         return [heat, line]
 
     @classmethod

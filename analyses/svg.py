@@ -59,12 +59,13 @@ def spread(anchors: Sequence[str], n: int) -> list[str]:
 
 @dataclass
 class Grid:
-    """One heatmap: rows are layers, columns heads (as in a pivot table), optionally a ★ on one
-    cell (its ``(layer, head)``)."""
+    """One heatmap: by default rows are layers and columns heads (as in a pivot table), with
+    ``axes`` naming them otherwise; optionally a ★ on one cell (its row and column labels)."""
 
     title: str
     values: pd.DataFrame
     star: tuple[int, int] | None = None
+    axes: tuple[str, str] = ("layer", "head")
 
 
 def heatmaps(
@@ -100,7 +101,7 @@ def heatmaps(
         Each heatmap's plotting area in pixels (width, height).
     """
     pw, ph = size
-    left, top, gap_x, gap_y, bar = 34, 24, 50, 54, 90
+    left, top, gap_x, gap_y, bar = 34, 24, 50, 54, 100
     columns = max(1, min(columns, len(grids)))
     rows = -(-len(grids) // columns)
     bar_x = left + columns * (pw + gap_x) - gap_x + 24
@@ -112,6 +113,7 @@ def heatmaps(
         x0 = left + (k % columns) * (pw + gap_x)
         y0 = top + (k // columns) * (ph + gap_y)
         values = grid.values.to_numpy(dtype=float)
+        row_name, column_name = grid.axes
         n_rows, n_cols = values.shape
         cw, ch = pw / max(n_cols, 1), ph / max(n_rows, 1)
         parts.append(_text(x0, y0 - 8, grid.title, size=10))
@@ -122,16 +124,16 @@ def heatmaps(
                 shown = "no value" if not math.isfinite(v) else f"{v:.3g}"
                 parts.append(
                     f'<rect x="{x0 + j * cw:.1f}" y="{y0 + i * ch:.1f}" width="{cw + 0.3:.1f}" '
-                    f'height="{ch + 0.3:.1f}" fill="{fill}"><title>layer {layer}, head {head}: '
-                    f"{shown}</title></rect>"
+                    f'height="{ch + 0.3:.1f}" fill="{fill}"><title>'
+                    f"{escape(f'{row_name} {layer}, {column_name} {head}')}: {shown}</title></rect>"
                 )
         if grid.star is not None and grid.star[0] in grid.values.index:
             i = list(grid.values.index).index(grid.star[0])
             j = list(grid.values.columns).index(grid.star[1])
             parts.append(_text(x0 + (j + 0.5) * cw, y0 + (i + 0.5) * ch + 5, "★", size=14,
                                anchor="middle", fill="#ffd400", stroke="#000"))  # fmt: skip
-        parts += _ticks_x(x0, y0 + ph, cw, list(grid.values.columns), "head")
-        parts += _ticks_y(x0, y0, ch, list(grid.values.index), "layer")
+        parts += _ticks_x(x0, y0 + ph, cw, list(grid.values.columns), column_name)
+        parts += _ticks_y(x0, y0, ch, list(grid.values.index), row_name)
     parts.append(_colour_bar(f"{name}-bar", bar_x, top, 12, min(ph * rows, 220),
                              vmin, vmax, anchors, label))  # fmt: skip
     parts.append("</svg>")
@@ -147,6 +149,7 @@ class Series:
     y: Sequence[float]
     colour: str | None = None
     markers: bool = True
+    dashed: bool = False
 
 
 @dataclass
@@ -241,8 +244,9 @@ def _chart(panel: Chart, x0: float, y0: float, pw: float, ph: float) -> list[str
         px, py = to_x(x), to_y(y)
         label = escape(series.label)
         path = " ".join(f"{a:.1f},{b:.1f}" for a, b in zip(px, py, strict=True))
-        parts.append(f'<polyline points="{path}" fill="none" stroke="{c}" stroke-width="1.6">'
-                     f"<title>{label}</title></polyline>")  # fmt: skip
+        dash = ' stroke-dasharray="5 3"' if series.dashed else ""
+        parts.append(f'<polyline points="{path}" fill="none" stroke="{c}" stroke-width="1.6"'
+                     f"{dash}><title>{label}</title></polyline>")  # fmt: skip
         if series.markers:
             for a, b, vx, vy in zip(px, py, x, y, strict=True):
                 parts.append(f'<circle cx="{a:.1f}" cy="{b:.1f}" r="3" fill="{c}"><title>'
@@ -251,8 +255,8 @@ def _chart(panel: Chart, x0: float, y0: float, pw: float, ph: float) -> list[str
             lx = x0 + pw + 10 + (n // per_column) * 72
             ly = y0 + 8 + (n % per_column) * 14
             parts.append(f'<line x1="{lx}" x2="{lx + 14}" y1="{ly}" y2="{ly}" stroke="{c}" '
-                         f'stroke-width="2"/><text x="{lx + 18}" y="{ly + 3.5}" font-size="10" '
-                         f"{FONT}>{label}</text>")  # fmt: skip
+                         f'stroke-width="2"{dash}/><text x="{lx + 18}" y="{ly + 3.5}" '
+                         f'font-size="10" {FONT}>{label}</text>')  # fmt: skip
     return parts
 
 
@@ -305,7 +309,7 @@ def _colour_bar(ident: str, x: float, y: float, w: float, h: float, vmin: float,
         f'<defs><linearGradient id="{ident}" x1="0" x2="0" y1="0" y2="1">{gradient}'
         f'</linearGradient></defs><rect x="{x}" y="{y}" width="{w}" height="{h}" '
         f'fill="url(#{ident})" stroke="currentColor" stroke-opacity="0.4"/>{labels}'
-        + _vertical(x + w + 40, y + h / 2, label, size=10)
+        + _vertical(x + w + 52, y + h / 2, label, size=10)
     )
 
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure as MplFigure
 
-from analyses.figures import Figure, heatmap
+from analyses import svg
+from analyses.figures import Figure
 from analyses.vocabulary import Role
 from probe.app.output import reserved
 from probe.app.report import embed, environment, read_report
@@ -286,35 +286,38 @@ def _rank_changes(tables: dict[str, pd.DataFrame]) -> Figure | None:
     heads = tables.get("compare_heads")
     if heads is None or "qk_effective_rank_change" not in heads:
         return None
-    fig = MplFigure(figsize=(10, 3.4))
-    margins = {"left": 0.05, "right": 0.97, "bottom": 0.15, "top": 0.88, "wspace": 0.2}
-    axes = fig.subplots(1, 2, gridspec_kw=margins)
-    for ax, circuit in zip(axes, ("qk", "ov"), strict=True):
+    alt = "Two layer-by-head heatmaps of the change in QK and OV effective rank from A to B."
+    drawings = []
+    for circuit in ("qk", "ov"):
         grid = heads.pivot(index="layer", columns="head", values=f"{circuit}_effective_rank_change")
         limit = max(float(np.nanmax(np.abs(grid.to_numpy()))), 1e-9)
-        heatmap(ax, grid, vmin=-limit, vmax=limit, cmap="RdBu_r", label="B − A")
-        ax.set_title(f"{circuit.upper()} effective rank: B − A")
-    alt = "Two layer-by-head heatmaps of the change in QK and OV effective rank from A to B."
-    return Figure("rank-changes", "Change of each head's effective rank", alt, fig)
+        drawings.append(svg.heatmaps(
+            [svg.Grid(f"{circuit.upper()} effective rank: B − A", grid)], vmin=-limit,
+            vmax=limit, anchors=svg.BLUE_RED, label="B − A", alt=alt, name=f"rank-{circuit}",
+            size=(300, 170),
+        ))  # fmt: skip
+    title = "Change of each head's effective rank"
+    return Figure("rank-changes", title, alt, "".join(drawings), "markup")
 
 
 def _layer_roles(tables: dict[str, pd.DataFrame]) -> Figure | None:
     layers = tables.get("compare_layers")
     if layers is None:
         return None
-    fig = MplFigure(figsize=(10, 3.2))
-    ax = fig.subplots(gridspec_kw={"left": 0.07, "right": 0.8, "bottom": 0.16, "top": 0.9})
+    series = []
     for role in Role:
         if layers[f"{role}_a"].any() or layers[f"{role}_b"].any():
-            ax.plot(layers.layer_a, layers[f"{role}_a"], color=role.colour, label=f"{role} (A)")
-            ax.plot(layers.layer_a, layers[f"{role}_b"], color=role.colour, linestyle="--",
-                    label=f"{role} (B)")  # fmt: skip
-    ax.set_xlabel("layer of A (B's layer at the same relative depth)")
-    ax.set_ylabel("share of the layer's heads")
-    ax.set_title("Roles per layer: A solid, B dashed")
-    ax.legend(fontsize="x-small", bbox_to_anchor=(1.01, 1), loc="upper left")
+            series.append(svg.Series(f"{role} (A)", layers.layer_a, layers[f"{role}_a"],
+                                     role.colour))  # fmt: skip
+            series.append(svg.Series(f"{role} (B)", layers.layer_a, layers[f"{role}_b"],
+                                     role.colour, dashed=True))  # fmt: skip
+    chart = svg.Chart("Roles per layer: A solid, B dashed", series,
+                      "layer of A (B's layer at the same relative depth)",
+                      "share of the layer's heads")  # fmt: skip
     alt = "Line chart of the share of heads holding each role, per matched layer, for A and B."
-    return Figure("layer-roles", "Roles per layer, matched by relative depth", alt, fig, "svg")
+    drawing = svg.charts([chart], alt=alt, size=(560, 220))
+    return Figure("layer-roles", "Roles per layer, matched by relative depth", alt, drawing,
+                  "markup")  # fmt: skip
 
 
 def _layer_correspondence(tables: dict[str, pd.DataFrame]) -> Figure | None:
@@ -324,18 +327,16 @@ def _layer_correspondence(tables: dict[str, pd.DataFrame]) -> Figure | None:
     # each head of A's nearest head within each layer of B, averaged over A's layer
     nearest = pairs.groupby(["layer_a", "head_a", "layer_b"]).js.min().reset_index()
     grid = nearest.groupby(["layer_a", "layer_b"]).js.mean().unstack()
-    fig = MplFigure(figsize=(5.4, 4.2))
-    ax = fig.subplots(gridspec_kw={"left": 0.14, "right": 0.95, "bottom": 0.13, "top": 0.9})
-    image = ax.imshow(grid.to_numpy(), cmap="viridis", aspect="auto")
-    ax.set_xticks(range(grid.shape[1]), [str(c) for c in grid.columns], fontsize="x-small")
-    ax.set_yticks(range(grid.shape[0]), [str(i) for i in grid.index], fontsize="x-small")
-    ax.set_xlabel("layer of B")
-    ax.set_ylabel("layer of A")
-    ax.set_title("Nearest head's attention divergence")
-    fig.colorbar(image, ax=ax, label="mean JS (nats)", shrink=0.9)
     alt = (
         "Heatmap, layers of A by layers of B: for each head of A, the least Jensen-Shannon "
         "divergence to a head of B's layer, averaged over A's layer; darker is closer."
     )
+    values = grid.to_numpy(dtype=float)
+    low, high = float(np.nanmin(values)), float(np.nanmax(values))
+    drawing = svg.heatmaps(
+        [svg.Grid("Nearest head's attention divergence", grid, axes=("layer of A", "layer of B"))],
+        vmin=low, vmax=max(high, low + 1e-9), anchors=svg.VIRIDIS, label="mean JS (nats)",
+        alt=alt, name="layer-correspondence", size=(260, 200),
+    )  # fmt: skip
     title = "Which layers of B attend like which layers of A"
-    return Figure("layer-correspondence", title, alt, fig)
+    return Figure("layer-correspondence", title, alt, drawing, "markup")
