@@ -58,7 +58,8 @@ SMACOF_MAX_ITER = 1000
 def entropy(p: torch.Tensor) -> torch.Tensor:
     """-Σ p log p over the last dimension, 0 log 0 = 0 (clamping is faster than ``xlogy``;
     it changes only subnormal weights, whose terms are far below float32's resolution)."""
-    return -(p * torch.log(p.clamp(min=torch.finfo(p.dtype).tiny))).sum(-1)
+    terms = p.clamp(min=torch.finfo(p.dtype).tiny).log_().mul_(p)  # one work space, in place
+    return -terms.sum(-1)
 
 
 INTERVALS = {f"{m}_{end}": "float" for m in ROLE_METRICS for end in ("low", "high")}

@@ -358,7 +358,7 @@ def _run(
         "timings_s": timings,
     }
     for name, table in tables.items():
-        table_io.write(table, schemas[name], folder / f"{name}.csv")
+        table_io.write(table, folder / f"{name}.csv")
     if examples is not None:
         examples_io.write(folder, examples.choose(tables["heads"]), examples.patterns())
     status("rendering the report")

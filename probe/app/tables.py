@@ -31,8 +31,9 @@ def typed(table: pd.DataFrame, schema: dict[str, str]) -> pd.DataFrame:
     return table.reset_index(drop=True)
 
 
-def write(table: pd.DataFrame, schema: dict[str, str], path: Path) -> None:
-    typed(table, schema).to_csv(path, index=False)
+def write(table: pd.DataFrame, path: Path) -> None:
+    """Write a table that ``typed`` made (``read`` gives it back)."""
+    table.to_csv(path, index=False)
 
 
 def read(path: Path, schema: dict[str, str]) -> pd.DataFrame:
