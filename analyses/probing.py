@@ -160,11 +160,12 @@ class AttentionProbe(Analysis):
             )
             new.append((s, entry))
         self._evict()
-        self._held_now = [e for s, e in new if self.held.get(int(index[s])) is e]
+        kept = [(s, e) for s, e in new if self.held.get(int(index[s])) is e]
+        self._held_now = [e for _, e in kept]
         # Their rows in the batch, and each word's gold head where it counts (-2, which no
         # prediction names, where it does not): every layer gathers them at once.
-        kept = [s for s, e in new if self.held.get(int(index[s])) is e]
-        self._held_rows = torch.tensor(kept, dtype=torch.long, device=gold.device)
+        rows_kept = [s for s, _ in kept]
+        self._held_rows = torch.tensor(rows_kept, dtype=torch.long, device=gold.device)
         self._held_gold = torch.where(counted, gold, -2).index_select(0, self._held_rows)
         self._held_words, self._held_hits = [], []
 
