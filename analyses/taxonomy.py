@@ -19,6 +19,7 @@ from analyses import Analysis, Context, Measure, Schema, svg
 from analyses.figures import Figure
 from analyses.vocabulary import Role, Thresholds
 from probe.lazy import lazy
+from probe.names import Attention
 from probe.units.repeats import LENGTH, SEQUENCES
 
 if TYPE_CHECKING:
@@ -76,27 +77,34 @@ class Taxonomy(Analysis):
 
     def __init__(self, context: Context) -> None:
         super().__init__(context)
-        L, H = context.n_layers, context.n_heads
         self.n = int(context.options.get("repeat_length", LENGTH.default))
+        # Every self-attention (an encoder-decoder model's encoder and decoder), by its shape.
+        self.shapes = _self_attentions(context)
+        self.attention = tuple(self.shapes)
         # [repeat or null, score, layer, head]: Σ x and Σ x² over sequences of per-sequence x
-        self.sums = torch.zeros(2, len(SCORES), L, H, dtype=torch.float64)
-        self.squares = torch.zeros(2, len(SCORES), L, H, dtype=torch.float64)
+        self.sums = {a: torch.zeros(2, len(SCORES), L, H, dtype=torch.float64)
+                     for a, (L, H) in self.shapes.items()}  # fmt: skip
+        self.squares = {a: torch.zeros_like(t) for a, t in self.sums.items()}
         self.sequences = [0, 0]
-        self.sink = torch.zeros(L, H, dtype=torch.float64)
+        self.sink = {a: torch.zeros(L, H, dtype=torch.float64) for a, (L, H) in self.shapes.items()}
         self.sink_queries = 0
 
     def update(self, batch: Batch, layer: int, capture: LayerCapture) -> None:
-        p = capture.pattern  # [B, H, T, T]
+        p, a = capture.pattern, capture.attention  # [B, H, T, T]
+        decoder = a == Attention.DECODER  # reads the sequence one position right
         if batch.unit == "repeats":
-            scores = headtypes.offset_scores(p, self.n).double().cpu()  # [B, 3, H]
+            scores = headtypes.offset_scores(p, self.n, int(decoder)).double().cpu()  # [B, 3, H]
             null = (batch.index % 2).bool().cpu()  # odd index: the null of its pair
             for kind, rows in enumerate((~null, null)):
-                self.sums[kind, :, layer] += scores[rows].sum(0)
-                self.squares[kind, :, layer] += (scores[rows] ** 2).sum(0)
+                self.sums[a][kind, :, layer] += scores[rows].sum(0)
+                self.squares[a][kind, :, layer] += (scores[rows] ** 2).sum(0)
         else:
-            sums, queries = headtypes.sink_sums(p, batch.attention_mask.bool())
-            self.sink[layer] += sums.double().cpu()
-            if layer == 0:
+            real = batch.attention_mask.bool()
+            if decoder:  # the start token, then the sentence without its last token
+                real = torch.cat([real[:, :1], real[:, :-1]], 1)
+            sums, queries = headtypes.sink_sums(p, real)
+            self.sink[a][layer] += sums.double().cpu()
+            if layer == 0 and a == self.attention[0]:
                 self.sink_queries += queries
 
     def end_batch(self, batch: Batch) -> None:
@@ -108,38 +116,42 @@ class Taxonomy(Analysis):
     def merge(self, other: Taxonomy) -> None:
         self._check_mergeable(other)
         for name in ("sums", "squares", "sink"):
-            getattr(self, name).add_(getattr(other, name))
+            for a, t in getattr(self, name).items():
+                t.add_(getattr(other, name)[a])
         self.sequences = [a + b for a, b in zip(self.sequences, other.sequences, strict=True)]
         self.sink_queries += other.sink_queries
 
     def _tables(self) -> dict[str, pd.DataFrame]:
-        """``taxonomy``: one row per head; ``taxonomy_example``: the heads' attention on one short
-        repeated sequence, for the cards."""
-        from probe.architectures import attentions
-
-        L, H = self.context.n_layers, self.context.n_heads
-        layer, head = np.divmod(np.arange(L * H), H)
+        """``taxonomy``: one row per head of every self-attention; ``taxonomy_example``: the
+        heads' attention on one short repeated sequence, for the cards."""
         model = self.context.model
-        first = str(next(iter(attentions(model)))) if model is not None else "blocks.attn"
-        table = pd.DataFrame({"attention": first, "layer": layer, "head": head})
+        table = pd.concat([self._table(a) for a in self.shapes], ignore_index=True)
+        table = table.merge(_copying(model), on=["attention", "layer", "head"], how="left")
+        table["sink_queries"] = self.sink_queries
+        table = table[list(self.tables["taxonomy"])]
+        example = _example(model, self.context.tokenizer, self.context.seed)
+        return {"taxonomy": table, "taxonomy_example": example}
+
+    def _table(self, attention: str) -> pd.DataFrame:
+        """One attention's rows: the scores, their intervals and nulls, and sink α."""
+        L, H = self.shapes[attention]
+        layer, head = np.divmod(np.arange(L * H), H)
+        table = pd.DataFrame({"attention": attention, "layer": layer, "head": head})
         for kind, suffix in enumerate(("", "_null")):
-            mean, low, high = _intervals(self.sums[kind], self.squares[kind], self.sequences[kind])
+            sums, squares = self.sums[attention][kind], self.squares[attention][kind]
+            mean, low, high = _intervals(sums, squares, self.sequences[kind])
             for k, score in enumerate(SCORES):
                 table[f"{score}{suffix}"] = mean[k].ravel()
                 table[f"{score}{suffix}_low"] = low[k].ravel()
                 table[f"{score}{suffix}_high"] = high[k].ravel()
         table["sequences"] = self.sequences[0]
-        table = table.merge(_copying(model, L, H), on=["layer", "head"], how="left")
-        table["sink_alpha"] = (self.sink / max(self.sink_queries, 1)).flatten().numpy()
-        if not self.sink_queries:
-            table["sink_alpha"] = math.nan
-        table["sink_queries"] = self.sink_queries
-        example = _example(model, self.context.tokenizer, self.context.seed)
-        return {"taxonomy": table, "taxonomy_example": example}
+        alpha = (self.sink[attention] / max(self.sink_queries, 1)).flatten().numpy()
+        table["sink_alpha"] = alpha if self.sink_queries else math.nan
+        return table
 
     @classmethod
     def heads(cls, tables: dict[str, pd.DataFrame], thresholds: Thresholds) -> pd.DataFrame:
-        t = tables["taxonomy"]
+        t = _first(tables["taxonomy"])  # heads.csv: the first attention's heads
         induction = t.induction_low >= t.induction_null + thresholds.induction
         duplicate = t.duplicate_token_low >= t.duplicate_token_null + thresholds.duplicate_token
         return pd.DataFrame({
@@ -154,57 +166,42 @@ class Taxonomy(Analysis):
 
     @classmethod
     def summary(cls, tables: dict[str, pd.DataFrame]) -> list[str]:
-        t = tables["taxonomy"]
-        if t.empty:
-            return []
         lines = []
-        for score in SCORES:
-            best = t.loc[t[score].idxmax()]
-            low, high, null = (best[f"{score}{part}"] for part in ("_low", "_high", "_null"))
-            lines.append(f"{score.replace('_', '-')}: best head {best.layer}-{best['head']} "
-                         f"{best[score]:.2f} [{low:.2f}, {high:.2f}], null {null:.2f}")  # fmt: skip
-        shares = sink_shares(t)
-        if shares.notna().any():
-            lines.append("heads with sink α > 0.3 per layer: "
-                         + " ".join(f"{s:.0%}" for s in shares))  # fmt: skip
+        for prefix, t in _by_attention(tables["taxonomy"]):
+            for score in SCORES:
+                best = t.loc[t[score].idxmax()]
+                low, high, null = (best[f"{score}{part}"] for part in ("_low", "_high", "_null"))
+                lines.append(f"{prefix}{score.replace('_', '-')}: best head "
+                             f"{best.layer}-{best['head']} {best[score]:.2f} "
+                             f"[{low:.2f}, {high:.2f}], null {null:.2f}")  # fmt: skip
+            shares = sink_shares(t)
+            if shares.notna().any():
+                lines.append(f"{prefix}heads with sink α > 0.3 per layer: "
+                             + " ".join(f"{s:.0%}" for s in shares))  # fmt: skip
         return lines
 
     @classmethod
     def figures(cls, tables: dict[str, pd.DataFrame]) -> list[Figure]:
-        t = tables["taxonomy"]
-        if t.empty:
-            return []
-        grids = []
-        for score in SCORES:
-            for suffix, what in (("", "repeats"), ("_null", "null")):
-                values = t.pivot(index="layer", columns="head", values=f"{score}{suffix}")
-                grids.append(svg.Grid(f"{score.replace('_', '-')}: {what}", values))
-        alt = ("Heatmaps of layer by head: each score on repeated sequences beside its null "
-               "(the same positions on sequences without a repeat).")  # fmt: skip
-        scores = svg.heatmaps(grids, vmin=0, vmax=1, anchors=svg.VIRIDIS, label="mean attention",
-                              alt=alt, name="taxonomy-scores", columns=2)  # fmt: skip
-        title = "Scores on repeated sequences, and nulls"
-        figures = [Figure("taxonomy-scores", title, alt, scores)]
-        other = [
-            svg.Grid(title, t.pivot(index="layer", columns="head", values=column))
-            for column, title in (("copying", "copying (OV eigenvalues)"), ("sink_alpha", "sink α"))
-            if t[column].notna().any()
-        ]
-        if other:
-            alt = "Heatmaps of layer by head: copying score (−1 to 1) and sink α (0 to 1)."
-            drawing = svg.heatmaps(other, vmin=-1, vmax=1, anchors=svg.BLUE_RED, label="score",
-                                   alt=alt, name="taxonomy-weights", columns=2)  # fmt: skip
-            figures.append(Figure("taxonomy-weights", "Copying and sinks", alt, drawing))
+        figures = []
+        for prefix, t in _by_attention(tables["taxonomy"]):
+            name = "taxonomy" + (f"-{prefix.split('.')[0]}" if prefix else "")
+            figures += _score_figures(t, prefix, name)
         return figures
 
     @classmethod
     def section(cls, tables: dict[str, pd.DataFrame], run: dict) -> dict:
         t = tables["taxonomy"]
         thresholds = Thresholds(**run.get("thresholds", {}))
-        best = [t.loc[t[s].idxmax()].to_dict() | {"score": s} for s in SCORES] if len(t) else []
+        names = list(dict.fromkeys(t.attention))
+        best = [
+            part.loc[part[s].idxmax()].to_dict() | {"score": s, "card": k == 0}  # cards: 1st
+            for k, (_, part) in enumerate(_by_attention(t))
+            for s in SCORES
+        ]
         return {
             "best": best,
-            "sink_shares": sink_shares(t).to_dict(),
+            "attentions": names,
+            "sink_shares": {a: sink_shares(t[t.attention == a]).to_dict() for a in names},
             "rules": {
                 r: thresholds.describe()[r]
                 for r in (Role.INDUCTION, Role.DUPLICATE_TOKEN, Role.COPYING)
@@ -217,8 +214,42 @@ class Taxonomy(Analysis):
         }
 
 
+def _by_attention(table: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """The table's rows by attention, in order, each with the prefix its lines and titles take:
+    none where the model has one self-attention, ``"decoder.attn: "`` and so on where not."""
+    names = list(dict.fromkeys(table.attention))
+    return [(f"{a}: " if len(names) > 1 else "", table[table.attention == a]) for a in names]
+
+
+def _score_figures(t: pd.DataFrame, prefix: str, name: str) -> list[Figure]:
+    """One attention's heatmaps: each score beside its null, then copying and sink α."""
+    grids = []
+    for score in SCORES:
+        for suffix, what in (("", "repeats"), ("_null", "null")):
+            values = t.pivot(index="layer", columns="head", values=f"{score}{suffix}")
+            grids.append(svg.Grid(f"{score.replace('_', '-')}: {what}", values))
+    alt = (f"{prefix}Heatmaps of layer by head: each score on repeated sequences beside its "
+           "null (the same positions on sequences without a repeat).")  # fmt: skip
+    scores = svg.heatmaps(grids, vmin=0, vmax=1, anchors=svg.VIRIDIS, label="mean attention",
+                          alt=alt, name=f"{name}-scores", columns=2)  # fmt: skip
+    title = f"{prefix}Scores on repeated sequences, and nulls"
+    figures = [Figure(f"{name}-scores", title, alt, scores)]
+    other = [
+        svg.Grid(title, t.pivot(index="layer", columns="head", values=column))
+        for column, title in (("copying", "copying (OV eigenvalues)"), ("sink_alpha", "sink α"))
+        if t[column].notna().any()
+    ]
+    if other:
+        alt = f"{prefix}Heatmaps of layer by head: copying score (−1 to 1) and sink α (0 to 1)."
+        drawing = svg.heatmaps(other, vmin=-1, vmax=1, anchors=svg.BLUE_RED, label="score",
+                               alt=alt, name=f"{name}-weights", columns=2)  # fmt: skip
+        figures.append(Figure(f"{name}-weights", f"{prefix}Copying and sinks", alt, drawing))
+    return figures
+
+
 def sink_shares(table: pd.DataFrame) -> pd.Series:
-    """Per layer, the share of heads whose sink α exceeds ``SINK_ALPHA`` (Gu et al.)."""
+    """Per layer, the share of heads whose sink α exceeds ``SINK_ALPHA`` (Gu et al.); give it
+    one attention's rows."""
     return table.groupby("layer").sink_alpha.apply(lambda a: (a > SINK_ALPHA).mean())
 
 
@@ -234,17 +265,37 @@ def _intervals(sums, squares, count: int):
     return mean, mean - half, mean + half
 
 
-def _copying(model, n_layers: int, n_heads: int) -> pd.DataFrame:
-    """Each head's copying score of the model's first attention (NaN without the model)."""
+def _self_attentions(context: Context) -> dict[str, tuple[int, int]]:
+    """Layers and heads of each self-attention the model has: its only one, or an
+    encoder-decoder model's encoder and decoder (cross-attention has no repeat to find)."""
+    model = context.model
     if model is None:
-        return pd.DataFrame({"layer": [], "head": [], "copying": [], "unembedding": []})
-    from probe.architectures import attentions
+        return {str(Attention.BLOCKS): (context.n_layers, context.n_heads)}
+    from probe.architectures import attentions, blocks, head_count
+
+    return {
+        str(a): (len(blocks(model, a)), head_count(model, a))
+        for a in attentions(model)
+        if a != Attention.CROSS
+    }
+
+
+def _first(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the table's first attention."""
+    return table[table.attention == table.attention.iloc[0]] if len(table) else table
+
+
+def _copying(model) -> pd.DataFrame:
+    """Every self-attention head's copying score (none without the model: NaN once merged)."""
+    columns = ["attention", "layer", "head", "copying", "unembedding"]
+    if model is None:
+        return pd.DataFrame({c: pd.Series(dtype=object if c in ("attention", "unembedding")
+                                          else float) for c in columns})  # fmt: skip
     from probe.copying import copying_scores
 
     scores = copying_scores(model)
-    first = str(next(iter(attentions(model))))
-    scores = scores[scores.attention.astype(str) == first]
-    return scores[["layer", "head", "copying", "unembedding"]]
+    scores["attention"] = scores.attention.astype(str)
+    return scores[columns]
 
 
 def _example(model, tokenizer, seed: int) -> pd.DataFrame:
@@ -253,17 +304,23 @@ def _example(model, tokenizer, seed: int) -> pd.DataFrame:
     columns = ["layer", "head", "query", "key", "weight"]
     if model is None or tokenizer is None:
         return pd.DataFrame(columns=columns)
+    from probe.architectures import is_encoder_decoder
     from probe.hookpoints import trace
     from probe.loading import main_device
+    from probe.runner import decoder_inputs
     from probe.units import Source
     from probe.units.repeats import RepeatedSequences
 
     unit = RepeatedSequences(Source(seed=seed), tokenizer, 10**6,
                              options={"repeat_length": EXAMPLE_LENGTH})  # fmt: skip
     ids = torch.tensor([unit.pair(0)[0]], device=main_device(model))
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    first = None  # the cards are the first attention's heads: an encoder-decoder's encoder
+    if is_encoder_decoder(model):
+        inputs, first = decoder_inputs(model, inputs), Attention.ENCODER
     with torch.inference_mode(), trace(model, "hook_pattern") as cache:
-        model(input_ids=ids, attention_mask=torch.ones_like(ids))
-    p = cache.stack("hook_pattern")[:, 0].float().cpu()  # [layer, head, q, k]
+        model(**inputs)
+    p = cache.stack("hook_pattern", attention=first)[:, 0].float().cpu()  # [layer, head, q, k]
     layer, head, query, key = (p >= EXAMPLE_MIN_WEIGHT).nonzero(as_tuple=True)
     weight = p[layer, head, query, key].double().numpy().round(3)
     return pd.DataFrame(dict(zip(columns, [layer, head, query, key, weight], strict=True)))

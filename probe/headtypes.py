@@ -28,7 +28,7 @@ SCORES = ("previous_token", "duplicate_token", "induction")
 SINK_TOKENS = 64  # Gu et al. measure α on each text's first 64 tokens
 
 
-def offset_scores(pattern: torch.Tensor, n: int) -> torch.Tensor:
+def offset_scores(pattern: torch.Tensor, n: int, start: int = 0) -> torch.Tensor:
     """The three scores of every sequence and head.
 
     Parameters
@@ -38,16 +38,23 @@ def offset_scores(pattern: torch.Tensor, n: int) -> torch.Tensor:
         n+1…2n; anything after 2n, such as an encoder's [SEP], is ignored).
     n : int
         Tokens in each copy.
+    start : int
+        Where the BOS is: 1 for an encoder-decoder model's decoder, which reads the sequence
+        after its start token (``probe.runner.decoder_inputs``); every position moves with it.
 
     Returns
     -------
     ``[batch, 3, head]``
         ``previous_token``, ``duplicate_token``, ``induction`` (the order of ``SCORES``).
     """
-    # diagonal(-d) holds A[i, i-d] at index i-d
-    previous = pattern.diagonal(-1, -2, -1)[..., : 2 * n]  # i = 1…2n
-    duplicate = pattern.diagonal(-n, -2, -1)[..., 1 : n + 1]  # i = n+1…2n
-    induction = pattern.diagonal(-(n - 1), -2, -1)[..., 2 : n + 2]  # i = n+1…2n
+    if pattern.shape[-2] < start + 2 * n + 1:
+        raise ValueError(f"a pattern of {pattern.shape[-2]} queries has no second copy of {n} "
+                         f"tokens after position {start}")  # fmt: skip
+    # diagonal(-d) holds A[i, i-d] at index i-d; s = start shifts every query and key
+    s = start
+    previous = pattern.diagonal(-1, -2, -1)[..., s : s + 2 * n]  # i = s+1…s+2n
+    duplicate = pattern.diagonal(-n, -2, -1)[..., s + 1 : s + n + 1]  # i = s+n+1…s+2n
+    induction = pattern.diagonal(-(n - 1), -2, -1)[..., s + 2 : s + n + 2]  # i = s+n+1…s+2n
     return torch.stack([previous.mean(-1), duplicate.mean(-1), induction.mean(-1)], 1)
 
 
@@ -97,13 +104,21 @@ def head_types(
     """
     import pandas as pd
 
+    from probe.architectures import is_encoder_decoder
     from probe.hookpoints import trace
+    from probe.names import Attention
+    from probe.runner import decoder_inputs
+
+    start = int(attention == Attention.DECODER)
 
     def scores(ids: torch.Tensor) -> torch.Tensor:  # [layer, 3, head]
+        inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        if is_encoder_decoder(model):
+            inputs = decoder_inputs(model, inputs)
         with torch.inference_mode(), trace(model, "hook_pattern") as cache:
-            model(input_ids=ids, attention_mask=torch.ones_like(ids))
+            model(**inputs)
         stacked = cache.stack("hook_pattern", attention=attention)  # [layer, B, H, T, T]
-        return torch.stack([offset_scores(p.float(), n).mean(0) for p in stacked])
+        return torch.stack([offset_scores(p.float(), n, start).mean(0) for p in stacked])
 
     found = scores(sequences)
     L, _, H = found.shape

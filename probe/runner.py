@@ -69,9 +69,11 @@ class LayerCapture(dict):
         tensors: dict[str, torch.Tensor],
         batch: Batch,
         alignment: WordAlignment | None = None,
+        attention: str = "blocks.attn",
     ) -> None:
         super().__init__(tensors)
         self.batch = batch
+        self.attention = attention  # which of the model's attentions (see ``attentions``)
         self.alignment = alignment or WordAlignment(batch.word_of_token, batch.n_words)
 
     @cached_property
@@ -100,7 +102,8 @@ class _AllSeen(Exception):  # noqa: N818 (a signal, not an error)
 class Consumer(Protocol):
     """What the runner needs of whatever reads the captures (an analysis, say). A consumer may
     name the ``attention`` it reads (``"decoder.cross_attn"``; see
-    ``probe.architectures.attentions``); by default the model's first: its only attention, or an
+    ``probe.architectures.attentions``), or a tuple of them (each capture says which it is, in
+    ``capture.attention``); by default the model's first: its only attention, or an
     encoder-decoder model's encoder self-attention."""
 
     def begin_batch(self, batch: Batch) -> None:
@@ -156,7 +159,9 @@ def stream(
     first = next(iter(attentions(model)))
     readers: dict[str, list[Consumer]] = {}
     for consumer in consumers:
-        readers.setdefault(getattr(consumer, "attention", None) or first, []).append(consumer)
+        read = getattr(consumer, "attention", None) or first
+        for site in (read,) if isinstance(read, str) else read:
+            readers.setdefault(site, []).append(consumer)
     wanted = set(captures)
     # Each name's (attention, layer) and point, parsed once here rather than on every capture.
     where: dict[str, tuple[tuple[str, int], str]] = {}
@@ -176,7 +181,7 @@ def stream(
         got = pending.setdefault(site, {})
         got[point] = tensor.to(device)  # a no-op unless the layer is elsewhere
         if len(got) == len(wanted):
-            capture = LayerCapture(pending.pop(site), batch, alignment)
+            capture = LayerCapture(pending.pop(site), batch, alignment, site[0])
             for consumer in readers[site[0]]:
                 consumer.update(batch, site[1], capture)
             if site[1] == last[site[0]]:

@@ -228,3 +228,65 @@ def test_probe_finds_the_known_heads_of_a_trained_model(tmp_path):
     assert best.induction_low > best.induction_null + 0.2
     heads = pd.read_csv(out / "heads.csv", keep_default_na=False).set_index(["layer", "head"])
     assert str(Role.INDUCTION) in heads.loc[INDUCTION, "roles"]
+
+
+def set_decoder_induction(n: int):
+    """A hook on the decoder's second layer: head 1 attends from each second-copy token to the
+    one after its earlier copy, on repeats only; the decoder reads the sequence one position
+    right (after its start token), so the positions are those of the source plus one."""
+
+    def hook(p, name):
+        out = p.clone()
+        rows = torch.arange(0, len(p), 2)[:, None]
+        queries = torch.arange(n + 2, 2 * n + 2)
+        out[rows, 1, queries] = 0
+        out[rows, 1, queries, queries - n + 1] = 1
+        return out
+
+    return hook
+
+
+@pytest.mark.parametrize("kind", ["bart", "t5"])
+def test_an_encoder_decoder_model_has_both_self_attentions_scored(bert_tokenizer, kind):
+    """On an encoder-decoder model (a decoder of other heads than its encoder, for BART) the
+    table holds every head of the encoder's and the decoder's self-attention, each with its
+    copying score; a decoder induction head set by hand is found there and only there, and
+    heads.csv keeps the encoder's heads."""
+    from models import SEQ2SEQ
+
+    from probe.copying import copying_scores
+
+    config = SEQ2SEQ[kind]()
+    config.vocab_size = len(bert_tokenizer)
+    if kind == "bart":
+        config.decoder_attention_heads = 2
+    torch.manual_seed(0)
+    model = tf.AutoModel.from_config(config).eval()
+    options = {"repeat_sequences": 24, "repeat_length": 6}
+    analysis = Taxonomy(context(2, 4, model=model, options=options, tokenizer=bert_tokenizer))
+    assert analysis.attention == ("encoder.attn", "decoder.attn")
+    unit = RepeatedSequences(Source(seed=0), bert_tokenizer, 128, options=options)
+    batches = (setattr(b, "unit", "repeats") or b for b in unit.batches(8))
+    with probe.hooks(model, {"decoder.1.attn.hook_pattern": set_decoder_induction(6)}):
+        stream(model, batches, [analysis])
+    tables = analysis._tables()
+    table = tables["taxonomy"]
+    heads = 2 if kind == "bart" else 4
+    assert table.groupby("attention", sort=False).size().to_dict() == {
+        "encoder.attn": 8, "decoder.attn": 2 * heads,
+    }  # fmt: skip
+    found = table.set_index(["attention", "layer", "head"])
+    assert found.induction.idxmax() == ("decoder.attn", 1, 1)
+    assert found.loc[("decoder.attn", 1, 1), "induction_low"] == pytest.approx(1)
+    assert found.loc[("decoder.attn", 1, 1), "induction_null"] < 0.5
+    expected = copying_scores(model).astype({"attention": str})
+    expected = expected.set_index(["attention", "layer", "head"]).copying
+    np.testing.assert_allclose(found.copying, expected.loc[found.index], rtol=1e-6)
+    roles = Taxonomy.heads(tables, Thresholds())
+    assert len(roles) == 8 and not roles[str(Role.INDUCTION)].any()  # the encoder's heads
+    # The entry point, on the decoder's heads the hook left alone, equals the analysis.
+    ours = probe.head_types(model, torch.tensor([unit.pair(i)[0] for i in range(24)]), 6,
+                            attention="decoder.attn").set_index(["layer", "head"])  # fmt: skip
+    untouched = found.loc["decoder.attn"].drop((1, 1))
+    np.testing.assert_allclose(ours.induction.drop((1, 1)), untouched.induction, rtol=1e-5,
+                               atol=1e-7)  # fmt: skip
