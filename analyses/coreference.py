@@ -5,7 +5,10 @@ The model reads windows of whole sentences of one document (``probe.coreference`
 sentences. Per layer, only the rows of word-level attention that are scored are computed (one
 per scored mention, every head at once), not a window's whole word map. The 95% intervals use
 the Poisson bootstrap over documents, with weights keyed to the document: they depend on the
-data and the seed only, not on batches or processes.
+data and the seed only, not on batches or processes. They are widened to at least Wilson's
+interval and not drawn on fewer than ``probe.inference.MIN_CLUSTERS`` documents; a head "beats"
+the baselines only where its margin over the best of them holds after the Benjamini–Hochberg
+correction over every head and mention type (``probe.inference``).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from analyses import Analysis, Context, Measure, Schema, svg
 from analyses.figures import Figure
 from analyses.vocabulary import Role, Thresholds
 from probe.coreference import BASELINES, MENTION_TYPES, Window, baselines, nearest, scored
+from probe.inference import FDR, MIN_CLUSTERS, benjamini_hochberg, honest, p_above
 from probe.keys import poisson
 from probe.lazy import lazy
 
@@ -54,6 +58,10 @@ class Coreference(Analysis):
             "accuracy": "float",
             "ci_low": "float",
             "ci_high": "float",
+            "documents": "int",
+            "margin": "float",
+            "margin_p": "float",
+            "margin_called": "bool",
         },
         "coref_baselines": {
             "baseline": "str",
@@ -86,6 +94,8 @@ class Coreference(Analysis):
         self.baseline = torch.zeros(len(BASELINES), K, dtype=torch.float64)
         self.boot_correct = torch.zeros(L, n_boot, K * H, dtype=torch.float64)
         self.boot_total = torch.zeros(n_boot, K, dtype=torch.float64)
+        self.boot_baseline = torch.zeros(n_boot, len(BASELINES), K, dtype=torch.float64)
+        self.documents: list[set[int]] = [set() for _ in range(K)]  # holding scored mentions
         self.example: dict | None = None  # the example window and every head's predictions
 
     def begin_batch(self, batch: Batch) -> None:
@@ -119,13 +129,17 @@ class Coreference(Analysis):
         types[torch.arange(M), torch.tensor(kinds)] = 1
         self._types = types
         self.total += types.sum(0)
-        self.baseline += torch.tensor(hits, dtype=torch.float64).T @ types
+        hits = torch.tensor(hits, dtype=torch.float64)  # [M, baseline]
+        self.baseline += hits.T @ types
         documents = np.array([w.document_index for w in windows])[window]
+        for k in range(len(MENTION_TYPES)):
+            self.documents[k].update(documents[types[:, k].numpy() > 0].tolist())
         weights = poisson(
             self.context.seed, "coref-bootstrap", documents[None], np.arange(self.n_boot)[:, None]
         )
         self._weights = torch.from_numpy(weights.astype(np.float64))  # [n_boot, M]
         self.boot_total += self._weights @ types
+        self.boot_baseline += torch.einsum("bm,mn,mk->bnk", self._weights, hits, types)
         self._to_words = None  # with what every layer reuses, gathered at the first (``_gather``)
 
     def _consider_example(self, w: Window, b: int, found: list) -> None:
@@ -188,8 +202,10 @@ class Coreference(Analysis):
 
     def merge(self, other: Coreference) -> None:
         self._check_mergeable(other)
-        for name in ("correct", "total", "baseline", "boot_correct", "boot_total"):
+        for name in ("correct", "total", "baseline", "boot_correct", "boot_total", "boot_baseline"):
             getattr(self, name).add_(getattr(other, name))
+        for mine, theirs in zip(self.documents, other.documents, strict=True):
+            mine.update(theirs)
         if other.example is not None and (
             self.example is None or other.example["key"] < self.example["key"]
         ):
@@ -213,6 +229,11 @@ class Coreference(Analysis):
                 continue
             drawn = boot_total[:, k] > 0
             accuracy = boot[drawn, k] / boot_total[drawn, k, None]  # [replicates, heads]
+            best = int(self.baseline[:, k].argmax())  # the margin is over the best baseline
+            baseline = self.boot_baseline[drawn, best, k].numpy() / boot_total[drawn, k]
+            low, high = np.percentile(accuracy, [2.5, 97.5], axis=0)
+            documents = len(self.documents[k])
+            low, high = honest(low, high, correct[k], total, documents)
             rows.append(
                 pd.DataFrame(
                     {
@@ -222,23 +243,23 @@ class Coreference(Analysis):
                         "correct": correct[k].round().astype(int),
                         "total": int(total),
                         "accuracy": correct[k] / total,
-                        "ci_low": np.percentile(accuracy, 2.5, axis=0),
-                        "ci_high": np.percentile(accuracy, 97.5, axis=0),
+                        "ci_low": low,
+                        "ci_high": high,
+                        "documents": documents,
+                        "margin": (correct[k] - float(self.baseline[best, k])) / total,
+                        "margin_p": p_above(accuracy - baseline[:, None]),
                     }
                 )
             )
-            for i, name in enumerate(BASELINES):
-                c = float(self.baseline[i, k])
-                base_rows.append(
-                    {
-                        "baseline": name,
-                        "mention_type": kind,
-                        "correct": round(c),
-                        "total": int(total),
-                        "accuracy": c / total,
-                    }
-                )
+            base_rows += [
+                {"baseline": name, "mention_type": kind, "correct": round(float(c)),
+                 "total": int(total), "accuracy": float(c) / total}
+                for name, c in zip(BASELINES, self.baseline[:, k], strict=True)
+            ]  # fmt: skip
         coref = pd.concat(rows, ignore_index=True)
+        # every head and mention type with an interval is one family of tests
+        tested = coref.margin_p.where(coref.documents >= MIN_CLUSTERS).to_numpy()
+        coref["margin_called"] = benjamini_hochberg(tested, FDR)
         return {
             "coref": coref,
             "coref_baselines": pd.DataFrame(base_rows),
@@ -272,7 +293,7 @@ class Coreference(Analysis):
     @classmethod
     def heads(cls, tables: dict[str, pd.DataFrame], thresholds: Thresholds) -> pd.DataFrame:
         """Each head's accuracy over all scored mentions, its margin over the best baseline, and
-        the coreference role where its 95% interval lies above that baseline."""
+        the coreference role where that margin is called (``probe.inference``)."""
         coref = tables["coref"]
         if coref.empty:
             return pd.DataFrame(columns=["layer", "head", *cls.head_columns])
@@ -285,7 +306,7 @@ class Coreference(Analysis):
                 "head": every["head"].to_numpy(),
                 "coref_accuracy": every.accuracy.to_numpy(),
                 "coref_margin": (every.accuracy - best).to_numpy(),
-                str(Role.COREFERENCE): (every.ci_low > best).to_numpy(),
+                str(Role.COREFERENCE): (every.margin_called & (every.margin > 0)).to_numpy(),
             }
         )
 
@@ -327,7 +348,7 @@ class Coreference(Analysis):
                 {
                     **top.to_dict(),
                     "baselines": {name: baseline[name] for name in BASELINES},
-                    "beats": bool(top.ci_low > baseline.max()),
+                    "beats": bool(top.margin_called and top.margin > 0),
                 }
             )
         return {
@@ -335,6 +356,8 @@ class Coreference(Analysis):
             "baselines": BASELINES,
             "example": arcs(tables["coref_example"]),
             "windows": run.get("coref", {}),
+            "fdr": FDR,
+            "min_clusters": MIN_CLUSTERS,
         }
 
 

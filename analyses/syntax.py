@@ -4,7 +4,13 @@ its syntactic head, or from the head to its dependent, per UD relation.
 Streaming: per batch and layer, word-level attention for every head at once, then counts per
 relation. The 95% intervals use the Poisson bootstrap over sentences: each sentence gets a
 Poisson(1) weight in each of ``n_boot`` replicates, so the replicates are sums too and memory
-does not grow with the corpus.
+does not grow with the corpus. They are widened to at least Wilson's interval, and not drawn on
+fewer than ``probe.inference.MIN_CLUSTERS`` sentences (``probe.inference.honest``).
+
+A head's margin over a relation's best offset baseline is tested on the same replicates (paired),
+and the margins of every head, direction and relation scored are screened together with the
+Benjamini–Hochberg procedure (``probe.inference``): a best relation is named only where its
+margin is called and at least ``probe.inference.MIN_EFFECT``.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from typing import TYPE_CHECKING, ClassVar, NamedTuple
 from analyses import Analysis, Context, Measure, Schema, svg
 from analyses.figures import Figure
 from analyses.vocabulary import Direction, Role, Thresholds
+from probe.inference import FDR, MIN_CLUSTERS, MIN_EFFECT, benjamini_hochberg, honest, p_above
 from probe.keys import poisson
 from probe.lazy import lazy
 from probe.treebank import RELATIONS
@@ -61,16 +68,18 @@ class Syntax(Analysis):
     tables: ClassVar[dict[str, Schema]] = {
         "syntax": {
             "relation": "str", "direction": "str", "layer": "int", "head": "int",
-            "correct": "int", "total": "int", "accuracy": "float", "ci_low": "float",
-            "ci_high": "float",
+            "correct": "int", "total": "int", "sentences": "int", "accuracy": "float",
+            "ci_low": "float", "ci_high": "float", "margin": "float", "margin_p": "float",
+            "margin_called": "bool",
         },
         "syntax_baselines": {
             "relation": "str", "offset": "int", "correct": "int", "total": "int",
             "accuracy": "float",
         },
         "syntax_best": {
-            "relation": "str", "total": "int", "direction": "str", "layer": "int", "head": "int",
-            "accuracy": "float", "ci_low": "float", "ci_high": "float",
+            "relation": "str", "total": "int", "sentences": "int", "direction": "str",
+            "layer": "int", "head": "int", "accuracy": "float", "ci_low": "float",
+            "ci_high": "float",
             "baseline_offset": "int", "baseline_accuracy": "float", "beats_baseline": "bool",
         },
     }  # fmt: skip
@@ -92,6 +101,8 @@ class Syntax(Analysis):
         self.boot_correct = torch.zeros(L, n_boot, R * 2 * H)
         self.boot_total = torch.zeros(n_boot, R)
         self.boot_baseline = torch.zeros(n_boot, R * O)
+        # sentences holding a word of each relation, and (last) any scored word: the clusters
+        self.sentences_with = torch.zeros(R + 1, dtype=torch.float64)
         self.sentences = 0
 
     def begin_batch(self, batch: Batch) -> None:
@@ -112,6 +123,8 @@ class Syntax(Analysis):
         weights = poisson(self.context.seed, "syntax-bootstrap", index, replicate)
         self._weights = torch.from_numpy(weights).float()  # [n_boot, B]
         self.total += totals.sum(0).double()
+        held = torch.cat([totals > 0, (totals.sum(1, keepdim=True) > 0)], 1)
+        self.sentences_with += held.sum(0).double()
         self.baseline += baseline.sum(0).double()
         self.boot_total.addmm_(self._weights, totals)
         self.boot_baseline.addmm_(self._weights, baseline.reshape(B, -1))
@@ -126,7 +139,8 @@ class Syntax(Analysis):
 
     def merge(self, other: Syntax) -> None:
         self._check_mergeable(other)
-        for name in ("correct", "total", "baseline", "boot_correct", "boot_total", "boot_baseline"):
+        for name in ("correct", "total", "baseline", "boot_correct", "boot_total", "boot_baseline",
+                     "sentences_with"):  # fmt: skip
             getattr(self, name).add_(getattr(other, name))
         self.sentences += other.sentences
 
@@ -147,43 +161,48 @@ class Syntax(Analysis):
             cat(boot_correct, 1),
             cat(self.boot_total, 1),
             cat(boot_baseline, 1),
+            self.sentences_with,
         )
 
     def _tables(self) -> dict[str, pd.DataFrame]:
         """``syntax``, ``syntax_baselines`` and ``syntax_best`` (0-based layer and head)."""
-        names, correct, total, baseline, b_correct, b_total, b_baseline = self._counts()
+        names, correct, total, baseline, b_correct, b_total, b_baseline, held = self._counts()
         present = [r for r in range(len(names)) if total[r] > 0 and names[r] != "root"]
         if not present:  # no word with a head: a corpus of one-word sentences
             return {
                 name: pd.DataFrame(columns=list(schema)) for name, schema in self.tables.items()
             }
         H = self.context.n_heads
-        rows, base_rows, best_rows = [], [], []
+        rows, base_rows, best = [], [], []
         for r in present:
             # A replicate that drew no word of r has no accuracy for it: it is left out.
             drawn = b_total[:, r] > 0
             counts = _RelationCounts(
-                names[r], correct[r], total[r], baseline[r],
-                b_correct[drawn, r], b_baseline[drawn, r], b_total[drawn, r],
+                names[r], correct[r], total[r], baseline[r], b_correct[drawn, r],
+                b_baseline[drawn, r], b_total[drawn, r], int(held[r]),
             )  # fmt: skip
-            intervals = counts.head_intervals()
-            rows += counts.head_rows(intervals, H)
+            rows += counts.head_rows(H)
             base_rows.append(counts.baseline_rows())
-            best_rows.append(counts.best_head(intervals, H))
-        best = pd.DataFrame(best_rows).sort_values("total", ascending=False, kind="stable")
+            best.append(counts.best_head(H))
+        syntax = call_margins(pd.concat(rows, ignore_index=True), self.context.thresholds)
+        keys = ["relation", "direction", "layer", "head"]
+        best = pd.DataFrame(best).merge(syntax[[*keys, "ci_low", "ci_high", "margin_called"]],
+                                        on=keys)  # fmt: skip
+        beats = best.pop("margin_called") & (best.accuracy > best.baseline_accuracy)
+        best["beats_baseline"] = beats
+        best = best.sort_values("total", ascending=False, kind="stable")
         return {
-            "syntax": pd.concat(rows, ignore_index=True),
+            "syntax": syntax,
             "syntax_baselines": pd.concat(base_rows, ignore_index=True),
             "syntax_best": best.reset_index(drop=True),
         }
 
     @classmethod
     def heads(cls, tables: dict[str, pd.DataFrame], thresholds: Thresholds) -> pd.DataFrame:
-        """Each head's best relation (either direction), its margin over that relation's best
-        offset baseline, and the syntactic role where the margin is large enough."""
-        best = best_relation_per_head(tables["syntax"], tables["syntax_baselines"], thresholds)
-        # A head has a best relation only where it beats that relation's offset baseline.
-        best = best[best.best_relation_margin > 0].reset_index(drop=True)
+        """Each head's best relation (either direction) where one holds after the correction
+        for the margins tried, its margin over that relation's best offset baseline, and the
+        syntactic role where the margin is large enough."""
+        best = best_relation_per_head(tables["syntax"]).reset_index(drop=True)
         best[str(Role.SYNTACTIC)] = best.best_relation_margin >= thresholds.syntactic
         return best
 
@@ -199,18 +218,27 @@ class Syntax(Analysis):
         return [
             f"{row.relation} ({row.total} words): head {row.layer}-{row.head} "
             f"{Direction(row.direction).label} {row.accuracy:.1%} "
-            f"[{row.ci_low:.1%}, {row.ci_high:.1%}], offset baseline "
+            + (
+                f"[{row.ci_low:.1%}, {row.ci_high:.1%}]"
+                if row.ci_low == row.ci_low
+                else "(too few sentences for an interval)"
+            )
+            + ", offset baseline "
             f"{row.baseline_accuracy:.1%} ({row.baseline_offset:+d})"
             for row in best[best.relation.isin(shown)].itertuples()
         ]
 
     @classmethod
     def section(cls, tables: dict[str, pd.DataFrame], run: dict) -> dict:
-        """The best head per relation: frequent relations first, rare ones apart (their
-        accuracies rest on too few words to compare)."""
+        """The best head per relation: relations scored first, the others apart ("too few":
+        too few words or sentences to compare, never ranked)."""
         best = tables["syntax_best"]
-        frequent = best.total >= Thresholds(**run.get("thresholds", {})).relation_min_words
-        return {"best": best[frequent], "rare": best[~frequent]}
+        thresholds = Thresholds(**run.get("thresholds", {}))
+        scored = best.relation.isin(scored_relations(tables["syntax"], thresholds))
+        scored &= best.sentences >= MIN_CLUSTERS
+        return {"best": best[scored | (best.relation == "all")],
+                "rare": best[~scored & (best.relation != "all")],
+                "fdr": FDR, "min_effect": MIN_EFFECT, "min_clusters": MIN_CLUSTERS}  # fmt: skip
 
 
 class _RelationCounts(NamedTuple):
@@ -224,38 +252,30 @@ class _RelationCounts(NamedTuple):
     boot_correct: torch.Tensor  # [drawn, direction, layer·head]: ``correct`` per replicate
     boot_baseline: torch.Tensor  # [drawn, offset]: ``baseline`` per replicate
     boot_total: torch.Tensor  # [drawn]: ``total`` per replicate
+    sentences: int  # sentences holding a word of the relation
 
-    def head_intervals(self) -> np.ndarray:
-        """95% percentile intervals of every head's accuracy over the replicates.
-
-        Returns
-        -------
-        ``[direction, 2 (low, high), layer·head]``, in ``Direction.index`` order
-        """
-        return np.stack(
-            [
-                np.percentile(
-                    (self.boot_correct[:, direction.index] / self.boot_total[:, None]).numpy(),
-                    [2.5, 97.5],
-                    axis=0,
-                )
-                for direction in Direction
-            ]
-        )
-
-    def head_rows(self, intervals: np.ndarray, n_heads: int) -> list[pd.DataFrame]:
-        """The ``syntax`` rows: one frame per direction, one row per head.
+    def head_rows(self, n_heads: int) -> list[pd.DataFrame]:
+        """The ``syntax`` rows: one frame per direction, one row per head, each with its
+        accuracy's 95% interval (the replicates' percentiles, made honest at small n) and its
+        margin over the best offset with the one-sided p-value of that margin (paired
+        replicates: the two are measured on the same words).
 
         Parameters
         ----------
-        intervals : ``[direction, 2 (low, high), layer·head]``, from ``head_intervals``
         n_heads : heads per layer, to unflatten ``layer·head``
         """
         layer, head = np.divmod(np.arange(self.correct.shape[-1]), n_heads)
+        o, total = int(self.baseline.argmax()), float(self.total)
+        accuracy = (self.boot_correct / self.boot_total[:, None, None]).numpy()  # [drawn, 2, h]
+        offset = (self.boot_baseline[:, o] / self.boot_total).numpy()
         frames = []
         for direction in Direction:
             c = self.correct[direction.index].numpy()
-            low, high = intervals[direction.index]
+            replicates = accuracy[:, direction.index]
+            low, high = np.percentile(replicates, [2.5, 97.5], axis=0) if len(replicates) else (
+                np.full(len(c), np.nan), np.full(len(c), np.nan))  # fmt: skip
+            low, high = honest(low, high, c, total, self.sentences)
+            p = p_above(replicates - offset[:, None]) if len(replicates) > 1 else np.ones(len(c))
             frames.append(
                 pd.DataFrame(
                     {
@@ -264,10 +284,13 @@ class _RelationCounts(NamedTuple):
                         "layer": layer,
                         "head": head,
                         "correct": c.astype(int),
-                        "total": int(self.total),
-                        "accuracy": c / float(self.total),
+                        "total": int(total),
+                        "sentences": self.sentences,
+                        "accuracy": c / total,
                         "ci_low": low,
                         "ci_high": high,
+                        "margin": (c - float(self.baseline[o])) / total,
+                        "margin_p": p,
                     }
                 )
             )
@@ -286,50 +309,57 @@ class _RelationCounts(NamedTuple):
             }
         )
 
-    def best_head(self, intervals: np.ndarray, n_heads: int) -> dict:
-        """The ``syntax_best`` row: the best head (either direction) against the best offset.
-
-        The head beats the baseline when the 2.5th percentile of their difference, taken
-        replicate by replicate (the two are measured on the same words), is above 0.
+    def best_head(self, n_heads: int) -> dict:
+        """The ``syntax_best`` row, less its interval and call (from the ``syntax`` rows): the
+        best head (either direction) against the best offset.
 
         Parameters
         ----------
-        intervals : ``[direction, 2 (low, high), layer·head]``, from ``head_intervals``
         n_heads : heads per layer, to unflatten ``layer·head``
         """
         d, h = np.unravel_index(int(self.correct.argmax()), self.correct.shape)
         o = int(self.baseline.argmax())
-        head_boot = (self.boot_correct[:, d, h] / self.boot_total).numpy()
-        difference = head_boot - (self.boot_baseline[:, o] / self.boot_total).numpy()
         return {
             "relation": self.name,
             "total": int(self.total),
+            "sentences": self.sentences,
             "direction": str(list(Direction)[d]),
             "layer": int(h // n_heads),
             "head": int(h % n_heads),
             "accuracy": float(self.correct[d, h] / self.total),
-            "ci_low": float(intervals[d][0, h]),
-            "ci_high": float(intervals[d][1, h]),
             "baseline_offset": OFFSETS[o],
             "baseline_accuracy": float(self.baseline[o] / self.total),
-            "beats_baseline": bool(np.percentile(difference, 2.5) > 0),
         }
 
 
-def best_relation_per_head(
-    syntax: pd.DataFrame, baselines: pd.DataFrame, thresholds: Thresholds = Thresholds()
-) -> pd.DataFrame:
-    """Each head's best relation (either direction) and its margin over that relation's best
-    offset baseline, among relations frequent enough for the margin to mean something
-    (``thresholds.relation_min_words`` and ``relation_min_share`` of all scored words)."""
+def call_margins(syntax: pd.DataFrame, thresholds: Thresholds) -> pd.DataFrame:
+    """``syntax`` with ``margin_called``: the margins that hold after the Benjamini–Hochberg
+    procedure at ``probe.inference.FDR``, over every head, direction and relation scored, the
+    relations being those with enough words (``scored_relations``) and sentences for an
+    interval."""
+    scored = syntax.relation.isin(scored_relations(syntax, thresholds)) & (
+        syntax.sentences >= MIN_CLUSTERS
+    )
+    p = syntax.margin_p.where(scored)
+    return syntax.assign(margin_called=benjamini_hochberg(p.to_numpy(), FDR))
+
+
+def scored_relations(syntax: pd.DataFrame, thresholds: Thresholds) -> set[str]:
+    """Relations frequent enough for a margin to mean something: ``thresholds.
+    relation_min_words`` words, and ``relation_min_share`` of all scored words."""
     words = syntax.loc[syntax.relation == "all", "total"].max()
     min_total = max(thresholds.relation_min_words, thresholds.relation_min_share * words)
-    rows = syntax[(syntax.relation != "all") & (syntax.total >= min_total)]
+    frequent = syntax[(syntax.relation != "all") & (syntax.total >= min_total)]
+    return set(frequent.relation)
+
+
+def best_relation_per_head(syntax: pd.DataFrame) -> pd.DataFrame:
+    """Each head's best relation (either direction): of the margins over a relation's best
+    offset baseline that are called (``call_margins``) and at least ``MIN_EFFECT``, the largest.
+    A head with none has no best relation (it is left out)."""
+    rows = syntax[syntax.margin_called & (syntax.margin >= MIN_EFFECT)]
     if rows.empty:
         return pd.DataFrame(columns=["layer", "head", *BEST_RELATION])
-    baseline = baselines.groupby("relation").accuracy.max().rename("baseline")
-    rows = rows.join(baseline, on="relation")
-    rows = rows.assign(margin=rows.accuracy - rows.baseline)
     best = rows.loc[rows.groupby(["layer", "head"]).margin.idxmax()]
     return pd.DataFrame(
         {

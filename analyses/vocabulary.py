@@ -105,9 +105,12 @@ class Thresholds:
             Role.BROAD: f"normalised entropy ≥ {self.broad:.2f}",
             Role.SYNTACTIC: f"best relation accuracy ≥ {self.syntactic * 100:.0f} points above "
             f"its best offset baseline, among relations with ≥ {self.relation_min_words} words "
-            f"and ≥ {self.relation_min_share:.0%} of all words",
-            Role.COREFERENCE: "95% interval of antecedent accuracy (all mentions) above the "
-            "best baseline's accuracy",
+            f"and ≥ {self.relation_min_share:.0%} of all words, the margin holding after the "
+            "Benjamini–Hochberg correction (5% false discovery rate) over every relation, "
+            "direction and head",
+            Role.COREFERENCE: "antecedent accuracy (all mentions) above the best baseline's, "
+            "the margin holding after the Benjamini–Hochberg correction (5% false discovery "
+            "rate) over every head and mention type, on at least 10 documents",
             Role.INDUCTION: "on repeated random sequences, the 95% interval of the attention "
             "to the token after the earlier copy lies ≥ "
             f"{self.induction:.2f} above its null (no repeat)",

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from probe import answers
 from probe.attention import MultiHeadAttention
 from probe.circuits import spectra
 from probe.hookpoints import trace
@@ -250,17 +251,35 @@ def summary(experiment: pd.DataFrame) -> pd.DataFrame:
     return per_run.groupby(["task", "variant"], sort=False).mean().reset_index()
 
 
-# Two accuracies closer than this (two percentage points) are reported as the same: with one
-# seed and a short run, smaller differences are noise.
-SAME_WITHIN = 0.02
-_SAME = "the same within two points"
+def _factored_answer(s: pd.DataFrame, status: pd.DataFrame) -> str:
+    """Question 1: one learned W_i per head (bilinear) against W_i^Q W_i^Kᵀ (narrow), by
+    parameters, accuracy and the effective rank the learned W_i actually use.
 
-
-def _compare(a: float, b: float) -> str:
-    """``a`` against ``b`` in words: "higher", "lower" or ``_SAME``."""
-    if abs(a - b) < SAME_WITHIN:
-        return _SAME
-    return "higher" if a > b else "lower"
+    Parameters
+    ----------
+    s : ``summary`` indexed by (task, variant)
+    status : ``probe.answers.convergence``
+    """
+    # Parameter counts do not depend on the task: read them off any one.
+    qk = s.xs("successor", level="task").qk_parameters
+    rank = s.xs("bilinear", level="variant").qk_effective_rank.mean()
+    found = answers.difference(status, "bilinear", "narrow", list(TASKS))
+    verdict = {
+        "higher": " Here the extra rank bought accuracy, at the price of its parameters.",
+        "lower": " Here the full matrix did not buy accuracy: factored heads did better, with "
+        "fewer parameters.",
+        "the same": " Factoring reached the same accuracy with fewer parameters.",
+    }.get(found.verdict, "")
+    return (
+        f"One W_i per head (bilinear) costs {qk['bilinear']:,.0f} QK parameters; "
+        f"narrow factored heads cost {qk['narrow']:,.0f} "
+        f"({qk['bilinear'] / qk['narrow']:.0f}x fewer). Mean accuracy over the tasks: "
+        f"bilinear {_accuracy(s, 'bilinear'):.1%}, narrow {_accuracy(s, 'narrow'):.1%}; "
+        f"{found.words('bilinear', 'narrow')}. The learned W_i have an effective rank of "
+        f"{rank:.1f} of a possible {D_MODEL}, against "
+        f"{s.xs('narrow', level='variant').qk_effective_rank.mean():.1f} of at most "
+        f"{D_MODEL // N_HEADS} for a factored W_i^Q W_i^Kᵀ." + verdict
+    )
 
 
 def _accuracy(s: pd.DataFrame, variant: str, task: str | None = None) -> float:
@@ -276,36 +295,7 @@ def _accuracy(s: pd.DataFrame, variant: str, task: str | None = None) -> float:
     return s.accuracy[task, variant]
 
 
-def _factored_answer(s: pd.DataFrame) -> str:
-    """Question 1: one learned W_i per head (bilinear) against W_i^Q W_i^Kᵀ (narrow), by
-    parameters, accuracy and the effective rank the learned W_i actually use.
-
-    Parameters
-    ----------
-    s : ``summary`` indexed by (task, variant)
-    """
-    # Parameter counts do not depend on the task: read them off any one.
-    qk = s.xs("successor", level="task").qk_parameters
-    rank = s.xs("bilinear", level="variant").qk_effective_rank.mean()
-    bilinear, narrow = _accuracy(s, "bilinear"), _accuracy(s, "narrow")
-    verdict = {
-        "higher": "Here the extra rank bought accuracy, at the price of its parameters.",
-        "lower": "The full matrix did not buy accuracy: factored heads did better, with "
-        "fewer parameters.",
-    }.get(_compare(bilinear, narrow), "Factoring reaches the same accuracy with fewer parameters.")
-    return (
-        f"One W_i per head (bilinear) costs {qk['bilinear']:,.0f} QK parameters; "
-        f"narrow factored heads cost {qk['narrow']:,.0f} "
-        f"({qk['bilinear'] / qk['narrow']:.0f}x fewer). Mean accuracy "
-        f"over the tasks: bilinear {bilinear:.1%}, narrow {narrow:.1%} "
-        f"({_compare(bilinear, narrow)} for bilinear). The learned W_i have an "
-        f"effective rank of {rank:.1f} of a possible {D_MODEL}, against "
-        f"{s.xs('narrow', level='variant').qk_effective_rank.mean():.1f} of at most "
-        f"{D_MODEL // N_HEADS} for a factored W_i^Q W_i^Kᵀ. " + verdict
-    )
-
-
-def _specialisation(experiment: pd.DataFrame) -> tuple[float, float]:
+def _specialisation(experiment: pd.DataFrame) -> tuple[int, int, float]:
     """How narrow heads divide four relations among themselves.
 
     A head is specialised when it puts more than half of its attention on one relation's
@@ -317,8 +307,10 @@ def _specialisation(experiment: pd.DataFrame) -> tuple[float, float]:
 
     Returns
     -------
-    share : float
-        The share of narrow heads on ``four_relations`` that are specialised.
+    specialised : int
+        Narrow heads on ``four_relations`` that are specialised, over every seed.
+    heads : int
+        Narrow heads on ``four_relations``, over every seed.
     relations_per_model : float
         Distinct relations the specialised heads of one model cover, mean over seeds (0 when
         no head is specialised).
@@ -328,80 +320,95 @@ def _specialisation(experiment: pd.DataFrame) -> tuple[float, float]:
     specialised = four[relations].max(axis=1) > 0.5
     best = four[relations].idxmax(axis=1)[specialised]
     per_seed = best.groupby(four.seed[specialised]).nunique()
-    return specialised.mean(), per_seed.mean() if len(per_seed) else 0
+    per_model = per_seed.reindex(four.seed.unique(), fill_value=0).mean()
+    return int(specialised.sum()), len(four), float(per_model)
 
 
-def _heads_answer(s: pd.DataFrame, experiment: pd.DataFrame) -> str:
+def _heads_answer(s: pd.DataFrame, experiment: pd.DataFrame, status: pd.DataFrame) -> str:
     """Question 2: wide heads against narrow ones, and how far heads specialise.
 
     Parameters
     ----------
     s : ``summary`` indexed by (task, variant)
     experiment : one row per task, variant, seed and head (``tables``)
+    status : ``probe.answers.convergence``
     """
     narrow, wide = (s.xs(v, level="variant") for v in ("narrow", "wide"))
-    share, relations_per_model = _specialisation(experiment)
+    found = answers.difference(status, "wide", "narrow", list(TASKS))
+    specialised, heads, relations_per_model = _specialisation(experiment)
+    similarity = experiment[experiment.variant == "narrow"].pivot_table(
+        index="seed", columns="task", values="head_similarity", aggfunc="mean")  # fmt: skip
+    narrow_status = status[(status.variant == "narrow")
+                           & status.task.isin(["four_relations", "successor"])]  # fmt: skip
+    apart = answers.paired(
+        (similarity["four_relations"] - similarity["successor"]).to_numpy(),
+        bool((narrow_status.status != "not converged").all()),
+    )
+    differ = {
+        "higher": " Heads differ more when the task needs several relations at once.",
+        "lower": " Heads differ less when the task needs several relations at once.",
+    }.get(apart.verdict, "")
     return (
         f"Wide heads (d_head = {D_MODEL}) have {wide.attention_parameters.mean():,.0f} attention "
         f"parameters against {narrow.attention_parameters.mean():,.0f} for narrow ones "
         f"(d_head = {D_MODEL // N_HEADS}); mean accuracy {_accuracy(s, 'wide'):.1%} against "
-        f"{_accuracy(s, 'narrow'):.1%}. Heads differ because the task rewards it: on four "
-        f"relations at once, {share:.0%} of narrow heads put most of their weight on one "
-        f"relation's target, covering {relations_per_model:.1f} distinct "
-        f"relations per model of 4; their mean Jensen-Shannon divergence from each other is "
+        f"{_accuracy(s, 'narrow'):.1%}; {found.words('wide', 'narrow')}. On four relations at "
+        f"once, {specialised} of {heads} narrow heads put most of their weight on one "
+        f"relation's target, covering {relations_per_model:.1f} distinct relations per model "
+        f"of 4. Their mean Jensen-Shannon divergence from each other is "
         f"{s.head_similarity['four_relations', 'narrow']:.2f} nats (ln 2 = 0.69 is disjoint), "
-        f"against {s.head_similarity['successor', 'narrow']:.2f} when one relation suffices."
+        f"against {s.head_similarity['successor', 'narrow']:.2f} when one relation suffices "
+        f"({_nats(apart)})." + differ
     )
 
 
-def _symmetric_verdict(s: pd.DataFrame) -> str:
-    """Whether symmetric scores (W_i^Q = W_i^K) cost accuracy where direction matters.
-
-    Parameters
-    ----------
-    s : ``summary`` indexed by (task, variant)
-    """
-    shared, narrow = (
-        {task: _accuracy(s, variant, task) for task in ("successor", "four_relations")}
-        for variant in ("shared", "narrow")
-    )
-    # Four relations include two reverses, the case a symmetric score cannot serve.
-    if _compare(shared["four_relations"], narrow["four_relations"]) != "lower":
-        return "Here symmetric scores did not cost accuracy."
-    successor_learned = _compare(shared["successor"], narrow["successor"]) == _SAME
-    return (
-        "A symmetric score cannot serve a relation and its reverse at once (that needs "
-        "q_i·k_j ≠ q_j·k_i), so separate W^Q and W^K are needed wherever direction matters"
-        + ("; the successor alone was still learned." if successor_learned else ".")
-    )
+def _nats(found: answers.Difference) -> str:
+    """A difference of divergences, with its interval across seeds where there is one."""
+    text = f"a difference of {found.mean:+.2f} nats"
+    if found.seeds >= 2:
+        text += f", 95% interval across seeds {found.low:+.2f} to {found.high:+.2f}"
+    return text if found.verdict in ("higher", "lower") else f"{text}; no conclusion: " + (
+        "the same within 0.02" if found.verdict == "the same" else found.verdict)  # fmt: skip
 
 
-def _symmetric_answer(s: pd.DataFrame) -> str:
+def _symmetric_answer(s: pd.DataFrame, status: pd.DataFrame) -> str:
     """Question 3: shared heads (symmetric scores) against narrow ones, task by task.
 
     Parameters
     ----------
     s : ``summary`` indexed by (task, variant)
+    status : ``probe.answers.convergence``
     """
     acc = partial(_accuracy, s)  # acc(variant, task)
+    four = answers.difference(status, "shared", "narrow", ["four_relations"])
+    verdict = {
+        "lower": " A symmetric score cannot serve a relation and its reverse at once (that "
+        "needs q_i·k_j ≠ q_j·k_i), so separate W^Q and W^K are needed wherever direction "
+        "matters.",
+        "the same": " Here symmetric scores did not cost accuracy.",
+        "higher": " Here symmetric scores did not cost accuracy.",
+    }.get(four.verdict, "")
     return (
         f"With W_i^Q = W_i^K (shared) the scores are symmetric. On the symmetric partner task "
         f"shared heads reach {acc('shared', 'partner'):.1%} (narrow: "
         f"{acc('narrow', 'partner'):.1%}); on the asymmetric successor task "
         f"{acc('shared', 'successor'):.1%} (narrow: {acc('narrow', 'successor'):.1%}); with four "
         f"relations, two of them the reverse of the other two, "
-        f"{acc('shared', 'four_relations'):.1%} (narrow: {acc('narrow', 'four_relations'):.1%}). "
-        + _symmetric_verdict(s)
+        f"{acc('shared', 'four_relations'):.1%} (narrow: {acc('narrow', 'four_relations'):.1%}): "
+        f"{four.words('shared', 'narrow')}." + verdict
     )
 
 
-def answers(experiment: pd.DataFrame) -> dict[str, str]:
-    """A plain-words answer to each question, from the measured numbers."""
+def answers_from(experiment: pd.DataFrame, curves: pd.DataFrame) -> dict[str, str]:
+    """A plain-words answer to each question, and a word on convergence, every sentence drawn
+    from the measured numbers (``probe.answers``)."""
     s = summary(experiment).set_index(["task", "variant"])
+    status = answers.convergence(experiment, curves)
     return {
-        "factored": _factored_answer(s),
-        "heads": _heads_answer(s, experiment),
-        "symmetric": _symmetric_answer(s),
+        "convergence": answers.convergence_sentence(status),
+        "factored": _factored_answer(s, status),
+        "heads": _heads_answer(s, experiment, status),
+        "symmetric": _symmetric_answer(s, status),
     }
 
 

@@ -151,7 +151,7 @@ def test_cards_lead_with_sentences_where_the_head_is_right(sample_report):
         card = html[html.index(f'id="head-{key.replace(".", "-")}"') :]
         card = card[: card.index("</article>")]
         # a card never leads with a sentence where its head is wrong
-        assert ("<details>" in card) == (counts[0] == 0), key
+        assert ('<details class="miss">' in card) == (counts[0] == 0), key
 
 
 def test_kept_patterns_are_the_models(sample_report, minilm):
@@ -205,3 +205,57 @@ def test_cards_in_chromium(sample_report, tmp_path):
     assert seen["before"][0] == 0 and seen["after"][0] == 1
     assert seen["after"][1] == seen["expected"] != seen["before"][1]
     assert seen["layerMenuHidden"] is True
+
+
+def test_cards_without_a_relation_are_shown_on_different_sentences():
+    """Four heads with no relation over four candidate sentences: each card leads with another
+    sentence (the least shown so far), the longest first."""
+    import pandas as pd
+
+    examples = Examples(None, 1, 4)
+    for index in range(4):
+        n = 5 + index  # sentence 3 is the longest
+        sentence = _sentence([f"w{i}" for i in range(n)], [1, -1, *[1] * (n - 2)],
+                             ["det", "root", *["obj"] * (n - 2)])  # fmt: skip
+        examples.candidates[index] = _Candidate(
+            index, sentence, ["t"] * n, list(range(n)), np.zeros((1, 4, n, n), np.float32),
+            np.zeros((2, 1, 4, n), np.int64),
+        )  # fmt: skip
+    none = [""] * 4
+    heads = pd.DataFrame({"layer": [0] * 4, "head": range(4), "roles": none,
+                          "best_relation": none, "best_relation_direction": none})  # fmt: skip
+    chosen = examples.choose(heads)["heads"]
+    leads = [chosen[f"0.{h}"]["shown"][0]["sentence"] for h in range(4)]
+    assert leads[0] == 3 and sorted(leads) == [0, 1, 2, 3]
+    assert [s["sentence"] for s in chosen["0.0"]["shown"]] == [3, 2, 1]
+
+
+PAGE = """<pre id="page"></pre><script>
+addEventListener("load", function () {
+  var card = document.getElementById("head-2-3");
+  document.getElementById("page").textContent = JSON.stringify({
+    height: document.documentElement.scrollHeight,
+    open: card.querySelector("details.body").open,
+    layerOpen: card.closest("details.layer").open,
+    closed: document.querySelectorAll("article.head details.body:not([open])").length});
+});
+</script>"""
+
+
+@needs_chromium
+def test_the_page_is_a_few_screens_until_a_head_is_opened(sample_report, tmp_path):
+    """Closed, the report is a few screens (900 px each) high; a link to a head opens its card
+    and its layer, and only those."""
+    html = (sample_report / "index.html").read_text().replace("</body>", PAGE + "</body>")
+    page = tmp_path / "page.html"
+    page.write_text(html)
+    seen = []
+    for url in (page.as_uri(), page.as_uri() + "#head-2-3"):
+        done = chromium(url, tmp_path, "--dump-dom")
+        assert console_messages(done.stderr) == []
+        found = re.search(r'<pre id="page">(.*?)</pre>', done.stdout, re.S)
+        seen.append(json.loads(found.group(1).replace("&quot;", '"')))
+    closed, opened = seen
+    assert closed["height"] / 900 < 5 and closed["closed"] == 72 and not closed["open"]
+    assert opened["open"] and opened["layerOpen"] and opened["closed"] == 71
+    assert "S?" in html and "marks a role granted on its mean" in html  # the notation, explained

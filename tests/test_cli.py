@@ -125,18 +125,28 @@ def test_report_re_renders_from_tables(sample_report):
 def test_best_relations_beat_their_baseline_and_rare_relations_wait_behind_a_click(
     sample_report,
 ):
+    """A best relation is named only where its margin is called after the correction and is
+    at least 2 points (checked against syntax.csv); relations of too few words or sentences
+    are listed as too few, never ranked."""
     heads = pd.read_csv(sample_report / "heads.csv", keep_default_na=False)
     named = heads[heads.best_relation != ""]
-    assert len(named) and (named.best_relation_margin.astype(float) > 0).all()
+    assert len(named) and (named.best_relation_margin.astype(float) >= 0.02).all()
     assert (heads[heads.best_relation == ""].best_relation_margin == "").all()
+    syntax = pd.read_csv(sample_report / "syntax.csv")
+    keys = ["best_relation", "best_relation_direction", "layer", "head"]
+    found = named.merge(syntax, left_on=keys, right_on=["relation", "direction", "layer", "head"])
+    assert len(found) == len(named) and found.margin_called.all()
+    assert (found.sentences >= 10).all() and (found.total >= 20).all()
     best = pd.read_csv(sample_report / "syntax_best.csv")
-    rare = set(best[best.total < 20].relation)
+    rare = set(best[(best.total < 20) | (best.sentences < 10)].relation) - {"all"}
     html = (sample_report / "index.html").read_text()
     main, _, hidden = html.partition('<details class="rare">')
     main = main[main.index('id="syntax"') :]
     assert rare and hidden
     for relation in rare:
-        assert f"<td>{relation}</td>" in hidden and f"<td>{relation}</td>" not in main
+        assert f"{relation} (" in hidden and f"<td>{relation}</td>" not in main
+    called = syntax[syntax.margin_called]
+    assert (called.sentences >= 10).all() and not called.relation.isin(rare).any()
 
 
 def test_enough_sentences_are_not_preliminary(sample_report, tmp_path):
@@ -421,7 +431,8 @@ def test_a_treebank_with_no_word_to_score(tmp_path, minilm):
     assert {p.name for p in out.iterdir()} == FILES
     syntax = pd.read_csv(out / "syntax.csv")
     assert list(syntax.columns) == ["relation", "direction", "layer", "head", "correct",
-                                    "total", "accuracy", "ci_low", "ci_high"]  # fmt: skip
+                                    "total", "sentences", "accuracy", "ci_low", "ci_high",
+                                    "margin", "margin_p", "margin_called"]  # fmt: skip
     assert syntax.empty
     html = (out / "index.html").read_text()
     assert "Not evaluated: too few sentences" in html

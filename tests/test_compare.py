@@ -46,7 +46,9 @@ def test_a_report_against_itself_changes_nothing(reports, tmp_path):
     assert (heads[changes].replace("", 0).astype(float) == 0).all().all()
     assert (heads.roles_gained == "").all() and (heads.roles_lost == "").all()
     relations = pd.read_csv(out / "compare_relations.csv")
-    assert len(relations) > 5 and relations.intervals_overlap.all()
+    drawn = relations.ci_low_a.notna()  # too few sentences: no interval to overlap
+    assert len(relations) > 5 and relations[drawn].intervals_overlap.all()
+    assert not relations.change_called.any() and relations[~drawn].change_p.isna().all()
     assert (relations.accuracy_change == 0).all()
     html = (out / "index.html").read_text()
     assert "Every head holds the same roles" in html and check_html(out / "index.html")
@@ -61,18 +63,21 @@ def test_a_report_against_itself_changes_nothing(reports, tmp_path):
 
 
 def test_a_heads_syntax_change_is_called_only_outside_the_intervals(reports, tmp_path):
-    """B is A with one head made wrong on its best relation: only that head's change is
-    called; a report against itself calls none."""
+    """B is A with one head made wrong on its best relation (its interval Wilson's for 0 of
+    its words): only that head's change is called; a report against itself calls none, and a
+    degenerate interval (a bootstrap collapsed to a point) calls nothing either."""
     edited = tmp_path / "edited"
     shutil.copytree(reports["minilm"], edited)
     heads = pd.read_csv(edited / "heads.csv", keep_default_na=False)
     target = heads[heads.best_relation != ""].iloc[0]
-    syntax = pd.read_csv(edited / "syntax.csv", keep_default_na=False)
+    syntax = pd.read_csv(edited / "syntax.csv")  # intervals not drawn are NaN
     row = ((syntax.relation == target.best_relation)
            & (syntax.direction == target.best_relation_direction)
            & (syntax.layer == target.layer) & (syntax["head"] == target["head"]))  # fmt: skip
     assert row.sum() == 1
-    syntax.loc[row, ["correct", "accuracy", "ci_low", "ci_high"]] = [0, 0.0, 0.0, 0.0]
+    z2 = 1.959963984540054**2  # Wilson's upper end at 0 of n is z² / (n + z²)
+    wilson_high = z2 / (int(syntax.loc[row, "total"].item()) + z2)
+    syntax.loc[row, ["correct", "accuracy", "ci_low", "ci_high"]] = [0, 0.0, 0.0, wilson_high]
     syntax.to_csv(edited / "syntax.csv", index=False)
     out = tmp_path / "cmp"
     result = runner.invoke(app, ["compare", str(reports["minilm"]), str(edited), "-o", str(out)])
@@ -88,6 +93,33 @@ def test_a_heads_syntax_change_is_called_only_outside_the_intervals(reports, tmp
     runner.invoke(app, ["compare", str(reports["minilm"]), str(reports["minilm"]), "-o", str(same)])
     table = pd.read_csv(same / "compare_heads.csv", keep_default_na=False)
     assert (table.relation_change_called.astype(str) != "True").all()
+    syntax.loc[row, "ci_high"] = 0.0  # 0.0–0.0: no interval, nothing to call
+    syntax.to_csv(edited / "syntax.csv", index=False)
+    degenerate = tmp_path / "degenerate"
+    result = runner.invoke(app, ["compare", str(reports["minilm"]), str(edited), "-o",
+                                 str(degenerate)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    table = pd.read_csv(degenerate / "compare_heads.csv", keep_default_na=False)
+    assert (table.relation_change_called.astype(str) != "True").all()
+
+
+def test_a_relation_is_called_only_on_enough_words_and_real_intervals():
+    """The issue's case: B 100% (100–100) on 2 words against A's 50% is no change called;
+    nor 0% (0–0); a real difference on many words is, after the correction."""
+    from scipy import stats
+
+    from probe.app.compare import called_changes
+
+    table = pd.DataFrame({
+        "accuracy_a": [0.5, 0.5, 0.5, 0.50, 0.50], "accuracy_b": [1.0, 0.0, 0.9, 0.51, 0.9],
+        "ci_low_a": [0.3, 0.3, 0.45, 0.45, 0.45], "ci_high_a": [0.7, 0.7, 0.55, 0.55, 0.55],
+        "ci_low_b": [1.0, 0.0, 0.85, 0.46, np.nan], "ci_high_b": [1.0, 0.0, 0.95, 0.56, np.nan],
+    })  # fmt: skip
+    p, called = called_changes(table, "accuracy", pd.Series([False, True, True, True, True]))
+    assert np.isnan(p[[0, 1, 4]]).all()  # too few words, a collapsed interval, none at all
+    assert called.tolist() == [False, False, True, False, False]
+    se = np.hypot(0.1, 0.1) / (2 * 1.959963984540054)
+    assert p[2] == pytest.approx(2 * stats.norm.sf(0.4 / se))
 
 
 def test_jensen_shannon_by_hand():

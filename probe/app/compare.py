@@ -16,15 +16,17 @@ import json
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from statistics import NormalDist
 
 import numpy as np
 import pandas as pd
 
 from analyses import svg
 from analyses.figures import Figure
-from analyses.vocabulary import Role
+from analyses.vocabulary import Role, Thresholds
 from probe.app.output import reserved
 from probe.app.report import embed, environment, read_report
+from probe.inference import FDR, benjamini_hochberg
 from probe.numerics import pairwise_js
 
 
@@ -99,9 +101,10 @@ def compare_tables(a: Path, b: Path) -> tuple[dict, dict, dict[str, pd.DataFrame
             tables_b["syntax_best"][columns], on="relation", suffixes=("_a", "_b")
         )
         rel["accuracy_change"] = rel.accuracy_b - rel.accuracy_a
-        # Intervals from two bootstraps over (possibly) different sentences: a change is
-        # called only where the two 95% intervals do not overlap (conservative).
         rel["intervals_overlap"] = overlap(rel, "ci_low", "ci_high")
+        enough = Thresholds(**run_a.get("thresholds", {})).relation_min_words
+        frequent = (rel.total_a >= enough) & (rel.total_b >= enough)
+        rel["change_p"], rel["change_called"] = called_changes(rel, "accuracy", frequent)
         out["compare_relations"] = rel.sort_values("total_a", ascending=False, kind="stable")
     pairs = attention_divergence(examples_a, examples_b)
     if pairs is not None:
@@ -114,6 +117,33 @@ def compare_tables(a: Path, b: Path) -> tuple[dict, dict, dict[str, pd.DataFrame
     return run_a, run_b, out
 
 
+def called_changes(
+    table: pd.DataFrame, measure: str, eligible: pd.Series | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Which changes from A to B to call: a two-sided test of each difference, its standard
+    error read off the two 95% intervals (columns ``ci_low_a``… or ``{measure}``'s prefix), the
+    p-values screened together with Benjamini–Hochberg at ``probe.inference.FDR``. A row whose
+    interval is missing or degenerate (a bootstrap on a handful of sentences collapses to a
+    point) is no test, and neither is one not ``eligible``.
+
+    Returns
+    -------
+    p : two-sided p-values, NaN where no test
+    called : booleans
+    """
+    prefix = measure[: -len("accuracy")] if measure.endswith("accuracy") else ""
+    z95 = NormalDist().inv_cdf(0.975)
+    low_a, high_a = table[f"{prefix}ci_low_a"], table[f"{prefix}ci_high_a"]
+    low_b, high_b = table[f"{prefix}ci_low_b"], table[f"{prefix}ci_high_b"]
+    usable = (high_a > low_a) & (high_b > low_b)  # False where NaN, too
+    if eligible is not None:
+        usable &= eligible
+    se = np.sqrt(((high_a - low_a) / (2 * z95)) ** 2 + ((high_b - low_b) / (2 * z95)) ** 2)
+    z = ((table[f"{measure}_b"] - table[f"{measure}_a"]) / se.where(usable)).to_numpy(float)
+    p = np.array([2 * (1 - NormalDist().cdf(abs(v))) if v == v else np.nan for v in z])
+    return p, benjamini_hochberg(p, FDR)
+
+
 def overlap(table: pd.DataFrame, low: str, high: str) -> pd.Series:
     """Whether A's and B's intervals (columns ``{low}_a``, ``{high}_a``, ``{low}_b``…) overlap."""
     return (table[f"{low}_b"] <= table[f"{high}_a"]) & (table[f"{low}_a"] <= table[f"{high}_b"])
@@ -123,8 +153,7 @@ def relation_change(
     heads_a: pd.DataFrame, syntax_a: pd.DataFrame, syntax_b: pd.DataFrame
 ) -> pd.DataFrame:
     """Per head of A with a best relation: its accuracy on that relation (read the same way) in
-    A and in B, with their 95% intervals; a change is called where the intervals do not
-    overlap."""
+    A and in B, with their 95% intervals; a change is called as ``called_changes`` calls it."""
     keys = ["relation", "direction", "layer", "head"]
     chosen = heads_a[heads_a.best_relation.fillna("") != ""]
     chosen = chosen.rename(columns={"best_relation": "relation",
@@ -133,6 +162,7 @@ def relation_change(
     joined = chosen.merge(syntax_a[columns], on=keys).merge(
         syntax_b[columns], on=keys, suffixes=("_a", "_b")
     )
+    p, called = called_changes(joined, "accuracy")
     return pd.DataFrame(
         {
             "layer": joined.layer,
@@ -146,7 +176,8 @@ def relation_change(
             "relation_ci_low_b": joined.ci_low_b,
             "relation_ci_high_b": joined.ci_high_b,
             "relation_accuracy_change": joined.accuracy_b - joined.accuracy_a,
-            "relation_change_called": ~overlap(joined, "ci_low", "ci_high"),
+            "relation_change_p": p,
+            "relation_change_called": called,
         }
     )
 

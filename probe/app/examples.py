@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from probe.corpus import Batch
     from probe.runner import LayerCapture
 
-N_CANDIDATES = 16
+N_CANDIDATES = 32  # enough for 72 cards to lead with different sentences, mostly
 PER_HEAD = 3  # sentences on each head's card
 COREFERENCE = "coreference"  # a card's "relation" when it shows coreference links
 WORDS = (5, 14)  # a readable sentence has this many words…
@@ -126,8 +126,10 @@ class Examples:
             }
             for c, found in zip(candidates, links, strict=True)
         ]
-        # the longest show positional and sink heads best
-        longest = sorted(range(len(candidates)), key=lambda i: (-len(candidates[i].tokens), i))
+        # Cards show different sentences where they can: among equally telling sentences, the
+        # one shown least so far comes first; a head without a relation is shown on the
+        # sentences shown least, the longest (which show positional and sink heads best) first.
+        used = [0] * len(candidates)
         chosen = {}
         for row in heads.itertuples():
             head = HeadId(row.layer, row.head)
@@ -142,15 +144,19 @@ class Examples:
                 direction = Direction(row.best_relation_direction)
                 hits = [_hits(c, direction.index, head, relation) for c in candidates]
                 tried.append((relation, direction, hits))
-            shown, relation, direction = [{"sentence": i} for i in longest[:PER_HEAD]], None, None
+            least = sorted(range(len(candidates)),
+                           key=lambda i: (used[i], -len(candidates[i].tokens), i))  # fmt: skip
+            shown, relation, direction = [{"sentence": i} for i in least[:PER_HEAD]], None, None
             for name, way, hits in tried:
-                ranked = sorted((-correct, -correct / of, i)
+                ranked = sorted((-correct, used[i], -correct / of, i)
                                 for i, (correct, of) in enumerate(hits) if of)  # fmt: skip
                 if ranked:  # some candidate has a word of it
                     shown = [{"sentence": i, "correct": -c, "words": hits[i][1]}
-                             for c, _, i in ranked[:PER_HEAD]]  # fmt: skip
+                             for c, _, _, i in ranked[:PER_HEAD]]  # fmt: skip
                     relation, direction = name, way
                     break
+            for s in shown:
+                used[s["sentence"]] += 1
             chosen[head.key] = {"relation": relation, "direction": direction, "shown": shown}
         return {"sentences": sentences, "heads": chosen}
 

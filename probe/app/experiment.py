@@ -15,6 +15,7 @@ import pandas as pd
 from analyses import svg
 from analyses.figures import Figure
 from probe import experiment as science
+from probe.answers import PLATEAU, SAME_WITHIN, SOLVED, convergence
 from probe.app.output import reserved
 from probe.app.report import embed, environment
 from probe.app.run import package_versions
@@ -69,7 +70,9 @@ def render(card: dict, experiment: pd.DataFrame, curves: pd.DataFrame) -> str:
     summary = science.summary(experiment)
     return env.get_template("experiment.html.j2").render(
         run=card,
-        answers=science.answers(experiment),
+        answers=science.answers_from(experiment, curves),
+        convergence=convergence(experiment, curves).to_dict("records"),
+        rules={"solved": SOLVED, "plateau": PLATEAU, "same_within": SAME_WITHIN},
         figures=html,
         summary=summary.to_dict("records"),
     )

@@ -20,6 +20,7 @@ import analyses
 from analyses.figures import Figure
 from analyses.vocabulary import Direction, Role, Thresholds
 from probe.app import examples as examples_io
+from probe.app import findings
 from probe.app import tables as table_io
 from probe.errors import ProbeError
 from probe.heads import HeadId
@@ -220,7 +221,8 @@ def render_html(run: dict, tables: dict[str, pd.DataFrame], examples: dict) -> s
         head = HeadId(row["layer"], row["head"])
         view, miss = head_view(examples, head) or (None, None)
         roles = [r for r in row["roles"].split(";") if r]
-        cards.append({"id": head, "row": row, "roles": roles, "view": view, "miss": miss})
+        cards.append({"id": head, "row": row, "roles": roles, "view": view, "miss": miss,
+                      "line": findings.describe(row)})  # fmt: skip
     grid = _grid(heads, [m for cls in classes for m in cls.measures if m.role is not None])
     role_counts = {}
     for r in heads["roles"]:
@@ -235,5 +237,6 @@ def render_html(run: dict, tables: dict[str, pd.DataFrame], examples: dict) -> s
         n_heads=int(heads["head"].max()) + 1,
         roles=list(Role),
         role_counts=role_counts,
+        lead=findings.lead(heads, tables),
         thresholds=Thresholds(**run.get("thresholds", {})),
     )
