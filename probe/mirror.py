@@ -17,6 +17,7 @@ the ``point`` factory that ``mirrored`` is given (``probe.hookpoints.HookPoint``
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Protocol
@@ -26,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from probe.architectures import (
     attentions,
@@ -122,6 +124,7 @@ class Mirror:
                 self._own("hook_resid_post", block, holder)
                 self._own("hook_attn_out", block.get_submodule(arch.attn_out or arch.o), holder)
                 self._own("hook_mlp_out", block.get_submodule(arch.mlp), holder)
+        self.previous = model.config._attn_implementation or "eager"
         self.calls: dict[tuple[str, int], int] = {}
         self.pending: dict[int, torch.Tensor] = {}
         self.positions = torch.Size()
@@ -152,6 +155,12 @@ class Mirror:
             if (kind, id(module)) in self.owners:
                 found[id(module)] = module
         return list(found.values())
+
+    def implementation(self, module: nn.Module) -> Callable:
+        """The attention function ``module`` ran before the mirror: the registry's, or for
+        ``"eager"`` its modeling file's own ``eager_attention_forward``."""
+        eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+        return ALL_ATTENTION_FUNCTIONS.get_interface(self.previous, eager or _eager)
 
     def _start_forward(self, *_) -> None:
         self.calls.clear()
@@ -244,6 +253,9 @@ class Mirror:
         attention = [id(m) for m in self.modules("attn")]
         for key in attention:
             _MIRRORS[key] = self
+        configs = {id(m.config) for m in model.modules() if hasattr(m, "config")}
+        for key in configs:  # the mask function finds the mirror by the config it is given
+            _BY_CONFIG[key] = self
         try:
             model.set_attn_implementation(IMPLEMENTATION)
             yield
@@ -253,9 +265,12 @@ class Mirror:
                 h.remove()
             for key in attention:
                 _MIRRORS.pop(key, None)
+            for key in configs:
+                _BY_CONFIG.pop(key, None)
 
 
 _MIRRORS: dict[int, Mirror] = {}  # id(attention module) -> its model's active mirror
+_BY_CONFIG: dict[int, Mirror] = {}  # id(a config of the model) -> its active mirror
 _ACTIVE: dict[int, Mirror] = {}  # id(model) -> its active mirror (nested traces share it)
 
 
@@ -289,17 +304,17 @@ def probe_attention(
     key: torch.Tensor,
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
-    scaling: float | None = None,
-    dropout: float = 0.0,
-    softcap: float | None = None,
-    position_bias: torch.Tensor | None = None,
-    **_: object,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eager attention through the hook points of the module's layer.
+    **kwargs: object,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The model's own attention, with the hook points of the module's layer computed beside it.
 
     Receives query ``[batch, head, q_pos, d_head]`` and key/value ``[batch, kv_head, k_pos,
     d_head]`` from transformers (rotated, on rotary models), returns z ``[batch, q_pos, head,
-    d_head]`` and the pattern.
+    d_head]`` and the attention weights. The output comes from the implementation the model
+    ran before it was mirrored (sdpa, say), on the queries, keys and values the hooks hand on:
+    a trace that edits nothing leaves the model's output bit for bit as it was. Scores and
+    pattern are computed beside it, only when observed; only when a hook edits one of them
+    does z come from them instead.
     """
     mirror = _MIRRORS.get(id(module))
     if mirror is None:
@@ -307,7 +322,6 @@ def probe_attention(
             "the 'probe' attention implementation runs only inside probe.trace or probe.hooks"
         )
     p = mirror.owner(module)
-    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
 
     # The points are [batch, pos, head, d_head]: transposed views, only when observed. Keys and
     # values keep their own heads (fewer with grouped-query attention), as TransformerLens's.
@@ -318,32 +332,89 @@ def probe_attention(
         key = k_point(key.transpose(1, 2)).transpose(1, 2)
     if p.hook_v.active:
         value = p.hook_v(value.transpose(1, 2)).transpose(1, 2)
-    group = query.shape[1] // key.shape[1]
-    if group > 1:  # grouped-query attention: each K/V head serves `group` query heads
-        key = key.repeat_interleave(group, dim=1)
-        value = value.repeat_interleave(group, dim=1)
 
-    # In place: the eager implementation's arithmetic, without two more [batch, head, q, k]
-    # tensors to allocate (each a fresh memory mapping at this size).
-    scores = torch.matmul(query, key.transpose(2, 3)).mul_(scaling)
-    if softcap is not None:  # Gemma 2's logit soft-capping, before the mask (out of place:
-        scores = torch.tanh(scores / softcap) * softcap  # tanh's backward needs its output)
-    if position_bias is not None:  # T5's relative position bias
-        scores.add_(position_bias)
-    if attention_mask is not None:
-        scores.add_(attention_mask[:, :, :, : key.shape[-2]])
-    scores = p.hook_attn_scores(scores)
-    pattern = p.hook_pattern(F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype))
-    z = p.hook_z(torch.matmul(F.dropout(pattern, dropout, module.training), value).transpose(1, 2))
+    z = weights = None
+    if p.hook_attn_scores.active or p.hook_pattern.active:
+        z, weights = _pattern_beside(mirror, p, module, query, key, value, attention_mask, kwargs)
+    if z is None:  # nothing edited the scores or the pattern: the model's own kernel
+        own = mirror.implementation(module)
+        z, own_weights = own(module, query, key, value, attention_mask, **kwargs)
+        weights = own_weights if own_weights is not None else weights
+    z = p.hook_z(z) if p.hook_z.active else z
 
     if p.hook_result.active:
         o = mirror.output_of[id(p)]
         with materialized(o):  # W_O is read before o runs, when accelerate may have offloaded it
-            W_O, b_O = output_weights(o, mirror.layout[id(p)][2]), 0 if o.bias is None else o.bias
-            result = p.hook_result(torch.einsum("bqhk,hkm->bqhm", z, W_O))
-            mirror.pending[id(o)] = result.sum(dim=2) + b_O
-    return z.contiguous(), pattern
+            W_O = output_weights(o, mirror.layout[id(p)][2])
+            result = torch.einsum("bqhk,hkm->bqhm", z, W_O)
+            edited = p.hook_result(result)
+            if edited is not result:  # the layer output becomes Σ_i result_i + b^O, edits and all
+                mirror.pending[id(o)] = edited.sum(dim=2) + (0 if o.bias is None else o.bias)
+    return z, weights
+
+
+def _pattern_beside(mirror, p, module, query, key, value, attention_mask, kwargs):
+    """Scores and pattern through their hook points, eagerly; returns (z, pattern) where a hook
+    edited either (z is then computed from the edited pattern), else (None, pattern)."""
+    scaling = kwargs.get("scaling")
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    group = query.shape[1] // key.shape[1]
+    if group > 1:  # grouped-query attention: each K/V head serves `group` query heads
+        key = key.repeat_interleave(group, dim=1)
+        value = value.repeat_interleave(group, dim=1)
+    scores = torch.matmul(query, key.transpose(2, 3)).mul_(scaling)
+    if (softcap := kwargs.get("softcap")) is not None:  # Gemma 2, before the mask (out of
+        scores = torch.tanh(scores / softcap) * softcap  # place: tanh's backward needs it)
+    if (position_bias := kwargs.get("position_bias")) is not None:  # T5's relative positions
+        scores.add_(position_bias)
+    mask = _additive(attention_mask, scores, module, kwargs)
+    if mask is not None:
+        scores.add_(mask[:, :, :, : key.shape[-2]])
+    seen = p.hook_attn_scores(scores)
+    pattern = F.softmax(seen, dim=-1, dtype=torch.float32).to(query.dtype)
+    seen_pattern = p.hook_pattern(pattern)
+    if seen is scores and seen_pattern is pattern:
+        return None, pattern
+    dropout = float(kwargs.get("dropout") or 0.0)
+    z = torch.matmul(F.dropout(seen_pattern, dropout, module.training), value)
+    return z.transpose(1, 2).contiguous(), seen_pattern
+
+
+def _additive(mask, scores, module, kwargs) -> torch.Tensor | None:
+    """The model's mask as an additive float one (the dtype's minimum where masked): sdpa's
+    masks are boolean, or None where sdpa is told the attention is causal instead."""
+    if mask is None:
+        causal = kwargs.get("is_causal")
+        causal = getattr(module, "is_causal", True) if causal is None else causal
+        if not causal or scores.shape[-2] == 1:
+            return None
+        q, k = scores.shape[-2:]
+        mask = torch.ones(1, 1, q, k, dtype=torch.bool, device=scores.device).tril(k - q)
+    if mask.dtype != torch.bool:
+        return mask
+    full = torch.full(mask.shape, torch.finfo(scores.dtype).min, dtype=scores.dtype)
+    return full.to(scores.device).masked_fill_(mask, 0)
+
+
+def _eager(module, query, key, value, attention_mask, **kwargs):
+    """Eager attention, for a modeling file without its own (the scores and pattern path)."""
+    group = query.shape[1] // key.shape[1]
+    key, value = (t.repeat_interleave(group, dim=1) for t in (key, value))
+    scaling = kwargs.get("scaling") or query.shape[-1] ** -0.5
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    mask = _additive(attention_mask, scores, module, kwargs)
+    scores = scores if mask is None else scores + mask[:, :, :, : key.shape[-2]]
+    pattern = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.matmul(pattern, value).transpose(1, 2).contiguous(), pattern
+
+
+def probe_mask(*args, config=None, **kwargs):
+    """The mask of the implementation the model ran before it was mirrored (see ``Mirror``)."""
+    mirror = _BY_CONFIG.get(id(config))
+    previous = "eager" if mirror is None else mirror.previous
+    mask = AttentionMaskInterface._global_mapping.get(previous, eager_mask)
+    return mask(*args, config=config, **kwargs)
 
 
 AttentionInterface.register(IMPLEMENTATION, probe_attention)
-AttentionMaskInterface.register(IMPLEMENTATION, eager_mask)
+AttentionMaskInterface.register(IMPLEMENTATION, probe_mask)
