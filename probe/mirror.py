@@ -1,15 +1,19 @@
 """Probe's hook points on pretrained Hugging Face models, through transformers' attention registry.
 
 Instead of re-implementing models, we register one attention function under the name
-``"probe"`` (with the eager mask function, so padded batches stay masked) and switch a model
-to it for the duration of a ``probe.trace`` or ``probe.hooks`` block. Transformers hands the
-function every layer's per-head query, key and value; it computes scores, pattern and z
-through the hook points, exactly as the eager implementation would.
+``"probe"`` (with a mask function that gives the model the mask it would have built for
+itself) and switch a model to it for the duration of a ``probe.trace`` or ``probe.hooks``
+block. Transformers hands the function every layer's per-head query, key and value; it runs
+them through the implementation the model ran before (sdpa, or its modeling file's eager
+function), so that a trace that edits nothing changes no bit of the output, and computes the
+scores, pattern and per-head results beside it, where they are observed. Only when a hook
+edits one of them (or a backward hook needs its gradient) does the output come from them.
 
 On rotary models the query and key reach that function already rotated: there they are
 ``hook_rot_q`` and ``hook_rot_k``, and ``hook_q`` and ``hook_k`` (before the rotation, and before
 Qwen3's and Gemma 3's query and key norms, as TransformerLens has them) are forward hooks on the
-projections, so that an edit of them flows through the norms and the rotation.
+projections, so that an edit of them flows through the norms and the rotation. The residual
+stream's, the norms' and the MLP's points are hooks on the model's own modules (``Mirror``).
 
 This module does not import ``probe.hookpoints``, which imports it: the hook points are made by
 the ``point`` factory that ``mirrored`` is given (``probe.hookpoints.HookPoint``).
@@ -30,11 +34,13 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from probe.architectures import (
+    Architecture,
     attentions,
     blocks,
     head_count,
     head_dim,
     materialized,
+    model_part,
     output_weights,
     split_fused,
 )
@@ -42,8 +48,13 @@ from probe.names import (
     ATTENTION_POINTS,
     CROSS_POINTS,
     EMBED,
+    MLP_POINTS,
+    NORM_POINTS,
+    NORMS,
+    POS_EMBED,
     RESIDUAL_POINTS,
     ROTARY_POINTS,
+    UNEMBED,
     Attention,
     hook_name,
 )
@@ -60,13 +71,27 @@ class Point(Protocol):
 
 
 class _Points(nn.Module):
-    """One attention's or one block's hook points as attributes: ``attn.hook_z``; an attention's
-    also has ``scored``, its points on the queries and keys that meet in the scores."""
+    """One attention's, one block's or the model's own hook points, by name (``points``) and
+    as attributes (``attn.hook_z``, the block parts' by name only); an attention's also has
+    ``scored``, its points on the queries and keys that meet in the scores."""
 
     def __init__(self, names: tuple[str, ...], point: Callable[[], Point]) -> None:
         super().__init__()
-        for name in names:
-            setattr(self, name, point())
+        self.points = {name: point() for name in names}
+        for name, p in self.points.items():
+            if "." not in name:  # a block part's ("ln1.hook_scale") only by name
+                setattr(self, name, p)
+
+
+def _is_norm(module: nn.Module | None) -> bool:
+    return module is not None and getattr(module, "weight", None) is not None
+
+
+def _find(root: nn.Module, path: str) -> nn.Module | None:
+    try:
+        return root.get_submodule(path) if path else None
+    except AttributeError:  # a variant without it (a gated T5's MLP)
+        return None
 
 
 class Mirror:
@@ -74,19 +99,24 @@ class Mirror:
 
     Names are ``probe.names``'s. An attention's hooks live in probe's attention function, but
     for a rotary model's ``hook_q`` and ``hook_k``: forward hooks on the query and key
-    projections (``Architecture.q``/``k``, or the fused ``qkv``). The residual
-    stream's hooks are forward hooks on the model's own modules: ``hook_resid_pre`` on a block's
-    input and ``hook_resid_post`` on its output, ``hook_attn_out`` (``hook_cross_attn_out``) on
-    the attention's output projection (or the norm after it, ``Architecture.attn_out``),
-    ``hook_mlp_out`` on the MLP's last module (``Architecture.mlp``), and ``hook_embed`` on what
-    enters the first block (of the encoder).
+    projections (``Architecture.q``/``k``, or the fused ``qkv``). The rest are hooks on the
+    model's own modules, so that an edit flows on: ``hook_resid_pre`` on a block's input,
+    ``hook_attn_out`` (``hook_cross_attn_out``) on the attention's output projection (or the
+    norm after it, ``Architecture.attn_out``), ``hook_mlp_out`` on the MLP's last module,
+    ``mlp.hook_pre`` and ``mlp.hook_post`` on the MLP's projections, ``ln1``/``ln2``/``ln_final``
+    on the norms (scale and normalised input computed beside them; the norm's output
+    recomputed only when a hook edits them). ``hook_resid_mid`` is resid_pre + attn_out (an
+    edit reaches the stream through attn_out) in pre-LayerNorm blocks; in post-LayerNorm ones
+    (``Architecture.post_ln``) it and ``hook_resid_post`` are the inputs of ``ln1`` and
+    ``ln2``. The model's own points: ``hook_embed`` on the token embedding (an encoder-decoder
+    model's: what enters the encoder's first block), ``hook_pos_embed`` on the position
+    embedding, ``hook_unembed`` on the output embedding.
     """
 
     def __init__(self, model: PreTrainedModel, point: Callable[[], Point]) -> None:
         self.model = model
         self.point = point
-        self.embed = point()
-        self.points: dict[str, Point] = {EMBED: self.embed}
+        self.points: dict[str, Point] = {}
         # A module shared by several layers (ALBERT) learns its layer from its call count: each
         # (kind, module) lists the hook holders it serves, in call order.
         self.owners: dict[tuple[str, int], list[nn.Module]] = {}
@@ -103,7 +133,7 @@ class Mirror:
                 hooks.scored = (
                     (hooks.hook_rot_q, hooks.hook_rot_k)
                     if arch.rotary
-                    else (hooks.hook_q, hooks.hook_k)
+                    else (self.point() if arch.q_scaled else hooks.hook_q, hooks.hook_k)
                 )
                 o = block.get_submodule(arch.o)
                 self.output_of[id(hooks)] = o
@@ -112,27 +142,81 @@ class Mirror:
                 self._own("output", o, hooks)
                 if arch.rotary:  # hook_q and hook_k on the projections, before the rotation
                     projections = {"qkv": arch.qkv} if arch.fused else {"q": arch.q, "k": arch.k}
-                    for part, path in projections.items():
-                        self._own(part, block.get_submodule(path), hooks)
+                elif arch.q_scaled:  # hook_q before the scaling
+                    projections = {"q": arch.q}
+                else:
+                    projections = {}
+                for part, path in projections.items():
+                    self._own(part, block.get_submodule(path), hooks)
                 if name == Attention.CROSS:
                     holder = self._holder(name.stack, i, CROSS_POINTS)
                     self._own("hook_cross_attn_out", block.get_submodule(arch.o), holder)
-                    continue
-                holder = self._holder(name.stack, i, RESIDUAL_POINTS)
-                self.first_block = self.first_block or holder
-                self._own("hook_resid_pre", block, holder)
-                self._own("hook_resid_post", block, holder)
-                self._own("hook_attn_out", block.get_submodule(arch.attn_out or arch.o), holder)
-                self._own("hook_mlp_out", block.get_submodule(arch.mlp), holder)
+                else:
+                    self._block(name, arch, i, block)
+        self._model_points()
         self.previous = model.config._attn_implementation or "eager"
         self.calls: dict[tuple[str, int], int] = {}
         self.pending: dict[int, torch.Tensor] = {}
+        self.stream: dict[int, torch.Tensor] = {}  # id(block holder) -> its resid_pre
         self.positions = torch.Size()
+
+    def _block(self, name: Attention, arch: Architecture, layer: int, block: nn.Module) -> None:
+        """The residual stream's, the norms' and the MLP's points of one block."""
+        norms = {part: _find(block, getattr(arch, part)) for part in NORMS}
+        norms = {part: m for part, m in norms.items() if _is_norm(m)}
+        mlp = {"hook_pre": arch.mlp_pre, "hook_pre_linear": arch.mlp_pre_linear}
+        mlp = {p: m for p, path in mlp.items() if (m := _find(block, path)) is not None}
+        post = _find(block, arch.mlp_post)
+        parallel = getattr(self.model.config, "use_parallel_residual", False)  # GPT-NeoX
+        serial = ("hook_resid_mid", "hook_mlp_in")  # TransformerLens has neither in parallel
+        names = tuple(p for p in RESIDUAL_POINTS if not (parallel and p in serial))
+        names += tuple(f"{part}.{p}" for part in norms for p in NORM_POINTS)
+        post_point = f"mlp.{MLP_POINTS[-1]}"  # hook_post, on the input of the output projection
+        names += tuple(f"mlp.{p}" for p in mlp) + ((post_point,) if post else ())
+        holder = self._holder(name.stack, layer, names)
+        holder.post_ln = arch.post_ln
+        self.first_block = self.first_block or holder
+        self._own("hook_resid_pre", block, holder)
+        self._own("hook_attn_out", block.get_submodule(arch.attn_out or arch.o), holder)
+        self._own("hook_mlp_out", block.get_submodule(arch.mlp), holder)
+        for part, module in norms.items():
+            self._own(part, module, holder)
+        if arch.post_ln:  # the stream after each sum is the input of the norm after it
+            self._own("inputs:hook_resid_mid,hook_mlp_in", norms["ln1"], holder)
+            self._own("inputs:hook_resid_post", norms["ln2"], holder)
+        else:
+            self._own("hook_resid_post", block, holder)
+            if "ln2" in norms and not parallel:
+                self._own("inputs:hook_mlp_in", norms["ln2"], holder)
+        for p, module in mlp.items():
+            self._own(f"mlp.{p}", module, holder)
+        if post is not None:
+            self._own(f"inputs:{post_point}", post, holder)
+
+    def _model_points(self) -> None:
+        """hook_embed, hook_pos_embed, ln_final's and hook_unembed, where the model has them."""
+        model = self.model
+        modules = {part: model_part(model, part) for part in ("embed", "pos_embed", "ln_final")}
+        modules["unembed"] = model.get_output_embeddings()
+        if not _is_norm(modules["ln_final"]):
+            modules["ln_final"] = None
+        names = (EMBED,) + ((POS_EMBED,) if modules["pos_embed"] is not None else ())
+        names += tuple(f"ln_final.{p}" for p in NORM_POINTS if modules["ln_final"] is not None)
+        names += (UNEMBED,) if modules["unembed"] is not None else ()
+        self.own = _Points(names, self.point)
+        self.points |= self.own.points
+        self.embed = self.own.points[EMBED]
+        self.token_embedding = modules["embed"] is not None
+        for kind, point in (("embed", EMBED), ("pos_embed", POS_EMBED), ("unembed", UNEMBED)):
+            if modules[kind] is not None and modules["embed"] is not None:
+                self._own(point, modules[kind], self.own)
+        if modules["ln_final"] is not None:
+            self._own("ln_final", modules["ln_final"], self.own)
 
     def _holder(self, site: str, layer: int, names: tuple[str, ...]) -> _Points:
         """The points ``names`` of one layer of an attention or a stack, now by full name too."""
         holder = _Points(names, self.point)
-        self.points |= {hook_name(n, layer, site): getattr(holder, n) for n in names}
+        self.points |= {hook_name(n, layer, site): holder.points[n] for n in names}
         return holder
 
     def _own(self, kind: str, module: nn.Module, holder: nn.Module) -> None:
@@ -156,6 +240,10 @@ class Mirror:
                 found[id(module)] = module
         return list(found.values())
 
+    def kinds(self, prefix: str) -> list[str]:
+        """The kinds of module hooks that start with ``prefix``, each once."""
+        return list(dict.fromkeys(k for k, _ in self.owners if k.startswith(prefix)))
+
     def implementation(self, module: nn.Module) -> Callable:
         """The attention function ``module`` ran before the mirror: the registry's, or for
         ``"eager"`` its modeling file's own ``eager_attention_forward``."""
@@ -165,24 +253,85 @@ class Mirror:
     def _start_forward(self, *_) -> None:
         self.calls.clear()
         self.pending.clear()
+        self.stream.clear()
 
     def _replace_output(self, module, _inputs, output):
-        # hook_result was observed: the layer output is Σ_i result_i + b^O, edits included.
+        # hook_result was edited: the layer output is Σ_i result_i + b^O, edits included.
         return self.pending.pop(id(module), output)
 
     def _resid_pre(self, module, args, kwargs):
         holder = self.owner(module, "hook_resid_pre")
         x = args[0] if args else kwargs["hidden_states"]
         self.positions = x.shape[:-1]  # [batch, pos]: OPT's MLP works on them flattened
-        first = holder is self.first_block and self.embed.active
+        # An encoder-decoder model's hook_embed: what enters the encoder's first block.
+        first = holder is self.first_block and self.embed.active and not self.token_embedding
         edited = self.embed(x) if first else x
         point = holder.hook_resid_pre
         edited = point(edited) if point.active else edited
+        self.stream[id(holder)] = edited
         if edited is x:
             return None
         if args:
             return (edited, *args[1:]), kwargs
         return args, kwargs | {"hidden_states": edited}
+
+    def _attn_out(self, module, _inputs, output):
+        """hook_attn_out, then in a pre-LayerNorm block hook_resid_mid = resid_pre + attn_out
+        (the model's own sum); an edit of it reaches the stream as attn_out's difference."""
+        holder = self.owner(module, "hook_attn_out")
+        out = holder.hook_attn_out(output) if holder.hook_attn_out.active else output
+        mid = holder.points.get("hook_resid_mid")
+        if mid is not None and mid.active and not holder.post_ln:
+            pre = self.stream[id(holder)]
+            total = pre + out
+            edited = mid(total)
+            out = out if edited is total else edited - pre
+        return None if out is output else out
+
+    def _inputs_hook(self, kind: str):
+        """Points on a module's input (``kind`` is ``"inputs:"`` and their names), in order; a
+        replacement becomes the input."""
+        names = kind.removeprefix("inputs:").split(",")
+
+        def run(module, args):
+            holder = self.owner(module, kind)
+            x = self._unflat(args[0])
+            y = x
+            for name in names:
+                point = holder.points.get(name)
+                y = point(y) if point is not None and point.active else y
+            return None if y is x else (self._flat(y, args[0]), *args[1:])
+
+        return run
+
+    def _unflat(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(*self.positions, -1) if x.dim() == 2 else x  # OPT: [batch·pos, d]
+
+    def _flat(self, y: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        return y.flatten(0, -2) if like.dim() == 2 else y
+
+    def _norm_hook(self, kind: str):
+        """A norm's hook_scale and hook_normalized, computed beside it from its input; its output
+        is recomputed from them only when a hook edits one."""
+        prefix = f"{kind}." if kind != "ln_final" else "ln_final."
+
+        def run(module, args, output):
+            holder = self.owner(module, kind)
+            scale_p, normalized_p = (holder.points[prefix + p] for p in NORM_POINTS)
+            if not (scale_p.active or normalized_p.active):
+                return None
+            x = self._unflat(args[0]).float()
+            centred = x - x.mean(-1, keepdim=True) if isinstance(module, nn.LayerNorm) else x
+            eps = getattr(module, "eps", None) or getattr(module, "variance_epsilon", 1e-6)
+            scale = (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt().to(output.dtype)
+            seen_scale = scale_p(scale) if scale_p.active else scale
+            normalized = (centred / seen_scale).to(output.dtype)
+            seen = normalized_p(normalized) if normalized_p.active else normalized
+            if seen_scale is scale and seen is normalized:
+                return None
+            return self._flat(_affine(module, seen), output)
+
+        return run
 
     def _projection_hook(self, part: str):
         """hook_q and hook_k of a rotary model on a projection's output ``part`` (``"q"``,
@@ -219,11 +368,15 @@ class Mirror:
 
     def _output_hook(self, suffix: str):
         def run(module, _inputs, output):
-            point = getattr(self.owner(module, suffix), suffix)
+            point = self.owner(module, suffix).points[suffix]
+            if suffix == EMBED:
+                self.positions = output.shape[:-1]
             if not point.active:
                 return None
             if isinstance(output, tuple):
                 return (point(output[0]), *output[1:])
+            if suffix == POS_EMBED and output.shape[0] != self.positions[0]:
+                output = output.expand(*self.positions, -1)  # [1, pos, d] as [batch, pos, d]
             if output.dim() == 2:  # [batch·pos, d_model]
                 return point(output.view(*self.positions, -1)).flatten(0, -2)
             return point(output)
@@ -246,7 +399,18 @@ class Mirror:
             for part in ("q", "k", "qkv")
             for m in self.modules(part)
         ]
-        for suffix in ("hook_attn_out", "hook_cross_attn_out", "hook_mlp_out", "hook_resid_post"):
+        # A norm's edits first, so that an output hook on the same module (Gemma's attn_out)
+        # sees them.
+        for kind in (*NORMS, "ln_final"):
+            handles += [m.register_forward_hook(self._norm_hook(kind)) for m in self.modules(kind)]
+        handles += [m.register_forward_hook(self._attn_out) for m in self.modules("hook_attn_out")]
+        for kind in self.kinds("inputs:"):
+            handles += [
+                m.register_forward_pre_hook(self._inputs_hook(kind)) for m in self.modules(kind)
+            ]
+        outputs = ("hook_cross_attn_out", "hook_mlp_out", "hook_resid_post", EMBED, POS_EMBED)
+        outputs += (UNEMBED, *self.kinds("mlp."))
+        for suffix in outputs:
             handles += [
                 m.register_forward_hook(self._output_hook(suffix)) for m in self.modules(suffix)
             ]
@@ -267,6 +431,14 @@ class Mirror:
                 _MIRRORS.pop(key, None)
             for key in configs:
                 _BY_CONFIG.pop(key, None)
+
+
+def _affine(norm: nn.Module, normalized: torch.Tensor) -> torch.Tensor:
+    """A norm's output from its normalised input: its weight (Gemma's 1 + weight) and bias."""
+    weight = norm.weight + 1 if "Gemma" in type(norm).__name__ else norm.weight
+    bias = getattr(norm, "bias", None)
+    out = normalized * weight
+    return out if bias is None else out + bias
 
 
 _MIRRORS: dict[int, Mirror] = {}  # id(attention module) -> its model's active mirror
