@@ -58,6 +58,7 @@ class Architecture:
     mlp_pre: str = ""
     mlp_pre_linear: str = ""
     mlp_post: str = ""
+    mlp_pre_fused: str = ""  # one projection whose output is [mlp_pre's | mlp_pre_linear's]
     post_ln: bool = False
     # The query projection's output is scaled by 1/√d_head before the attention (OPT): hook_q
     # is then on the projection, unscaled, as TransformerLens has it.
@@ -167,12 +168,12 @@ ARCHITECTURES: dict[str, Architecture] = {
     "phi3": Architecture(
         "layers", "self_attn", o="self_attn.o_proj", qkv="self_attn.qkv_proj", fused="linear",
         mlp="mlp", rotary=True, ln1="input_layernorm", ln2="post_attention_layernorm",
-        mlp_post="mlp.down_proj",
+        mlp_pre_fused="mlp.gate_up_proj", mlp_post="mlp.down_proj",
     ),
     # Local (sliding-window) and global layers alternate; the mask tells them apart.
     "modernbert": Architecture(
         "layers", "attn", o="attn.Wo", qkv="attn.Wqkv", fused="linear", mlp="mlp", rotary=True,
-        ln1="attn_norm", ln2="mlp_norm", mlp_post="mlp.Wo",
+        ln1="attn_norm", ln2="mlp_norm", mlp_pre_fused="mlp.Wi", mlp_post="mlp.Wo",
     ),
 }  # fmt: skip
 

@@ -166,6 +166,9 @@ class Mirror:
         norms = {part: m for part, m in norms.items() if _is_norm(m)}
         mlp = {"hook_pre": arch.mlp_pre, "hook_pre_linear": arch.mlp_pre_linear}
         mlp = {p: m for p, path in mlp.items() if (m := _find(block, path)) is not None}
+        fused = _find(block, arch.mlp_pre_fused)
+        if fused is not None:  # both halves of one projection (Phi-3, ModernBERT)
+            mlp = dict.fromkeys(MLP_POINTS[:2], fused)
         post = _find(block, arch.mlp_post)
         parallel = getattr(self.model.config, "use_parallel_residual", False)  # GPT-NeoX
         serial = ("hook_resid_mid", "hook_mlp_in")  # TransformerLens has neither in parallel
@@ -188,6 +191,9 @@ class Mirror:
             self._own("hook_resid_post", block, holder)
             if "ln2" in norms and not parallel:
                 self._own("inputs:hook_mlp_in", norms["ln2"], holder)
+        if fused is not None:
+            self._own("fused:mlp", fused, holder)
+            mlp = {}
         for p, module in mlp.items():
             self._own(f"mlp.{p}", module, holder)
         if post is not None:
@@ -333,6 +339,18 @@ class Mirror:
 
         return run
 
+    def _fused_mlp(self, module, _inputs, output):
+        """mlp.hook_pre and mlp.hook_pre_linear on the halves of one projection's output."""
+        holder = self.owner(module, "fused:mlp")
+        points = [holder.points[f"mlp.{p}"] for p in MLP_POINTS[:2]]
+        if not any(p.active for p in points):
+            return None
+        halves = self._unflat(output).chunk(2, dim=-1)
+        seen = [p(x) if p.active else x for p, x in zip(points, halves, strict=True)]
+        if all(y is x for y, x in zip(seen, halves, strict=True)):
+            return None
+        return self._flat(torch.cat(seen, dim=-1), output)
+
     def _projection_hook(self, part: str):
         """hook_q and hook_k of a rotary model on a projection's output ``part`` (``"q"``,
         ``"k"`` or a fused ``"qkv"``), before any norm and the rotation; a replacement takes
@@ -404,6 +422,7 @@ class Mirror:
         for kind in (*NORMS, "ln_final"):
             handles += [m.register_forward_hook(self._norm_hook(kind)) for m in self.modules(kind)]
         handles += [m.register_forward_hook(self._attn_out) for m in self.modules("hook_attn_out")]
+        handles += [m.register_forward_hook(self._fused_mlp) for m in self.modules("fused:mlp")]
         for kind in self.kinds("inputs:"):
             handles += [
                 m.register_forward_pre_hook(self._inputs_hook(kind)) for m in self.modules(kind)

@@ -116,3 +116,22 @@ def test_resid_mid_edit_reaches_the_stream():
     torch.testing.assert_close(
         replacement + cache["blocks.0.hook_mlp_out"], cache["blocks.0.hook_resid_post"]
     )
+
+
+def test_fused_mlp_halves_on_modernbert():
+    """ModernBERT's one input projection gives hook_pre (the activation's input) and
+    hook_pre_linear (the gate): hook_post = act(hook_pre) · hook_pre_linear; an edit of either
+    half flows on. (TransformerLens's bridge does not load ModernBERT; Phi-3's are compared
+    with it in test_tl_parity.)"""
+    model = small_model("modernbert")
+    batch = padded_batch("modernbert")
+    names = [f"blocks.0.mlp.{p}" for p in ("hook_pre", "hook_pre_linear", "hook_post")]
+    with torch.no_grad(), probe.trace(model, names) as cache:
+        plain = model(**batch).last_hidden_state
+    pre, linear, post = (cache[n] for n in names)
+    assert pre.shape == linear.shape == post.shape == (3, 7, model.config.intermediate_size)
+    act = blocks(model)[0].mlp.act
+    torch.testing.assert_close(act(pre) * linear, post)
+    with torch.no_grad(), probe.hooks(model, {names[1]: lambda x, hook: 2 * x}):
+        edited = model(**batch).last_hidden_state
+    assert not torch.allclose(edited, plain)

@@ -47,7 +47,6 @@ MISSING = {
         "attn.hook_q_normed", "attn.hook_k_normed", "attn.q_norm.hook_scale",
         "attn.q_norm.hook_normalized", "attn.k_norm.hook_scale", "attn.k_norm.hook_normalized",
     },
-    "phi3": {"mlp.hook_pre", "mlp.hook_pre_linear"},  # one fused gate and input projection
     "bert": {"embed_ln.hook_scale", "embed_ln.hook_normalized"},  # the embeddings' LayerNorm
 }  # fmt: skip
 
