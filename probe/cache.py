@@ -276,7 +276,9 @@ class Cache(dict):
             residual_stack = sliced(residual_stack, batch_slice, dim=1)
         norm = self._norm(None if final else layer, mlp_input)
         if recompute and final:
-            return torch.stack([_normalise(norm, x, affine=True) for x in residual_stack])
+            from probe.mirror import normalise
+
+            return torch.stack([normalise(norm, x, affine=True) for x in residual_stack])
         if isinstance(norm, nn.LayerNorm):
             residual_stack = residual_stack - residual_stack.mean(-1, keepdim=True)
         key = ("scale",) if final else ("scale", layer, "ln2" if mlp_input else "ln1")
@@ -351,16 +353,6 @@ class Cache(dict):
             return model_part(self._traced(), "ln_final")
         arch = architecture(self._traced())
         return self._blocks()[layer].get_submodule(arch.ln2 if mlp_input else arch.ln1)
-
-
-def _normalise(norm: nn.Module, x: torch.Tensor, affine: bool) -> torch.Tensor:
-    """``norm`` (LayerNorm or RMSNorm) applied to ``x`` by its own statistics."""
-    from probe.mirror import _affine
-
-    centred = x - x.mean(-1, keepdim=True) if isinstance(norm, nn.LayerNorm) else x
-    eps = getattr(norm, "eps", None) or getattr(norm, "variance_epsilon", 1e-6)
-    normalized = centred / (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt()
-    return _affine(norm, normalized) if affine else normalized
 
 
 def _parsed(name: str) -> HookName:

@@ -48,6 +48,7 @@ from probe.names import (
     ATTENTION_POINTS,
     CROSS_POINTS,
     EMBED,
+    INPUT_POINTS,
     MLP_POINTS,
     NORM_POINTS,
     NORMS,
@@ -152,16 +153,18 @@ class Mirror:
                     holder = self._holder(name.stack, i, CROSS_POINTS)
                     self._own("hook_cross_attn_out", block.get_submodule(arch.o), holder)
                 else:
-                    self._block(name, arch, i, block)
+                    self._block(name, arch, i, block).heads = layout[1:]
         self._model_points()
         self.previous = model.config._attn_implementation or "eager"
         self.calls: dict[tuple[str, int], int] = {}
         self.pending: dict[int, torch.Tensor] = {}
         self.stream: dict[int, torch.Tensor] = {}  # id(block holder) -> its resid_pre
+        self.attn_in: dict[int, tuple[torch.Tensor, bool]] = {}  # -> its hook_attn_in, edited
         self.positions = torch.Size()
 
-    def _block(self, name: Attention, arch: Architecture, layer: int, block: nn.Module) -> None:
-        """The residual stream's, the norms' and the MLP's points of one block."""
+    def _block(self, name: Attention, arch: Architecture, layer: int, block: nn.Module) -> _Points:
+        """The residual stream's, the norms' and the MLP's points of one block, which it
+        returns."""
         norms = {part: _find(block, getattr(arch, part)) for part in NORMS}
         norms = {part: m for part, m in norms.items() if _is_norm(m)}
         mlp = {"hook_pre": arch.mlp_pre, "hook_pre_linear": arch.mlp_pre_linear}
@@ -176,8 +179,14 @@ class Mirror:
         names += tuple(f"{part}.{p}" for part in norms for p in NORM_POINTS)
         post_point = f"mlp.{MLP_POINTS[-1]}"  # hook_post, on the input of the output projection
         names += tuple(f"mlp.{p}" for p in mlp) + ((post_point,) if post else ())
+        separate = not arch.fused  # per-head inputs need the projections' own weights
+        names += INPUT_POINTS if separate else ()
         holder = self._holder(name.stack, layer, names)
         holder.post_ln = arch.post_ln
+        if separate:  # the norm the inputs pass before the projections (none if post-LN)
+            holder.ln1 = None if arch.post_ln else norms.get("ln1")
+            for part in "qkv":
+                self._own(f"in:{part}", block.get_submodule(getattr(arch, part)), holder)
         self.first_block = self.first_block or holder
         self._own("hook_resid_pre", block, holder)
         self._own("hook_attn_out", block.get_submodule(arch.attn_out or arch.o), holder)
@@ -198,6 +207,7 @@ class Mirror:
             self._own(f"mlp.{p}", module, holder)
         if post is not None:
             self._own(f"inputs:{post_point}", post, holder)
+        return holder
 
     def _model_points(self) -> None:
         """hook_embed, hook_pos_embed, ln_final's and hook_unembed, where the model has them."""
@@ -260,6 +270,7 @@ class Mirror:
         self.calls.clear()
         self.pending.clear()
         self.stream.clear()
+        self.attn_in.clear()
 
     def _replace_output(self, module, _inputs, output):
         # hook_result was edited: the layer output is Σ_i result_i + b^O, edits included.
@@ -339,6 +350,41 @@ class Mirror:
 
         return run
 
+    def _input_hook(self, part: str):
+        """hook_attn_in and hook_{q,k,v}_input: the block's input repeated per head; where a hook
+        edits them, the projection's output is recomputed head by head from them (through ln1
+        first, in a pre-LayerNorm block)."""
+
+        def run(module, _inputs, output):
+            holder = self.owner(module, f"in:{part}")
+            points = holder.points
+            own = points[f"hook_{part}_input"]
+            if not (own.active or points["hook_attn_in"].active):
+                return None
+            heads = module.out_features // holder.heads[1]  # fewer for keys and values with GQA
+            source, edited = self._attn_in(holder)
+            x = source[:, :, :heads]
+            seen = own(x) if own.active else x
+            if seen is x and not edited:
+                return None
+            normed = seen if holder.ln1 is None else normalise(holder.ln1, seen, affine=True)
+            W = module.weight.view(heads, -1, module.in_features)  # [head, d_head, d_model]
+            out = torch.einsum("bphm,hkm->bphk", normed, W)
+            out = out if module.bias is None else out + module.bias.view(heads, -1)
+            return out.flatten(-2)
+
+        return run
+
+    def _attn_in(self, holder) -> tuple[torch.Tensor, bool]:
+        """The block's hook_attn_in (once per forward) and whether a hook edited it."""
+        key = id(holder)
+        if key not in self.attn_in:
+            x = self.stream[key].unsqueeze(2).expand(-1, -1, holder.heads[0], -1)
+            point = holder.points["hook_attn_in"]
+            seen = point(x) if point.active else x
+            self.attn_in[key] = seen, seen is not x
+        return self.attn_in[key]
+
     def _fused_mlp(self, module, _inputs, output):
         """mlp.hook_pre and mlp.hook_pre_linear on the halves of one projection's output."""
         holder = self.owner(module, "fused:mlp")
@@ -412,6 +458,10 @@ class Mirror:
             b.register_forward_pre_hook(self._resid_pre, with_kwargs=True)
             for b in self.modules("hook_resid_pre")
         ]
+        # The inputs' recomputed projections first, so that hook_q and hook_k see them.
+        for part in "qkv":
+            hook = self._input_hook(part)
+            handles += [m.register_forward_hook(hook) for m in self.modules(f"in:{part}")]
         handles += [
             m.register_forward_hook(self._projection_hook(part))
             for part in ("q", "k", "qkv")
@@ -450,6 +500,15 @@ class Mirror:
                 _MIRRORS.pop(key, None)
             for key in configs:
                 _BY_CONFIG.pop(key, None)
+
+
+def normalise(norm: nn.Module, x: torch.Tensor, affine: bool) -> torch.Tensor:
+    """``norm`` (LayerNorm or RMSNorm) applied to ``x`` by its own statistics, with its weight
+    and bias where ``affine``, without running the module (and the hooks on it)."""
+    centred = x - x.mean(-1, keepdim=True) if isinstance(norm, nn.LayerNorm) else x
+    eps = getattr(norm, "eps", None) or getattr(norm, "variance_epsilon", 1e-6)
+    normalized = centred / (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+    return _affine(norm, normalized) if affine else normalized
 
 
 def _affine(norm: nn.Module, normalized: torch.Tensor) -> torch.Tensor:

@@ -72,6 +72,9 @@ RESIDUAL_POINTS = (
     "hook_resid_post",
 )
 CROSS_POINTS = ("hook_cross_attn_out",)
+# The attention's input per head, [batch, pos, head, d_model], before ln1 (TransformerLens's
+# use_attn_in and use_split_qkv_input): an edit reaches only that head's query, key or value.
+INPUT_POINTS = ("hook_attn_in", "hook_q_input", "hook_k_input", "hook_v_input")
 # A layer norm's: sqrt(var + eps) [batch, pos, 1], and its input centred (LayerNorm) and divided
 # by it, before the weight and bias. An MLP's: before and after its activation (hook_pre_linear:
 # a gated MLP's other input projection).
@@ -85,8 +88,9 @@ UNEMBED = "hook_unembed"
 MODEL_POINTS = (EMBED, POS_EMBED, "ln_final.hook_scale", "ln_final.hook_normalized", UNEMBED)
 _IN_ATTENTION = frozenset(ATTENTION_POINTS + ROTARY_POINTS)
 _IN_PART = frozenset(f"{part}.{p}" for part, points in BLOCK_PARTS.items() for p in points)
-_IN_BLOCK = frozenset(RESIDUAL_POINTS + CROSS_POINTS) | _IN_PART
-_KNOWN = (*ATTENTION_POINTS, *ROTARY_POINTS, *RESIDUAL_POINTS, *CROSS_POINTS, *_IN_PART)
+_IN_BLOCK = frozenset(RESIDUAL_POINTS + CROSS_POINTS + INPUT_POINTS) | _IN_PART
+_KNOWN = (*ATTENTION_POINTS, *ROTARY_POINTS, *RESIDUAL_POINTS, *CROSS_POINTS, *INPUT_POINTS)
+_KNOWN += tuple(_IN_PART)
 _KNOWN += MODEL_POINTS
 _STACKS = frozenset(s.value for s in Stack)
 _ATTENTIONS = frozenset(a.value for a in Attention)

@@ -135,3 +135,29 @@ def test_fused_mlp_halves_on_modernbert():
     with torch.no_grad(), probe.hooks(model, {names[1]: lambda x, hook: 2 * x}):
         edited = model(**batch).last_hidden_state
     assert not torch.allclose(edited, plain)
+
+
+def test_per_head_inputs_on_a_post_layernorm_encoder():
+    """On BERT (no norm before the attention) hook_attn_in is resid_pre repeated per head, and
+    an edit of one head's hook_q_input changes that head's query only: x' W_Q[h] + b_Q[h]."""
+    model = small_model("bert")
+    batch = padded_batch("bert")
+    w = probe.head_weights(model)[1]
+    other = torch.randn(3, 7, 32, generator=torch.Generator().manual_seed(0))
+
+    def replace_head_2(x, hook):
+        x = x.clone()
+        x[:, :, 2] = other
+        return x
+
+    names = ["blocks.1.hook_attn_in", "blocks.1.hook_resid_pre", "blocks.1.attn.hook_q"]
+    with torch.no_grad(), probe.trace(model, names) as plain:
+        model(**batch)
+    edit = {"blocks.1.hook_q_input": replace_head_2}
+    with torch.no_grad(), probe.hooks(model, edit), probe.trace(model, names[2]) as edited:
+        model(**batch)
+    pre = plain["blocks.1.hook_resid_pre"]
+    assert torch.equal(plain["blocks.1.hook_attn_in"], pre.unsqueeze(2).expand(-1, -1, 4, -1))
+    q, q_edited = plain["blocks.1.attn.hook_q"], edited["blocks.1.attn.hook_q"]
+    torch.testing.assert_close(q_edited[:, :, 2], other @ w.W_Q[2] + w.b_Q[2])
+    torch.testing.assert_close(q_edited[:, :, [0, 1, 3]], q[:, :, [0, 1, 3]])

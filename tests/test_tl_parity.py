@@ -263,3 +263,38 @@ if __name__ == "__main__":
     for kind in HEADS:
         for arch, point, layers, diff, note in compare(kind):
             print(f"{arch:9} {point:26} {layers:6d} {diff:9.1e}  {note}")
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])  # the bridge has them for rotary models
+def test_per_head_inputs_equal_transformer_lens(kind):
+    """hook_attn_in and hook_q_input/k_input/v_input (TransformerLens's use_attn_in and
+    use_split_qkv_input): the same tensors, and the same output when one head's input is
+    edited (the edit reaches only that head, through ln1)."""
+    model, bridge = pair(kind)
+    ids = torch.randint(3, 99, (2, 7), generator=torch.Generator().manual_seed(4))
+
+    def shift_head_1(x, hook):
+        x = x.clone()
+        x[:, :, 1] += torch.linspace(-1, 1, x.shape[-1])
+        return x
+
+    for flag, points in (
+        ("attn_in", ["hook_attn_in"]),
+        ("split", ["hook_q_input", "hook_v_input"]),
+    ):
+        getattr(bridge, "set_use_attn_in" if flag == "attn_in" else "set_use_split_qkv_input")(True)
+        with torch.no_grad():
+            _, theirs = bridge.run_with_cache(ids)
+            with probe.trace(model, points) as ours:
+                model(ids)
+            for name in ours:
+                torch.testing.assert_close(ours[name], theirs[name], atol=1e-5, rtol=1e-5)
+            edits = [(f"blocks.1.{p}", shift_head_1) for p in points]
+            expected = bridge.run_with_hooks(ids, fwd_hooks=edits)
+            with probe.hooks(model, edits):
+                got = model(ids).logits
+            assert not torch.allclose(got, model(ids).logits, atol=1e-4)
+            torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+        getattr(bridge, "set_use_attn_in" if flag == "attn_in" else "set_use_split_qkv_input")(
+            False
+        )
