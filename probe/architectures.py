@@ -27,6 +27,13 @@ class Architecture:
 
     ``rotary``: queries and keys are rotated (rotary position embedding) after their projection
     (and, on Qwen3 and Gemma 3, their norms), before they meet in the scores.
+
+    ``ln1`` and ``ln2`` are the norms before the attention and before the MLP (pre-LayerNorm
+    blocks), or after each sum (``post_ln``: BERT's, where ``ln1``'s input is the stream after
+    the attention and ``ln2``'s after the MLP). ``mlp_pre`` is the MLP's input projection
+    (a gated MLP's gate), ``mlp_pre_linear`` a gated MLP's other, ``mlp_post`` the projection
+    whose input is the activation. Empty where the architecture has none that TransformerLens
+    would hook (a fused gate and input projection).
     """
 
     blocks: str
@@ -44,6 +51,18 @@ class Architecture:
     mlp: str = ""
     attn_out: str = ""
     rotary: bool = False
+    ln1: str = ""
+    ln2: str = ""
+    ln1_post: str = ""  # Gemma's norms of the attention's and the MLP's outputs
+    ln2_post: str = ""
+    mlp_pre: str = ""
+    mlp_pre_linear: str = ""
+    mlp_post: str = ""
+    mlp_pre_fused: str = ""  # one projection whose output is [mlp_pre's | mlp_pre_linear's]
+    post_ln: bool = False
+    # The query projection's output is scaled by 1/√d_head before the attention (OPT): hook_q
+    # is then on the projection, unscaled, as TransformerLens has it.
+    q_scaled: bool = False
 
 
 _BERT = Architecture(
@@ -54,6 +73,11 @@ _BERT = Architecture(
     "attention.self.value",
     "attention.output.dense",
     mlp="output.dense",
+    ln1="attention.output.LayerNorm",
+    ln2="output.LayerNorm",
+    mlp_pre="intermediate.dense",
+    mlp_post="output.dense",
+    post_ln=True,
 )
 _LLAMA = Architecture(
     "layers",
@@ -64,9 +88,21 @@ _LLAMA = Architecture(
     "self_attn.o_proj",
     mlp="mlp",
     rotary=True,
+    ln1="input_layernorm",
+    ln2="post_attention_layernorm",
+    mlp_pre="mlp.gate_proj",
+    mlp_pre_linear="mlp.up_proj",
+    mlp_post="mlp.down_proj",
 )
 # Gemma normalises the attention's and the MLP's outputs before adding them to the stream.
-_GEMMA = replace(_LLAMA, attn_out="post_attention_layernorm", mlp="post_feedforward_layernorm")
+_GEMMA = replace(
+    _LLAMA,
+    attn_out="post_attention_layernorm",
+    mlp="post_feedforward_layernorm",
+    ln2="pre_feedforward_layernorm",
+    ln1_post="post_attention_layernorm",
+    ln2_post="post_feedforward_layernorm",
+)
 
 ARCHITECTURES: dict[str, Architecture] = {
     "bert": _BERT,
@@ -80,6 +116,8 @@ ARCHITECTURES: dict[str, Architecture] = {
         "attention.v_lin",
         "attention.out_lin",
         mlp="ffn",
+        ln1="sa_layer_norm", ln2="output_layer_norm", mlp_pre="ffn.lin1", mlp_post="ffn.lin2",
+        post_ln=True,
     ),
     "albert": Architecture(
         "encoder.albert_layer_groups",
@@ -89,8 +127,13 @@ ARCHITECTURES: dict[str, Architecture] = {
         "attention.value",
         "attention.dense",
         mlp="ffn_output",
+        ln1="attention.LayerNorm", ln2="full_layer_layer_norm", mlp_pre="ffn",
+        mlp_post="ffn_output", post_ln=True,
     ),
-    "gpt2": Architecture("h", "attn", o="attn.c_proj", qkv="attn.c_attn", fused="gpt2", mlp="mlp"),
+    "gpt2": Architecture(
+        "h", "attn", o="attn.c_proj", qkv="attn.c_attn", fused="gpt2", mlp="mlp", ln1="ln_1",
+        ln2="ln_2", mlp_pre="mlp.c_fc", mlp_post="mlp.c_proj",
+    ),
     "gpt_neox": Architecture(
         "layers",
         "attention",
@@ -99,6 +142,8 @@ ARCHITECTURES: dict[str, Architecture] = {
         fused="neox",
         mlp="mlp",
         rotary=True,
+        ln1="input_layernorm", ln2="post_attention_layernorm", mlp_pre="mlp.dense_h_to_4h",
+        mlp_post="mlp.dense_4h_to_h",
     ),
     "opt": Architecture(
         "decoder.layers",
@@ -108,6 +153,8 @@ ARCHITECTURES: dict[str, Architecture] = {
         "self_attn.v_proj",
         "self_attn.out_proj",
         mlp="fc2",
+        ln1="self_attn_layer_norm", ln2="final_layer_norm", mlp_pre="fc1", mlp_post="fc2",
+        q_scaled=True,
     ),
     "llama": _LLAMA,
     "mistral": _LLAMA,
@@ -120,11 +167,13 @@ ARCHITECTURES: dict[str, Architecture] = {
     "gemma3_text": _GEMMA,
     "phi3": Architecture(
         "layers", "self_attn", o="self_attn.o_proj", qkv="self_attn.qkv_proj", fused="linear",
-        mlp="mlp", rotary=True,
+        mlp="mlp", rotary=True, ln1="input_layernorm", ln2="post_attention_layernorm",
+        mlp_pre_fused="mlp.gate_up_proj", mlp_post="mlp.down_proj",
     ),
     # Local (sliding-window) and global layers alternate; the mask tells them apart.
     "modernbert": Architecture(
-        "layers", "attn", o="attn.Wo", qkv="attn.Wqkv", fused="linear", mlp="mlp", rotary=True
+        "layers", "attn", o="attn.Wo", qkv="attn.Wqkv", fused="linear", mlp="mlp", rotary=True,
+        ln1="attn_norm", ln2="mlp_norm", mlp_pre_fused="mlp.Wi", mlp_post="mlp.Wo",
     ),
 }  # fmt: skip
 
@@ -138,6 +187,11 @@ _BART_SELF = Architecture(
     "self_attn.v_proj",
     "self_attn.out_proj",
     mlp="fc2",
+    ln1="self_attn_layer_norm",
+    ln2="final_layer_norm",
+    mlp_pre="fc1",
+    mlp_post="fc2",
+    post_ln=True,
 )
 _BART = {
     Attention.ENCODER: _BART_SELF,
@@ -159,10 +213,21 @@ _T5_SELF = Architecture(
     "layer.0.SelfAttention.v",
     "layer.0.SelfAttention.o",
     mlp="layer.1.DenseReluDense",
+    ln1="layer.0.layer_norm",
+    ln2="layer.1.layer_norm",
+    mlp_pre="layer.1.DenseReluDense.wi",  # absent from gated ones (Flan-T5: wi_0 and wi_1)
+    mlp_post="layer.1.DenseReluDense.wo",
 )
 _T5 = {
     Attention.ENCODER: _T5_SELF,
-    Attention.DECODER: replace(_T5_SELF, blocks="decoder.block", mlp="layer.2.DenseReluDense"),
+    Attention.DECODER: replace(
+        _T5_SELF,
+        blocks="decoder.block",
+        mlp="layer.2.DenseReluDense",
+        ln2="layer.2.layer_norm",
+        mlp_pre="layer.2.DenseReluDense.wi",
+        mlp_post="layer.2.DenseReluDense.wo",
+    ),
     Attention.CROSS: Architecture(
         "decoder.block",
         "layer.1.EncDecAttention",
@@ -172,12 +237,50 @@ _T5 = {
         "layer.1.EncDecAttention.o",
     ),
 }
+# mBART normalises before each sublayer, as decoders do.
+_MBART = {a: replace(arch, post_ln=False) for a, arch in _BART.items()}
 ENCODER_DECODER: dict[str, dict[Attention, Architecture]] = {
     "bart": _BART,
-    "mbart": _BART,
+    "mbart": _MBART,
     "marian": _BART,
     "t5": _T5,  # and Flan-T5: relative position bias, no 1/√d_head scaling
 }  # fmt: skip
+
+# The model's own modules (paths from its base model, else from the model: an LM head's norm):
+# the token and position embeddings and the final norm. Encoder-decoder models have none here:
+# their hook_embed is what enters the encoder's first block.
+_BERT_MODEL = {"embed": "embeddings.word_embeddings", "pos_embed": "embeddings.position_embeddings"}
+_DECODER_MODEL = {"embed": "embed_tokens", "ln_final": "norm"}
+MODEL_PARTS: dict[str, dict[str, str]] = {
+    "bert": _BERT_MODEL | {"ln_final": "cls.predictions.transform.LayerNorm"},
+    "roberta": _BERT_MODEL | {"ln_final": "lm_head.layer_norm"},
+    "electra": _BERT_MODEL,
+    "albert": _BERT_MODEL,
+    "distilbert": _BERT_MODEL | {"ln_final": "vocab_layer_norm"},
+    "gpt2": {"embed": "wte", "pos_embed": "wpe", "ln_final": "ln_f"},
+    "gpt_neox": {"embed": "embed_in", "ln_final": "final_layer_norm"},
+    "opt": {
+        "embed": "decoder.embed_tokens", "pos_embed": "decoder.embed_positions",
+        "ln_final": "decoder.final_layer_norm",
+    },
+    "modernbert": {"embed": "embeddings.tok_embeddings", "ln_final": "final_norm"},
+}  # fmt: skip
+for _kind in ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3"):
+    MODEL_PARTS[_kind] = _DECODER_MODEL
+
+
+def model_part(model: nn.Module, part: str) -> nn.Module | None:
+    """The model's module ``part`` (``"embed"``, ``"pos_embed"``, ``"ln_final"``; see
+    ``MODEL_PARTS``), or None where the model has none (a base model without its LM head)."""
+    path = MODEL_PARTS.get(model.config.model_type, {}).get(part)
+    for root in (model.base_model, model):
+        if path:
+            try:
+                return root.get_submodule(path)
+            except AttributeError:
+                continue
+    return None
+
 
 SUPPORTED = ", ".join(sorted([*ARCHITECTURES, *ENCODER_DECODER]))
 CAUSAL = {

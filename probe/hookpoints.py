@@ -8,24 +8,27 @@ block and always detached on exit, also when the body raises.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 
 import torch
 from torch import nn
 
-from probe.errors import ProbeError
-from probe.names import EMBED, Attention, HookName, parse, point_of
+from probe.cache import Cache
+from probe.names import MODEL_POINTS, parse, point_of
 
 Names = None | str | Sequence[str] | Callable[[str], bool]
 
 
 class Hook(str):
     """What a hook function receives besides the tensor: the hook point's full name, a ``str``
-    with TransformerLens's ``hook.name`` and ``hook.layer()``, so that TransformerLens hook
-    functions ``fn(activation, hook)`` port unchanged and older ``fn(tensor, name)`` still work."""
+    with TransformerLens's ``hook.name``, ``hook.layer()`` and ``hook.ctx`` (a dict the point's
+    functions share for the duration of the block), so that TransformerLens hook functions
+    ``fn(activation, hook)`` or ``fn(activation, *, hook)`` port unchanged and older
+    ``fn(tensor, name)`` still work."""
 
-    __slots__ = ()
+    ctx: dict
 
     @property
     def name(self) -> str:
@@ -38,10 +41,11 @@ class Hook(str):
         Raises
         ------
         ValueError
-            For ``hook_embed``, and for a name that is not probe's (``probe.names.parse``).
+            For the model's own points (``hook_embed``, ``ln_final.hook_scale``…), and for a
+            name that is not probe's (``probe.names.parse``).
         """
-        if self == EMBED:
-            raise ValueError("hook_embed belongs to no layer")
+        if self in MODEL_POINTS:
+            raise ValueError(f"{self} belongs to no layer")
         layer = parse(self).layer
         return 0 if layer is None else layer
 
@@ -49,108 +53,77 @@ class Hook(str):
 HookFn = Callable[[torch.Tensor, Hook], torch.Tensor | None]
 
 
+def _caller(fn: HookFn) -> Callable[[torch.Tensor, Hook], torch.Tensor | None]:
+    """``fn`` called as TransformerLens calls it, ``fn(x, hook=hook)``, where it has a ``hook``
+    parameter (keyword-only ones included); positionally otherwise (``fn(tensor, name)``)."""
+    try:
+        parameter = inspect.signature(fn).parameters.get("hook")
+    except (TypeError, ValueError):  # a builtin without a signature
+        parameter = None
+    if parameter is not None and parameter.kind != inspect.Parameter.POSITIONAL_ONLY:
+        return lambda x, hook: fn(x, hook=hook)
+    return fn
+
+
 class HookPoint(nn.Module):
-    """An identity on one intermediate tensor that runs the hook functions attached to it."""
+    """An identity on one intermediate tensor that runs the hook functions attached to it:
+    forward functions on the tensor, backward ones on its gradient."""
 
     def __init__(self) -> None:
         super().__init__()
-        self._fns: list[tuple[HookFn, str]] = []
+        self._fns: list[tuple[HookFn, Hook]] = []
+        self._backward: list[tuple[HookFn, Hook]] = []
+        self.ctx: dict = {}
 
     @property
     def active(self) -> bool:
         """Whether any function is attached (lets callers skip computing unobserved tensors)."""
-        return bool(self._fns)
+        return bool(self._fns or self._backward)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for fn, name in self._fns:
-            out = fn(x, name)
-            if out is not None:
-                if not isinstance(out, torch.Tensor):
-                    raise TypeError(
-                        f"hook on {name} returned a {type(out).__name__}; return None to only "
-                        f"read, or a tensor of shape {tuple(x.shape)}"
-                    )
-                if out.shape != x.shape:
-                    raise ValueError(
-                        f"hook on {name} returned shape {tuple(out.shape)}, "
-                        f"expected {tuple(x.shape)}"
-                    )
-                x = out
+        for fn, hook in self._fns:
+            x = _checked(fn(x, hook), x, hook)
+        if self._backward and x.requires_grad:
+            # A tensor of its own, which the mirror then treats as an edit: the model's output
+            # is computed from it, so that the gradient reaches it.
+            x = x.view_as(x)
+            x.register_hook(self._run_backward)
         return x
 
+    def _run_backward(self, grad: torch.Tensor) -> torch.Tensor:
+        for fn, hook in self._backward:
+            grad = _checked(fn(grad, hook), grad, hook)
+        return grad
+
     @contextmanager
-    def attached(self, fn: HookFn, name: str) -> Iterator[None]:
-        entry = (fn, Hook(name))
-        self._fns.append(entry)
+    def attached(self, fn: HookFn, name: str, backward: bool = False) -> Iterator[None]:
+        hook = Hook(name)
+        hook.ctx = self.ctx
+        entry = (_caller(fn), hook)
+        fns = self._backward if backward else self._fns
+        fns.append(entry)
         try:
             yield
         finally:
-            self._fns.remove(entry)
+            fns.remove(entry)
+            if not self.active:
+                self.ctx.clear()
 
 
-class Cache(dict):
-    """Captured tensors by hook name, e.g. ``cache["blocks.0.attn.hook_pattern"]``."""
-
-    def stack(self, suffix: str, dim: int = 0, *, attention: str | None = None) -> torch.Tensor:
-        """Stack one hook point over layers: ``cache.stack("hook_pattern")`` is ``[layer, ...]``.
-
-        Parameters
-        ----------
-        suffix : str
-            The hook's short name, e.g. ``"hook_z"``.
-        dim : int
-            Where the layer dimension goes (``dim=1`` gives ``[batch, layer, ...]``).
-        attention : str, optional
-            Whose layers, where the cache holds several attentions (an encoder-decoder model):
-            ``"encoder.attn"``, ``"decoder.attn"`` or ``"decoder.cross_attn"``; for the
-            residual stream's points, the stack (``"encoder"``, or an attention of it).
-
-        Returns
-        -------
-        torch.Tensor
-            The captured tensors of every layer that has it, in layer order, e.g.
-            ``[layer, batch, head, q_pos, k_pos]`` for ``hook_pattern``.
-
-        Raises
-        ------
-        KeyError
-            When no captured point (of ``attention``) is ``suffix``.
-        ProbeError
-            When the points are of several attentions or stacks and ``attention`` is not given:
-            their layers would be stacked together.
-        """
-        names = [name for name in self if point_of(name) == suffix]
-        if not names:
-            raise KeyError(f"no captured hook is {suffix!r}; captured: {sorted(self)}")
-        # Names that are not probe's (modules at other paths) keep the order they ran in.
-        parsed = {name: _parsed(name) for name in names}
-        sites = list(dict.fromkeys(str(p.site) for p in parsed.values() if p.site))
-        if attention is not None:
-            names = [n for n in names if _belongs(parsed[n], attention)]
-            if not names:
-                raise KeyError(f"no captured {suffix} of {attention!r}; captured: {sites}")
-        elif len(sites) > 1:
-            raise ProbeError(
-                f"cache.stack({suffix!r}) would stack the layers of {', '.join(sites)} together; "
-                f"name one, e.g. cache.stack({suffix!r}, attention={sites[-1]!r})"
-            )
-        names.sort(key=lambda n: parsed[n].layer or 0)
-        return torch.stack([self[n] for n in names], dim=dim)
-
-
-def _parsed(name: str) -> HookName:
-    try:
-        return parse(name)
-    except ValueError:
-        return HookName(point_of(name))
-
-
-def _belongs(name: HookName, attention: str) -> bool:
-    """Whether a point is of ``attention``, or for a residual point, of its stack."""
-    if name.attention is not None:
-        return name.attention == attention
-    stack = Attention(attention).stack if attention in set(Attention) else attention
-    return name.stack is not None and name.stack == stack
+def _checked(out: torch.Tensor | None, x: torch.Tensor, hook: Hook) -> torch.Tensor:
+    """A hook function's replacement for ``x``, checked; ``x`` where it returned None."""
+    if out is None:
+        return x
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(
+            f"hook on {hook} returned a {type(out).__name__}; return None to only "
+            f"read, or a tensor of shape {tuple(x.shape)}"
+        )
+    if out.shape != x.shape:
+        raise ValueError(
+            f"hook on {hook} returned shape {tuple(out.shape)}, expected {tuple(x.shape)}"
+        )
+    return out
 
 
 @contextmanager
@@ -194,20 +167,28 @@ def resolve(names: Names, points: Mapping[str, HookPoint]) -> list[str]:
     return chosen
 
 
+Fns = Mapping[str, HookFn] | Sequence[tuple[str | Callable[[str], bool], HookFn]]
+
+
 @contextmanager
-def hooks(model: nn.Module, fns: Mapping[str, HookFn]) -> Iterator[None]:
+def hooks(model: nn.Module, fns: Fns = (), *, backward: Fns = ()) -> Iterator[None]:
     """Attach hook functions for the duration of a ``with`` block.
 
     Parameters
     ----------
     model : nn.Module
         A ``probe.MultiHeadAttention``, a module containing them, or a Hugging Face model.
-    fns : mapping of str to callable
-        Hook name (full, e.g. ``"blocks.3.attn.hook_z"``, or a suffix applied to every layer,
-        e.g. ``"hook_pattern"``) to ``fn(activation, hook)``, which returns None to only read,
-        or a tensor of the same shape to replace the value flowing on. ``hook`` is the point's
-        full name (a ``Hook``: a str with ``hook.name`` and ``hook.layer()``, as in
-        TransformerLens).
+    fns : mapping of str to callable, or a list of (name, fn) pairs
+        Hook name (full, e.g. ``"blocks.3.attn.hook_z"``, a suffix applied to every layer,
+        e.g. ``"hook_pattern"``, or as TransformerLens's ``fwd_hooks`` also a predicate on the
+        full name) to ``fn(activation, hook)``, which returns None to only read, or a tensor of
+        the same shape to replace the value flowing on. ``hook`` is the point's full name (a
+        ``Hook``: a str with ``hook.name``, ``hook.layer()`` and ``hook.ctx``, as in
+        TransformerLens); a function with a ``hook`` parameter gets it by keyword.
+    backward : the same
+        Functions on the gradient of the loss with respect to the point's tensor, ``fn(grad,
+        hook)``, run when ``backward()`` passes it (TransformerLens's ``bwd_hooks``); a
+        replacement gradient flows on.
 
     Examples
     --------
@@ -217,15 +198,22 @@ def hooks(model: nn.Module, fns: Mapping[str, HookFn]) -> Iterator[None]:
     ...     out = model(**batch)
     """
     with hook_points(model) as points, ExitStack() as stack:
-        for key, fn in fns.items():
-            for name in resolve(key, points):
-                stack.enter_context(points[name].attached(fn, name))
+        for is_backward, pairs in ((False, fns), (True, backward)):
+            pairs = pairs.items() if isinstance(pairs, Mapping) else pairs
+            for key, fn in pairs:
+                for name in resolve(key, points):
+                    stack.enter_context(points[name].attached(fn, name, is_backward))
         yield
 
 
 @contextmanager
 def trace(
-    model: nn.Module, names: Names = None, *, to_cpu: bool = False, keep_grad: bool = False
+    model: nn.Module,
+    names: Names = None,
+    *,
+    to_cpu: bool = False,
+    keep_grad: bool = False,
+    incl_bwd: bool = False,
 ) -> Iterator[Cache]:
     """Capture hook points while the body runs the model.
 
@@ -240,14 +228,18 @@ def trace(
         Move captured tensors to the CPU.
     keep_grad : bool
         Keep captured tensors in the autograd graph (default: detached).
+    incl_bwd : bool
+        Also capture each point's gradient when the body calls ``backward()``, under the
+        point's name + ``"_grad"`` (TransformerLens's ``run_with_cache(incl_bwd=True)``).
 
     Yields
     ------
     Cache
         Filled as the model runs: name -> tensor, shapes as in DESIGN.md, e.g.
-        ``blocks.{l}.attn.hook_pattern`` is ``[batch, head, q_pos, k_pos]``.
+        ``blocks.{l}.attn.hook_pattern`` is ``[batch, head, q_pos, k_pos]``; with
+        TransformerLens's indexing (``cache["pattern", 0]``) and residual-stream methods.
     """
-    cache = Cache()
+    cache = Cache(model=model if hasattr(model, "config") else None)
 
     def save(x: torch.Tensor, name: str) -> None:
         if name in cache:  # a second forward pass, or a generation step: never overwrite
@@ -258,7 +250,12 @@ def trace(
         x = x if keep_grad else x.detach()
         cache[name] = x.cpu() if to_cpu else x
 
+    def save_grad(grad: torch.Tensor, name: str) -> None:
+        save(grad, f"{name}_grad")
+
     with hook_points(model) as points, ExitStack() as stack:
         for name in resolve(names, points):
             stack.enter_context(points[name].attached(save, name))
+            if incl_bwd:
+                stack.enter_context(points[name].attached(save_grad, name, backward=True))
         yield cache

@@ -5,7 +5,11 @@ A model's hook points are named as TransformerLens names them:
 - an attention's, ``{stack}.{layer}.{attn}.{point}``: ``blocks.3.attn.hook_pattern``,
   ``encoder.0.attn.hook_z``, ``decoder.1.cross_attn.hook_q``;
 - the residual stream's, ``{stack}.{layer}.{point}``: ``blocks.3.hook_resid_pre``,
-  ``decoder.1.hook_cross_attn_out``; and ``hook_embed``, what enters the first block;
+  ``decoder.1.hook_cross_attn_out``;
+- a block's layer norms' and MLP's, ``{stack}.{layer}.{part}.{point}``:
+  ``blocks.3.ln1.hook_scale``, ``blocks.3.mlp.hook_post``;
+- the model's own, the point alone: ``hook_embed`` (the token embedding), ``hook_pos_embed``,
+  ``ln_final.hook_scale``, ``hook_unembed``;
 - a bare ``probe.MultiHeadAttention``'s, the point alone: ``hook_z``.
 
 The stack is ``blocks`` for encoder-only and decoder-only models, ``encoder`` or ``decoder`` for
@@ -59,12 +63,35 @@ ATTENTION_POINTS = (
     "hook_result",
 )
 ROTARY_POINTS = ("hook_rot_q", "hook_rot_k")
-RESIDUAL_POINTS = ("hook_resid_pre", "hook_attn_out", "hook_mlp_out", "hook_resid_post")
+RESIDUAL_POINTS = (
+    "hook_resid_pre",
+    "hook_attn_out",
+    "hook_resid_mid",
+    "hook_mlp_in",
+    "hook_mlp_out",
+    "hook_resid_post",
+)
 CROSS_POINTS = ("hook_cross_attn_out",)
+# The attention's input per head, [batch, pos, head, d_model], before ln1 (TransformerLens's
+# use_attn_in and use_split_qkv_input): an edit reaches only that head's query, key or value.
+INPUT_POINTS = ("hook_attn_in", "hook_q_input", "hook_k_input", "hook_v_input")
+# A layer norm's: sqrt(var + eps) [batch, pos, 1], and its input centred (LayerNorm) and divided
+# by it, before the weight and bias. An MLP's: before and after its activation (hook_pre_linear:
+# a gated MLP's other input projection).
+NORM_POINTS = ("hook_scale", "hook_normalized")
+MLP_POINTS = ("hook_pre", "hook_pre_linear", "hook_post")
+NORMS = ("ln1", "ln2", "ln1_post", "ln2_post")  # before attention and MLP; Gemma's after each
+BLOCK_PARTS = dict.fromkeys(NORMS, NORM_POINTS) | {"mlp": MLP_POINTS}
 EMBED = "hook_embed"
+POS_EMBED = "hook_pos_embed"
+UNEMBED = "hook_unembed"
+MODEL_POINTS = (EMBED, POS_EMBED, "ln_final.hook_scale", "ln_final.hook_normalized", UNEMBED)
 _IN_ATTENTION = frozenset(ATTENTION_POINTS + ROTARY_POINTS)
-_IN_BLOCK = frozenset(RESIDUAL_POINTS + CROSS_POINTS)
-_KNOWN = (*ATTENTION_POINTS, *ROTARY_POINTS, *RESIDUAL_POINTS, *CROSS_POINTS, EMBED)
+_IN_PART = frozenset(f"{part}.{p}" for part, points in BLOCK_PARTS.items() for p in points)
+_IN_BLOCK = frozenset(RESIDUAL_POINTS + CROSS_POINTS + INPUT_POINTS) | _IN_PART
+_KNOWN = (*ATTENTION_POINTS, *ROTARY_POINTS, *RESIDUAL_POINTS, *CROSS_POINTS, *INPUT_POINTS)
+_KNOWN += tuple(_IN_PART)
+_KNOWN += MODEL_POINTS
 _STACKS = frozenset(s.value for s in Stack)
 _ATTENTIONS = frozenset(a.value for a in Attention)
 
@@ -101,9 +128,11 @@ def hook_name(point: str, layer: int | None = None, site: str = Stack.BLOCKS) ->
     Parameters
     ----------
     point : str
-        The point: ``"hook_pattern"``, or TransformerLens's short form ``"pattern"``.
+        The point: ``"hook_pattern"``, or TransformerLens's short form ``"pattern"``; a block
+        part's with the part, ``"ln1.hook_scale"``, ``"mlp.hook_pre"``.
     layer : int, optional
-        0-based, within the stack; None for ``hook_embed`` and a bare attention's points.
+        0-based, within the stack; None for the model's own points (``hook_embed``,
+        ``ln_final.hook_scale``) and a bare attention's points.
     site : str
         An attention (``"decoder.cross_attn"``) or, for the residual stream's points, a stack
         (``"encoder"``); an attention's point under a stack goes to its self-attention, and a
@@ -121,13 +150,15 @@ def hook_name(point: str, layer: int | None = None, site: str = Stack.BLOCKS) ->
     ValueError
         For an unknown point or site, or a layer given to ``hook_embed``.
     """
+    part, _, point = point.rpartition(".")
     point = point if point.startswith("hook_") else f"hook_{point}"
+    point = f"{part}.{point}" if part else point
     if point not in _KNOWN:
         raise ValueError(f"unknown hook point {point!r}; known: {', '.join(_KNOWN)}")
     if layer is None:
         return point
-    if point == EMBED:
-        raise ValueError("hook_embed belongs to no layer")
+    if point in MODEL_POINTS:
+        raise ValueError(f"{point} belongs to no layer")
     if site not in _STACKS | _ATTENTIONS:
         raise ValueError(
             f"unknown site {site!r}: an attention ({', '.join(Attention)}) or a stack "
@@ -149,12 +180,13 @@ def parse(name: str) -> HookName:
         ``MultiHeadAttention`` modules at other paths (``point_of`` reads those).
     """
     parts = name.split(".")
-    if len(parts) == 1 and name in _IN_ATTENTION | {EMBED}:
+    if name in _IN_ATTENTION or name in MODEL_POINTS:
         return HookName(name)
     if len(parts) in (3, 4) and parts[0] in _STACKS and parts[1].isdigit():
-        stack, layer, point = Stack(parts[0]), int(parts[1]), parts[-1]
-        if len(parts) == 3 and point in _IN_BLOCK:
+        stack, layer, point = Stack(parts[0]), int(parts[1]), ".".join(parts[2:])
+        if point in _IN_BLOCK:
             return HookName(point, layer, stack)
+        point = parts[-1]
         if f"{stack}.{parts[2]}" in _ATTENTIONS and point in _IN_ATTENTION:
             return HookName(point, layer, stack, parts[2])
     raise ValueError(
@@ -164,6 +196,52 @@ def parse(name: str) -> HookName:
 
 
 def point_of(name: str) -> str:
-    """The point of any hook name, its last part (``"hook_z"``); unlike ``parse``, also for
-    models built from ``MultiHeadAttention`` modules, whose points are named by module path."""
-    return name.rpartition(".")[2]
+    """The point of any hook name: its last part (``"hook_z"``), with a block part's part
+    (``"ln1.hook_scale"``); unlike ``parse``, also for models built from ``MultiHeadAttention``
+    modules, whose points are named by module path."""
+    rest, _, point = name.rpartition(".")
+    part = rest.rpartition(".")[2]
+    return f"{part}.{point}" if part in BLOCK_PARTS or part == "ln_final" else point
+
+
+# TransformerLens's short names for a block's parts, in ``act_name``.
+_NAME_ALIASES = {"attn": "pattern", "attn_logits": "attn_scores", "key": "k", "query": "q"}
+_NAME_ALIASES |= {"value": "v", "mlp_pre": "pre", "mlp_post": "post"}
+_PART_ALIASES = {"a": "attn", "attention": "attn", "m": "mlp", "b": "", "block": "", "blocks": ""}
+
+
+def act_name(name: str, layer: int | None = None, part: str | None = None) -> str:
+    """A full hook name from TransformerLens's short form (its ``get_act_name``, and the keys
+    of ``cache[name, layer, part]``).
+
+    Parameters
+    ----------
+    name : str
+        ``"pattern"``, ``"hook_resid_pre"``, ``"scale"``… or a full name, returned as it is.
+    layer : int, optional
+        0-based layer; None for the model's own points: ``act_name("scale")`` is
+        ``"ln_final.hook_scale"``.
+    part : str, optional
+        ``"ln1"`` or ``"ln2"`` for ``scale`` and ``normalized``; ``"attn"``, ``"mlp"`` or the
+        block (``"b"``) where the name does not say (TransformerLens's aliases: a, m, b).
+
+    Returns
+    -------
+    str
+        ``act_name("q", 1, "attn")`` is ``"blocks.1.attn.hook_q"``, ``act_name("pre", 0)``
+        ``"blocks.0.mlp.hook_pre"``, ``act_name("scale", 2, "ln1")`` ``"blocks.2.ln1.hook_scale"``.
+    """
+    if "." in name:
+        return name
+    name = _NAME_ALIASES.get(name, name)
+    point = name if name.startswith("hook_") else f"hook_{name}"
+    part = _PART_ALIASES.get(part, part) if part is not None else None
+    if point in NORM_POINTS and layer is None:
+        return f"ln_final.{point}"
+    if point in NORM_POINTS:
+        if part not in ("ln1", "ln2"):
+            raise ValueError(f"{name} of layer {layer}: say which norm, e.g. ({name!r}, 0, 'ln1')")
+        return hook_name(f"{part}.{point}", layer)
+    if point in MLP_POINTS and layer is not None:
+        return hook_name(f"mlp.{point}", layer)
+    return hook_name(point, layer)

@@ -139,7 +139,10 @@ def test_residual_stream(kind):
     assert torch.equal(cache["hook_embed"], cache["encoder.0.hook_resid_pre"])
     cross = probe.head_weights(model, "decoder.cross_attn")
     for stack in ("encoder", "decoder"):
-        assert torch.equal(cache[f"{stack}.0.hook_resid_post"], cache[f"{stack}.1.hook_resid_pre"])
+        post, arch = cache[f"{stack}.0.hook_resid_post"], architecture(model, f"{stack}.attn")
+        if arch.post_ln:  # BART, Marian: the next block reads LN₂(resid_post)
+            post = blocks(model, f"{stack}.attn")[0].get_submodule(arch.ln2)(post)
+        assert torch.equal(post, cache[f"{stack}.1.hook_resid_pre"])
         for layer in range(2):
             name = f"{stack}.{layer}."
             parts = [cache[name + "hook_resid_pre"], cache[name + "hook_attn_out"]]

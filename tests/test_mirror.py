@@ -101,9 +101,8 @@ def test_shapes_results_and_queries(kind):
                 torch.testing.assert_close(
                     cache[name + point][:, :, head], x @ W[head] + b[head], atol=1e-5, rtol=0
                 )
-        scale = model.config.hidden_size // 4 if kind == "opt" else 1  # OPT pre-scales queries
-        for head in range(4):
-            expected = (x @ w.W_Q[head] + w.b_Q[head]) / scale**0.5
+        for head in range(4):  # OPT's too, before it scales them (as TransformerLens)
+            expected = x @ w.W_Q[head] + w.b_Q[head]
             torch.testing.assert_close(
                 cache[name + "hook_q"][:, :, head], expected, atol=1e-5, rtol=0
             )

@@ -8,7 +8,7 @@ from models import CONFIGS, ENCODERS, padded_batch, small_model
 from torch import nn
 
 import probe
-from probe.architectures import blocks
+from probe.architectures import architecture, blocks
 from probe.names import hook_name
 
 RESIDUAL = ("hook_resid_pre", "hook_attn_out", "hook_mlp_out", "hook_resid_post")
@@ -28,18 +28,24 @@ def run(kind, names=None, fns=None):
 
 @pytest.mark.parametrize("kind", sorted(CONFIGS))
 def test_residual_points_chain_from_the_embeddings_to_the_output(kind):
-    """Every point is [batch, pos, d_model]; hook_embed is what enters block 0, each block's
-    output is the next block's input, exactly."""
+    """Every point is [batch, pos, d_model]; hook_embed is the token embedding (TransformerLens's:
+    positions apart, [batch, pos, d_embed]); each block's output is the next block's input,
+    exactly: resid_post itself in pre-LayerNorm blocks, LN₂(resid_post) in post-LayerNorm ones."""
     model, batch, cache, _ = run(kind, [*RESIDUAL, "hook_embed"])
     n = len(blocks(model))
     assert set(cache) == {"hook_embed"} | {f"blocks.{i}.{s}" for i in range(n) for s in RESIDUAL}
     for name, x in cache.items():
-        assert x.shape == (*batch["input_ids"].shape, model.config.hidden_size), name
-    assert torch.equal(cache["hook_embed"], cache["blocks.0.hook_resid_pre"])
+        if name != "hook_embed":
+            assert x.shape == (*batch["input_ids"].shape, model.config.hidden_size), name
+    with torch.no_grad():
+        assert torch.equal(cache["hook_embed"], model.get_input_embeddings()(batch["input_ids"]))
+    arch = architecture(model)
     for i in range(n - 1):
-        assert torch.equal(
-            cache[f"blocks.{i}.hook_resid_post"], cache[f"blocks.{i + 1}.hook_resid_pre"]
-        )
+        post = cache[f"blocks.{i}.hook_resid_post"]
+        if arch.post_ln:
+            with torch.no_grad():
+                post = blocks(model)[i].get_submodule(arch.ln2)(post)
+        assert torch.equal(post, cache[f"blocks.{i + 1}.hook_resid_pre"])
 
 
 @pytest.mark.parametrize("kind", PRE_LAYERNORM)
@@ -53,14 +59,18 @@ def test_pre_layernorm_blocks_add_attention_and_mlp_to_the_stream(kind):
 
 @pytest.mark.parametrize("kind", ["bert", "roberta", "electra"])
 def test_post_layernorm_encoders_normalise_after_each_sum(kind):
-    """BERT-style blocks: resid_post = LN₂(LN₁(resid_pre + attn_out) + mlp_out); attn_out and
-    mlp_out are taken before their LayerNorm, and the last resid_post is the model's output."""
-    model, _, cache, out = run(kind, RESIDUAL)
+    """BERT-style blocks, as TransformerLens's HookedEncoder has them: resid_mid = resid_pre +
+    attn_out, resid_post = LN₁(resid_mid) + mlp_out, and the next block reads LN₂(resid_post);
+    attn_out and mlp_out are taken before any LayerNorm."""
+    model, _, cache, out = run(kind, [*RESIDUAL, "hook_resid_mid", "hook_mlp_in"])
     for i, block in enumerate(blocks(model)):
         pre, attn, mlp, post = (cache[f"blocks.{i}.{s}"] for s in RESIDUAL)
-        mid = block.attention.output.LayerNorm(pre + attn)
-        torch.testing.assert_close(block.output.LayerNorm(mid + mlp), post, atol=1e-5, rtol=0)
-    torch.testing.assert_close(cache[f"blocks.{len(blocks(model)) - 1}.hook_resid_post"], out)
+        mid = cache[f"blocks.{i}.hook_resid_mid"]
+        torch.testing.assert_close(pre + attn, mid, atol=1e-5, rtol=0)
+        assert torch.equal(cache[f"blocks.{i}.hook_mlp_in"], mid)
+        torch.testing.assert_close(block.attention.output.LayerNorm(mid) + mlp, post)
+    last = blocks(model)[-1].output.LayerNorm
+    torch.testing.assert_close(last(cache[f"blocks.{len(blocks(model)) - 1}.hook_resid_post"]), out)
 
 
 @pytest.mark.parametrize("kind", sorted(CONFIGS))
@@ -102,10 +112,16 @@ def test_residual_points_are_editable(kind):
     assert not torch.allclose(no_mlp, plain, atol=1e-4)
     # Not a constant: LayerNorm would remove that.
     shift = lambda x, hook: x + torch.linspace(-1, 1, x.shape[-1])  # noqa: E731
-    _, _, _, after = run(kind, fns={"blocks.0.hook_resid_post": shift})
+    model, _, cache, after = run(kind, "hook_resid_post", fns={"blocks.0.hook_resid_post": shift})
+    assert not torch.allclose(after, plain, atol=1e-4)
+    if architecture(model).post_ln:  # the next block reads LN₂(resid_post + shift)
+        _, _, edited, _ = run(kind, "hook_resid_pre", fns={"blocks.0.hook_resid_post": shift})
+        ln2 = blocks(model)[0].get_submodule(architecture(model).ln2)
+        expected = ln2(shift(cache["blocks.0.hook_resid_post"], None))
+        torch.testing.assert_close(edited["blocks.1.hook_resid_pre"], expected)
+        return
     _, _, _, before = run(kind, fns={"blocks.1.hook_resid_pre": shift})
     torch.testing.assert_close(after, before)
-    assert not torch.allclose(after, plain, atol=1e-4)
 
 
 def test_hook_functions_receive_a_transformerlens_hook():

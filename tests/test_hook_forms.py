@@ -1,0 +1,163 @@
+"""Hook functions in every form TransformerLens accepts: ``fn(act, hook)``, a keyword-only
+``hook``, a partial, ``hook.ctx``, and ``probe.hooks`` given TransformerLens's list of
+``(name or predicate, fn)`` pairs; backward hooks on gradients. New points (norms, MLP, resid_mid,
+embeddings) are editable, and an edit flows on as the model computes."""
+
+from functools import partial
+
+import torch
+from models import padded_batch, small_model
+
+import probe
+from probe.architectures import architecture, blocks
+
+
+def test_every_form_of_hook_function_is_called():
+    model = small_model("gpt2")
+    batch = padded_batch("gpt2")
+    seen = []
+
+    def positional(act, hook):
+        seen.append(("positional", hook.name))
+
+    def keyword_only(act, *, hook):
+        seen.append(("keyword", hook.name))
+
+    def with_extra(act, hook, head):
+        seen.append(("partial", head))
+
+    def counting(act, hook):  # hook.ctx: shared by the point's calls for the whole block
+        hook.ctx["calls"] = hook.ctx.get("calls", 0) + 1
+        seen.append(("ctx", hook.ctx["calls"]))
+
+    pairs = [
+        ("blocks.0.attn.hook_z", positional),
+        ("blocks.0.attn.hook_z", keyword_only),
+        (lambda name: name == "blocks.1.attn.hook_pattern", partial(with_extra, head=3)),
+        ("blocks.0.hook_resid_mid", counting),
+    ]
+    with torch.no_grad(), probe.hooks(model, pairs):
+        model(**batch)
+        model(**batch)
+    z = [("positional", "blocks.0.attn.hook_z"), ("keyword", "blocks.0.attn.hook_z")]
+    assert seen == [*z, ("ctx", 1), ("partial", 3), *z, ("ctx", 2), ("partial", 3)]
+
+
+def test_a_backward_hook_edits_the_gradient():
+    """Zeroing the gradient at resid_post of the last layer leaves none for the embeddings;
+    doubling it at resid_pre of layer 0 doubles theirs."""
+    model = small_model("llama")
+    ids = torch.randint(3, 99, (2, 6), generator=torch.Generator().manual_seed(0))
+
+    def embedding_grad(backward=()):
+        model.zero_grad()
+        with probe.hooks(model, backward=backward):
+            model(ids).last_hidden_state.pow(2).sum().backward()
+        return model.get_input_embeddings().weight.grad.clone()
+
+    plain = embedding_grad()
+    assert plain.abs().sum() > 0
+    last = len(blocks(model)) - 1
+    none = embedding_grad([(f"blocks.{last}.hook_resid_post", lambda g, hook: g * 0)])
+    assert torch.equal(none, torch.zeros_like(none))
+    double = embedding_grad([("blocks.0.hook_resid_pre", lambda g, hook: 2 * g)])
+    torch.testing.assert_close(double, 2 * plain)
+
+
+def test_new_points_are_editable_and_edits_flow_on():
+    """An edit of ln1's scale, mlp.hook_post, resid_mid or hook_pos_embed changes the output as
+    the same edit made by hand does."""
+    model = small_model("gpt2")
+    batch = padded_batch("gpt2")
+    block = blocks(model)[0]
+    with torch.no_grad():
+        plain = model(**batch).last_hidden_state
+        with probe.trace(model, ["blocks.0.ln1.hook_scale", "blocks.0.hook_resid_pre"]) as c:
+            model(**batch)
+        doubled = lambda x, hook: 2 * x  # noqa: E731
+        with probe.hooks(model, {"blocks.0.ln1.hook_scale": doubled}):
+            halved_ln = model(**batch).last_hidden_state
+        # By hand: ln1's output with twice the scale is (x - mean) / (2 s) · w + b.
+        x = c["blocks.0.hook_resid_pre"]
+        expected = (x - x.mean(-1, keepdim=True)) / (2 * c["blocks.0.ln1.hook_scale"])
+        expected = expected * block.ln_1.weight + block.ln_1.bias
+        seen = {}
+
+        def read(t, hook):
+            seen["ln1_out"] = t
+
+        with probe.hooks(model, {"blocks.0.ln1.hook_scale": doubled}):
+            # After the mirror's own hook on ln_1, so that it sees the recomputed output.
+            handle = block.ln_1.register_forward_hook(lambda m, i, o: read(o, None))
+            model(**batch)
+        handle.remove()
+        torch.testing.assert_close(seen["ln1_out"], expected, atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(halved_ln, plain)
+        for point in ("blocks.0.mlp.hook_post", "blocks.0.hook_resid_mid", "hook_pos_embed"):
+            with probe.hooks(model, {point: lambda x, hook: x * 0}):
+                assert not torch.allclose(model(**batch).last_hidden_state, plain), point
+
+
+def test_resid_mid_edit_reaches_the_stream():
+    """In a pre-LayerNorm block, replacing resid_mid replaces the stream the MLP adds to:
+    resid_post = edited resid_mid + mlp_out."""
+    model = small_model("llama")
+    batch = padded_batch("llama")
+    assert not architecture(model).post_ln
+    names = ["blocks.0.hook_mlp_out", "blocks.0.hook_resid_post", "blocks.0.hook_resid_mid"]
+    replacement = torch.randn(3, 7, 32, generator=torch.Generator().manual_seed(0))
+    with (
+        torch.no_grad(),
+        probe.hooks(model, {"blocks.0.hook_resid_mid": lambda x, hook: replacement}),
+        probe.trace(model, names) as cache,
+    ):
+        model(**batch)
+    assert torch.equal(cache["blocks.0.hook_resid_mid"], replacement)
+    torch.testing.assert_close(
+        replacement + cache["blocks.0.hook_mlp_out"], cache["blocks.0.hook_resid_post"]
+    )
+
+
+def test_fused_mlp_halves_on_modernbert():
+    """ModernBERT's one input projection gives hook_pre (the activation's input) and
+    hook_pre_linear (the gate): hook_post = act(hook_pre) · hook_pre_linear; an edit of either
+    half flows on. (TransformerLens's bridge does not load ModernBERT; Phi-3's are compared
+    with it in test_tl_parity.)"""
+    model = small_model("modernbert")
+    batch = padded_batch("modernbert")
+    names = [f"blocks.0.mlp.{p}" for p in ("hook_pre", "hook_pre_linear", "hook_post")]
+    with torch.no_grad(), probe.trace(model, names) as cache:
+        plain = model(**batch).last_hidden_state
+    pre, linear, post = (cache[n] for n in names)
+    assert pre.shape == linear.shape == post.shape == (3, 7, model.config.intermediate_size)
+    act = blocks(model)[0].mlp.act
+    torch.testing.assert_close(act(pre) * linear, post)
+    with torch.no_grad(), probe.hooks(model, {names[1]: lambda x, hook: 2 * x}):
+        edited = model(**batch).last_hidden_state
+    assert not torch.allclose(edited, plain)
+
+
+def test_per_head_inputs_on_a_post_layernorm_encoder():
+    """On BERT (no norm before the attention) hook_attn_in is resid_pre repeated per head, and
+    an edit of one head's hook_q_input changes that head's query only: x' W_Q[h] + b_Q[h]."""
+    model = small_model("bert")
+    batch = padded_batch("bert")
+    w = probe.head_weights(model)[1]
+    other = torch.randn(3, 7, 32, generator=torch.Generator().manual_seed(0))
+
+    def replace_head_2(x, hook):
+        x = x.clone()
+        x[:, :, 2] = other
+        return x
+
+    names = ["blocks.1.hook_attn_in", "blocks.1.hook_resid_pre", "blocks.1.attn.hook_q"]
+    with torch.no_grad(), probe.trace(model, names) as plain:
+        model(**batch)
+    edit = {"blocks.1.hook_q_input": replace_head_2}
+    with torch.no_grad(), probe.hooks(model, edit), probe.trace(model, names[2]) as edited:
+        model(**batch)
+    pre = plain["blocks.1.hook_resid_pre"]
+    assert torch.equal(plain["blocks.1.hook_attn_in"], pre.unsqueeze(2).expand(-1, -1, 4, -1))
+    q, q_edited = plain["blocks.1.attn.hook_q"], edited["blocks.1.attn.hook_q"]
+    torch.testing.assert_close(q_edited[:, :, 2], other @ w.W_Q[2] + w.b_Q[2])
+    torch.testing.assert_close(q_edited[:, :, [0, 1, 3]], q[:, :, [0, 1, 3]])
