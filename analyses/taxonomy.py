@@ -23,7 +23,7 @@ from probe.units.repeats import LENGTH, SEQUENCES
 
 if TYPE_CHECKING:
     from probe.corpus import Batch
-    from probe.runner import LayerCapture
+    from probe.rows import RowBlock
 
 np = lazy("numpy")
 pd = lazy("pandas")
@@ -44,6 +44,7 @@ class Taxonomy(Analysis):
     name = "taxonomy"
     title = "Head types"
     captures = ("hook_pattern",)
+    rows = True
     unit = ("repeats", "sentence")
     options = (SEQUENCES, LENGTH)
     default = False  # a second corpus's worth of forward passes: asked for by name
@@ -85,25 +86,29 @@ class Taxonomy(Analysis):
         self.sink = torch.zeros(L, H, dtype=torch.float64)
         self.sink_queries = 0
 
-    def update(self, batch: Batch, layer: int, capture: LayerCapture) -> None:
-        p = capture.pattern  # [B, H, T, T]
-        if batch.unit == "repeats":
-            scores = headtypes.offset_scores(p, self.n).double().cpu()  # [B, 3, H]
-            null = (batch.index % 2).bool().cpu()  # odd index: the null of its pair
-            for kind, rows in enumerate((~null, null)):
-                self.sums[kind, :, layer] += scores[rows].sum(0)
-                self.squares[kind, :, layer] += (scores[rows] ** 2).sum(0)
+    def begin_batch(self, batch: Batch) -> None:
+        L, H = self.context.n_layers, self.context.n_heads
+        self._offsets = torch.zeros(L, len(batch), len(SCORES), H, dtype=torch.float64)
+
+    def update_rows(self, batch: Batch, layer: int, block: RowBlock) -> None:
+        if batch.unit == "repeats":  # a sequence's scores are complete once all its rows are in
+            self._offsets[layer] += headtypes.offset_sums(block, self.n).double().cpu()
         else:
-            sums, queries = headtypes.sink_sums(p, batch.attention_mask.bool())
+            sums, queries = headtypes.sink_block_sums(block, batch.attention_mask.bool())
             self.sink[layer] += sums.double().cpu()
             if layer == 0:
                 self.sink_queries += queries
 
     def end_batch(self, batch: Batch) -> None:
-        if batch.unit == "repeats":
-            null = int((batch.index % 2).sum())
-            self.sequences[0] += len(batch) - null
-            self.sequences[1] += null
+        if batch.unit != "repeats":
+            return
+        scores = self._offsets / headtypes.offset_queries(self.n).double()[:, None]  # [L, B, 3, H]
+        null = (batch.index % 2).bool().cpu()  # odd index: the null of its pair
+        for kind, rows in enumerate((~null, null)):
+            self.sums[kind] += scores[:, rows].sum(1).transpose(0, 1)
+            self.squares[kind] += (scores[:, rows] ** 2).sum(1).transpose(0, 1)
+        self.sequences[0] += len(batch) - int(null.sum())
+        self.sequences[1] += int(null.sum())
 
     def merge(self, other: Taxonomy) -> None:
         self._check_mergeable(other)

@@ -14,7 +14,6 @@ size follows a memory budget (``parse_size``, ``block_rows``).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,29 +27,12 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from probe.architectures import architecture, blocks, is_encoder_decoder
 from probe.errors import ProbeError
+from probe.sizes import parse_size  # noqa: F401 (where users of rows find it)
 
 IMPLEMENTATION = "probe_rows"
-DEFAULT_BUDGET = "1GiB"
 # A block holds about this many [batch, head, rows, keys] float32 tensors at once: the scores,
 # the pattern, and a consumer's temporaries (entropy's p·log p, a product with a mask).
 TENSORS_PER_BLOCK = 4
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
-
-
-def parse_size(text: str, flag: str = "--attention-budget") -> int:
-    """Bytes in a size such as ``512MiB``, ``4GiB``, ``1.5GB`` or ``65536``.
-
-    Raises
-    ------
-    ProbeError
-        One line naming ``flag`` and the sizes it takes.
-    """
-    found = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*([a-zA-Z]*)\s*", str(text))
-    unit = found and found.group(2).lower()
-    if not found or unit not in _UNITS or float(found.group(1)) * _UNITS[unit] < 1:
-        raise ProbeError(f"{flag} takes a size such as 512MiB, 4GiB or 2GB, not {text!r}")
-    return int(float(found.group(1)) * _UNITS[unit])
 
 
 def block_rows(budget: int, batch: int, heads: int, keys: int) -> int:
@@ -81,6 +63,16 @@ class RowBlock:
         out = self.pattern.new_zeros(*self.pattern.shape[:-1], length)
         out[..., self.keys] = self.pattern
         return out
+
+    def at_offset(self, offset: int) -> torch.Tensor:
+        """Each query's weight on the key ``offset`` after it (before it, when negative),
+        ``[batch, head, rows]``: 0 where that key is not among ``keys``."""
+        B, H, b, K = self.pattern.shape
+        query = torch.arange(self.rows.start, self.rows.start + b, device=self.pattern.device)
+        column = query + offset - self.keys.start
+        inside = (column >= 0) & (column < K)
+        index = column.clamp(0, max(K - 1, 0)).expand(B, H, b)[..., None]
+        return self.pattern.gather(-1, index).squeeze(-1) * inside
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ from models import padded_batch, small_model
 
 import probe
 from probe.errors import ProbeError
-from probe.rows import RowBlock, block_rows, parse_size, scored
+from probe.rows import RowBlock, block_rows, scored
+from probe.sizes import parse_size
 
 KINDS = ["llama", "mistral", "qwen2", "bert", "gpt2", "albert", "gpt_neox", "qwen3"]
 
@@ -112,3 +113,18 @@ def test_block_rows_follow_the_budget():
     assert block_rows(256_000 * 10, 2, 8, 1000) == 10
     assert block_rows(256_000 * 11 - 1, 2, 8, 1000) == 10
     assert block_rows(1, 2, 8, 1000) == 1  # never none
+
+
+def test_the_command_line_refuses_a_bad_budget_before_loading(tmp_path):
+    from typer.testing import CliRunner
+
+    from probe.app.cli import app
+
+    out = tmp_path / "report"
+    args = ["analyze", "-m", "minilm", "-t", "sample", "-q", "--out", str(out),
+            "--attention-budget", "lots"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code != 0 and not out.exists()
+    assert "--attention-budget takes a size such as 512MiB, 4GiB or 2GB, not 'lots'" in (
+        result.output
+    )
