@@ -49,9 +49,9 @@ ROLE_METRICS = ("max_at_-1", "max_at_+1", "sink_share", "entropy_normalised")
 # Head similarity is estimated on a keyed sample of the real queries: each is in it with this
 # probability, decided by its sentence and position alone (``probe.keys``).
 JS_QUERY_SHARE = 1 / 32
-# ... but at most about this many numbers of sampled rows per input (128 MiB of float32): a
-# 32,768-token input of a 2 × 4-head model keeps 128 queries. Sentences are far below it.
-JS_CELLS = 2**25
+# ... but at most about this many numbers of sampled rows per input (64 MiB of float32): a
+# 32,768-token input of a 2 × 4-head model keeps 64 queries. Sentences are far below it.
+JS_CELLS = 2**24
 # The head map's SMACOF stops when an iteration lowers the stress by less than this share of the
 # distances' sum of squares (the stress is then within 1e-4 of its minimum, far below what a
 # figure shows), or after this many iterations.

@@ -1,0 +1,121 @@
+"""Memory and time of the roles and taxonomy analyses on one long text, in blocks of query rows.
+
+    python benchmarks/long_context.py [--lengths 4096,8192,16384,32768] [--budget 256MiB]
+
+A random tiny Llama (2 layers, 4 query heads, 2 key/value heads, d_head 16, RoPE) reads one text
+of T tokens: EWT dev's sentences, joined into one sentence of T MiniLM tokens. For each T, two
+fresh processes: the floor, the model's plain sdpa forward over the tokens; and the analysis,
+the same forward with the roles and taxonomy analyses fed row blocks (``probe.runner.
+stream_rows``). Each prints its peak resident memory (ru_maxrss) and the median time of its
+forward passes; the table gives both and their ratios, measured in this one run.
+Goals (issue #29): peak under 2.5 GiB at 32k, growing linearly; time at most 2x the floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import ewt_dev
+
+ROUNDS = 1  # timed passes over the text per process, after a warm-up on 512 tokens
+
+
+def long_text(tokens: int, tokenizer, path: Path) -> Path:
+    """A CoNLL-U file of one sentence: EWT dev's words, in order, as many as fit in ``tokens``
+    tokens with the special ones; every word attaches to the first."""
+    words = []
+    for line in ewt_dev().read_text(encoding="utf-8").splitlines():
+        parts = line.split("\t")
+        if len(parts) == 10 and parts[0].isdigit():
+            words.append((parts[1], parts[3]))
+        if len(words) >= tokens:
+            break
+    lengths = [len(ids) for ids in tokenizer([w for w, _ in words], add_special_tokens=False)
+               ["input_ids"]]  # fmt: skip
+    total, kept = 2, 0  # [CLS] and [SEP]
+    while kept < len(words) and total + lengths[kept] <= tokens:
+        total, kept = total + lengths[kept], kept + 1
+    rows = [f"{i + 1}\t{w}\t_\t{upos}\t_\t_\t{0 if i == 0 else 1}\t{'root' if i == 0 else 'dep'}"
+            "\t_\t_" for i, (w, upos) in enumerate(words[:kept])]  # fmt: skip
+    path.write_text("\n".join(rows) + "\n\n", encoding="utf-8")
+    return path
+
+
+def child(tokens: int, mode: str, budget: str) -> dict:
+    import torch
+    import transformers as tf
+
+    import probe
+    from analyses import Context
+    from analyses.roles import Roles
+    from analyses.taxonomy import Taxonomy
+    from probe.runner import stream_rows
+    from probe.sizes import parse_size
+    from probe.units import Source
+    from probe.units.sentences import Sentences
+
+    torch.manual_seed(0)
+    _, tokenizer = probe.load("minilm")
+    config = tf.LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                            num_hidden_layers=2, intermediate_size=128,
+                            vocab_size=len(tokenizer), max_position_embeddings=tokens)  # fmt: skip
+    model = tf.LlamaModel(config).eval()
+    with tempfile.TemporaryDirectory() as folder:
+        batches = []
+        for length in (512, tokens):  # a short warm-up, then the text
+            source = Source((long_text(length, tokenizer, Path(folder) / f"{length}.conllu"),))
+            batches.append(next(iter(Sentences(source, tokenizer, length).batches(1))))
+    context = Context(2, 4, causal=True, model=model, tokenizer=tokenizer)
+    times = []
+    for batch in [batches[0]] + [batches[1]] * ROUNDS:
+        start = time.perf_counter()
+        if mode == "floor":
+            with torch.inference_mode():
+                model(**batch.inputs)
+        else:
+            consumers = [Roles(context), Taxonomy(context)]
+            stream_rows(model, [batch], consumers, parse_size(budget))
+        times.append(time.perf_counter() - start)
+    T = batches[1].input_ids.shape[1]
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB
+    return {"tokens": T, "seconds": sorted(times[1:])[len(times[1:]) // 2], "peak_mib": peak}
+
+
+def run(tokens: int, mode: str, budget: str) -> dict:
+    args = [sys.executable, __file__, "--child", str(tokens), mode, "--budget", budget]
+    out = subprocess.run(args, capture_output=True, text=True, env=os.environ)
+    if out.returncode:
+        sys.exit(f"{mode} at {tokens} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--lengths", default="4096,8192,16384,32768")
+    parser.add_argument("--budget", default="256MiB", help="--attention-budget of the analysis")
+    parser.add_argument("--child", nargs=2, metavar=("TOKENS", "MODE"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(int(args.child[0]), args.child[1], args.budget)))
+        return
+    print(f"threads {os.environ.get('OMP_NUM_THREADS', 'default')}, budget {args.budget}")
+    print(f"{'tokens':>7} {'floor s':>8} {'analysis s':>10} {'time x':>7} "
+          f"{'floor MiB':>9} {'analysis MiB':>12} {'MiB/1k tok':>10}")  # fmt: skip
+    for tokens in map(int, args.lengths.split(",")):
+        floor, rows = run(tokens, "floor", args.budget), run(tokens, "rows", args.budget)
+        ratio = rows["seconds"] / floor["seconds"]
+        print(f"{rows['tokens']:>7} {floor['seconds']:>8.2f} {rows['seconds']:>10.2f} "
+              f"{ratio:>7.2f} {floor['peak_mib']:>9.0f} {rows['peak_mib']:>12.0f} "
+              f"{rows['peak_mib'] / rows['tokens'] * 1000:>10.1f}", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
