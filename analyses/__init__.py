@@ -47,6 +47,7 @@ REGISTRY: dict[str, str] = {
     "cross": "analyses.cross:CrossAttention",
     "importance": "analyses.importance:Importance",
     "taxonomy": "analyses.taxonomy:Taxonomy",
+    "retrieval": "analyses.retrieval:Retrieval",
 }
 
 # A table's columns and their types: "int", "float", "str", "bool", or "Int64" (an integer

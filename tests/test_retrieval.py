@@ -2,12 +2,17 @@
 trained model whose induction head retrieves from a needle while its other heads do not."""
 
 import numpy as np
+import pandas as pd
+import pytest
 import torch
 import transformers as tf
+from conftest import EWT, needs_ewt
 from induction import INDUCTION, MODEL, PREVIOUS_TOKEN
 
+import probe
 from probe.retrieval import DEPTHS, QUESTION, Trial, haystack, hits, needle_trials, scores
 from probe.rows import RowBlock
+from probe.treebank import iter_treebank
 
 IDS = torch.tensor([0, 7, 8, 5, 6, 9, 9, 8, 4, 6, 9, 2])
 # needle at 3..5 (5 6 9), the answer at 9..11 (6 9 2): queries 8, 9 and 10 predict them
@@ -94,3 +99,60 @@ def test_a_trained_induction_head_retrieves_from_the_needle():
     assert real[INDUCTION] > 0.5 and real[1].min() > 0.4, real
     assert real[PREVIOUS_TOKEN] < 0.1 and real[0].max() < 0.1, real
     assert null.max() < 0.1, null
+
+
+@pytest.fixture(scope="module")
+def llama_folder(tmp_path_factory, minilm):
+    """A small random Llama that reads MiniLM's tokens, saved as a user's model folder."""
+    _, tokenizer = minilm
+    torch.manual_seed(0)
+    config = tf.LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                            num_hidden_layers=2, intermediate_size=64,
+                            vocab_size=len(tokenizer), max_position_embeddings=256)  # fmt: skip
+    folder = tmp_path_factory.mktemp("llama")
+    tf.LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@needs_ewt()
+def test_the_analysis_writes_scores_roles_and_a_map(llama_folder, tmp_path):
+    from typer.testing import CliRunner
+
+    from probe.app.cli import app
+
+    out = tmp_path / "report"
+    dev = str(EWT / "en_ewt-ud-dev.conllu")
+    args = ["analyze", "-m", str(llama_folder), "-a", "retrieval", "-q", "--out", str(out),
+            "-t", dev, "--retrieval-lengths", "64,128,4096"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    table = pd.read_csv(out / "retrieval.csv")
+    # 4096 is capped by the context (256 - 64 kept free): lengths 64, 128 and 192
+    assert sorted(table.length.unique()) == [64, 128, 192]
+    assert len(table) == 2 * 4 * 3 * len(DEPTHS) * 2  # heads × lengths × depths × (needle, null)
+    heads = pd.read_csv(out / "heads.csv")
+    mean = table[table.needle].groupby(["layer", "head"]).score.mean().to_numpy()
+    np.testing.assert_allclose(heads.retrieval_score, mean)
+    assert (heads.retrieval_low <= heads.retrieval_score).all()
+    held = heads.roles.fillna("").map(lambda roles: "retrieval" in roles.split(";"))
+    assert held.tolist() == (heads.retrieval_score > 0.1).tolist()
+    assert "Retrieval score by length and depth" in (out / "index.html").read_text()
+    # the scores are probe.retrieval's on the same trials
+    model = tf.AutoModel.from_pretrained(llama_folder).eval()
+    tokenizer = tf.AutoTokenizer.from_pretrained(llama_folder)
+    texts = [" ".join(s.words) for s in iter_treebank([dev])]
+    hay = haystack(tokenizer, texts, 192)
+    trials = needle_trials(tokenizer, hay, [64], seed=0)
+    found = np.stack(list(scores(model, trials)))
+    got = table[table.length == 64].score.to_numpy().reshape(len(trials), 8)
+    np.testing.assert_allclose(got, found.reshape(len(trials), 8))
+
+
+def test_bad_lengths_are_one_line():
+    from analyses.retrieval import parse_lengths
+
+    assert parse_lengths("2048, 1024,1024") == [1024, 2048]
+    for text in ("", "a,b", "0,8", "-4"):
+        with pytest.raises(probe.ProbeError, match=r"^--retrieval-lengths takes positive"):
+            parse_lengths(text)
