@@ -73,3 +73,38 @@ def test_row_blocks_give_the_whole_patterns_tables(kind, minilm):
 def test_only_analyses_of_sums_take_rows():
     takes = {name for name in analyses.REGISTRY if analyses.get(name).rows}
     assert takes == {"roles", "taxonomy"}
+
+
+def test_the_run_reads_rows_where_every_reader_takes_them(tmp_path, monkeypatch):
+    """``probe analyze -a taxonomy`` on the trained GPT-2: the repeated sequences (read by the
+    taxonomy alone) stream in row blocks beside sdpa; the sentences, whose head cards' examples
+    need whole patterns, stream whole."""
+    from induction import MODEL
+    from typer.testing import CliRunner
+
+    import probe.rows
+    import probe.runner
+    from probe.app.cli import app
+
+    seen = []
+    for name in ("stream", "stream_rows"):
+        real = getattr(probe.runner, name)
+
+        def spy(model, batches, consumers, *args, real=real, name=name):
+            batches = list(batches)
+            seen.append((name, batches[0].unit, model.config._attn_implementation))
+            return real(model, batches, consumers, *args)
+
+        monkeypatch.setattr(probe.runner, name, spy)
+    implementations = []
+    original = probe.rows.sdpa_attention_forward
+    monkeypatch.setattr(probe.rows, "sdpa_attention_forward",
+                        lambda *a, **k: implementations.append(1) or original(*a, **k))  # fmt: skip
+    out = tmp_path / "r"
+    args = ["analyze", "-m", str(MODEL), "-t", "sample", "-n", "8", "-a", "taxonomy",
+            "--repeat-sequences", "6", "--repeat-length", "10", "-o", str(out), "-q",
+            "--attention-budget", "2KiB"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert ("stream_rows", "repeats", "sdpa") in seen and ("stream", "sentence", "sdpa") in seen
+    assert implementations  # the model's own sdpa computed the outputs
