@@ -29,15 +29,15 @@ ROUNDS = 1  # timed passes of each over the text per process, after a warm-up on
 
 
 def long_text(tokens: int, tokenizer, path: Path) -> Path:
-    """A CoNLL-U file of one sentence: EWT dev's words, in order, as many as fit in ``tokens``
-    tokens with the special ones; every word attaches to the first."""
+    """A CoNLL-U file of one sentence: EWT dev's words, in order (from the start again when they
+    run out), as many as fit in ``tokens`` tokens with the special ones; every word attaches to
+    the first."""
     words = []
     for line in ewt_dev().read_text(encoding="utf-8").splitlines():
         parts = line.split("\t")
         if len(parts) == 10 and parts[0].isdigit():
             words.append((parts[1], parts[3]))
-        if len(words) >= tokens:
-            break
+    words = (words * (tokens // len(words) + 1))[:tokens]  # EWT dev has about 25k words
     lengths = [len(ids) for ids in tokenizer([w for w, _ in words], add_special_tokens=False)
                ["input_ids"]]  # fmt: skip
     total, kept = 2, 0  # [CLS] and [SEP]
