@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
     from analyses.figures import Figure
     from probe.corpus import Batch
+    from probe.rows import RowBlock
     from probe.runner import LayerCapture
 
 # name -> "module:class". Adding an analysis: one module in analyses/ and one line here.
@@ -46,6 +47,7 @@ REGISTRY: dict[str, str] = {
     "cross": "analyses.cross:CrossAttention",
     "importance": "analyses.importance:Importance",
     "taxonomy": "analyses.taxonomy:Taxonomy",
+    "retrieval": "analyses.retrieval:Retrieval",
 }
 
 # A table's columns and their types: "int", "float", "str", "bool", or "Int64" (an integer
@@ -134,6 +136,11 @@ class Analysis:
     # Its settings: each becomes a command-line option, is checked, and is kept in run.json.
     options: ClassVar[tuple[Option, ...]] = ()
     default: ClassVar[bool] = True  # run when the user names no analyses
+    # Whether it takes a layer's pattern in blocks of query rows (``update_rows``): it keeps sums
+    # over queries, so that a long input's T × T pattern need never exist whole, and the model
+    # runs its fast kernel (``probe.runner.stream_rows``). Analyses that need a whole pattern at
+    # once (syntax's word-level attention, say) leave it False.
+    rows: ClassVar[bool] = False
 
     def __init__(self, context: Context) -> None:
         self.context = context
@@ -160,7 +167,18 @@ class Analysis:
         """Called before ``batch`` runs through the model."""
 
     def update(self, batch: Batch, layer: int, capture: LayerCapture) -> None:
-        """Add one layer of one batch."""
+        """Add one layer of one batch; an analysis that takes ``rows`` is handed the whole
+        pattern as one block."""
+        if self.rows:
+            from probe.rows import RowBlock
+
+            self.update_rows(batch, layer, RowBlock.whole(capture.pattern, capture.attention))
+
+    def update_rows(self, batch: Batch, layer: int, block: RowBlock) -> None:
+        """Add one block of query rows of one layer's pattern (``probe.rows.RowBlock``). A
+        layer's blocks arrive in order, all before the next layer's; only analyses that declare
+        ``rows`` are called."""
+        raise NotImplementedError(f"{type(self).__name__} does not take rows")
 
     def end_batch(self, batch: Batch) -> None:
         """Called once the batch has been through every layer."""

@@ -20,7 +20,7 @@ from probe.numerics import entropy, pairwise_js
 
 if TYPE_CHECKING:
     from probe.corpus import Batch
-    from probe.runner import LayerCapture
+    from probe.rows import RowBlock
 
 np = lazy("numpy")
 pd = lazy("pandas")
@@ -49,6 +49,9 @@ ROLE_METRICS = ("max_at_-1", "max_at_+1", "sink_share", "entropy_normalised")
 # Head similarity is estimated on a keyed sample of the real queries: each is in it with this
 # probability, decided by its sentence and position alone (``probe.keys``).
 JS_QUERY_SHARE = 1 / 32
+# ... but at most about this many numbers of sampled rows per input (64 MiB of float32): a
+# 32,768-token input of a 2 × 4-head model keeps 64 queries. Sentences are far below it.
+JS_CELLS = 2**24
 # The head map's SMACOF stops when an iteration lowers the stress by less than this share of the
 # distances' sum of squares (the stress is then within 1e-4 of its minimum, far below what a
 # figure shows), or after this many iterations.
@@ -65,6 +68,7 @@ class Roles(Analysis):
     name = "roles"
     title = "Head roles"
     captures = ("hook_pattern",)
+    rows = True
     tables: ClassVar[dict[str, Schema]] = {
         "head_stats": {
             "layer": "int", "head": "int", **dict.fromkeys(METRICS, "float"),
@@ -125,7 +129,9 @@ class Roles(Analysis):
         # Per query, what each statistic is weighed by: the metric's sum runs over real queries,
         # normalised entropy over queries that see more than one key.
         self._normaliser = (real & (keys > 1)) / torch.log(keys.float().clamp(min=2))
-        self._next = (real[:, :-1] & real[:, 1:]).float()  # the next key must be real too
+        # the next key must be real too (the last query has none)
+        last = torch.zeros_like(real[:, :1])
+        self._next = torch.cat([real[:, :-1] & real[:, 1:], last], 1).float()
         first = torch.arange(T, device=real.device)[None] == real.float().argmax(1, keepdim=True)
         kinds = [batch.special, punct, batch.special & first, batch.special & ~first]
         self._key_kinds = torch.stack(kinds, -1).float()  # [B, T, 4]
@@ -142,40 +148,45 @@ class Roles(Analysis):
         # Head similarity: every pair of heads costs O(keys) per query, so the mean is estimated
         # on a sample of the real queries, each drawn by its sentence and position: the same
         # queries whatever the batches or the number of processes.
+        # A long input's sample is smaller: its kept rows, L·H·queries·length numbers, stay
+        # within JS_CELLS (the share depends on the input's own length, not on its batch).
         b, t = real.nonzero(as_tuple=True)
         sentence = batch.index.to(b.device)[b]
         drawn = uniform(self.context.seed, "js-query", sentence.cpu().numpy(), t.cpu().numpy())
-        chosen = torch.from_numpy(drawn < self.js_query_share).to(b.device)
-        self._sample = b[chosen], t[chosen]
         L, H = self.context.n_layers, self.context.n_heads
+        length = real.sum(1).double().cpu().numpy()[b.cpu().numpy()]
+        share = np.minimum(self.js_query_share, JS_CELLS / (L * H * length**2))
+        chosen = torch.from_numpy(drawn < share).to(b.device)
+        self._sample = b[chosen], t[chosen]
         self._rows = torch.zeros(L, H, len(self._sample[0]), T, device=real.device)
 
-    def update(self, batch: Batch, layer: int, capture: LayerCapture) -> None:
-        p = capture.pattern  # [B, H, T, T]
-        B, H, T, _ = p.shape
-        real = self._real  # [B, T]
-        entropies = entropy(p)  # [B, H, T]
+    def update_rows(self, batch: Batch, layer: int, block: RowBlock) -> None:
+        p, rows, keys = block.pattern, block.rows, block.keys  # p: [B, H, rows, keys]
+        B, H, b, _ = p.shape
+        real = self._real[:, rows]  # [B, rows]
+        entropies = entropy(p)  # [B, H, rows]
         confidence, argmax = p.max(-1)
         # Per sentence and head: the attention the real queries give each kind of key (special,
         # punct, cls_like, sep_like), then the sums over real queries of self, entropy,
         # normalised entropy and confidence.
-        received = (real[:, None, None] @ p).squeeze(2)  # [B, H, T]: each key's share
+        received = (real[:, None, None] @ p).squeeze(2)  # [B, H, keys]: each key's share
         per_query = torch.stack(
-            [p.diagonal(dim1=-2, dim2=-1), entropies, entropies * self._normaliser[:, None],
+            [block.at_offset(0), entropies, entropies * self._normaliser[:, None, rows],
              confidence], 2
         )  # fmt: skip
         per_sentence = torch.cat(
-            [received @ self._key_kinds, (per_query @ real[:, None, :, None]).squeeze(-1)], -1
+            [received @ self._key_kinds[:, keys], (per_query @ real[:, None, :, None]).squeeze(-1)],
+            -1,
         )  # [B, H, 8]
         sums = per_sentence.sum(0).T
-        previous = (p.diagonal(-1, -2, -1) * real[:, None, 1:]).sum((0, 2))  # q -> q-1
-        following = (p.diagonal(1, -2, -1) * self._next[:, None]).sum((0, 2))  # q -> q+1
+        previous = (block.at_offset(-1) * real[:, None]).sum((0, 2))  # q -> q-1
+        following = (block.at_offset(1) * self._next[:, None, rows]).sum((0, 2))  # q -> q+1
         # Where each query's maximum lies, relative to the query: offsets -2…+2 counted at once
         # (anything else, and padding queries, in one more bin).
         n = len(MAX_OFFSETS)
-        offset = argmax - self._offsets  # 0 for the first offset
+        offset = argmax + keys.start - self._offsets[rows]  # 0 for the first offset
         offset.masked_fill_((offset < 0) | (offset >= n) | (real[:, None] == 0), n)
-        at_each = p.new_zeros(B, H, n + 1).scatter_add_(2, offset, p.new_ones(()).expand(B, H, T))
+        at_each = p.new_zeros(B, H, n + 1).scatter_add_(2, offset, p.new_ones(()).expand(B, H, b))
         at_each = at_each[..., :n]
         at = at_each.sum(0)  # [H, offset]
         self_at = METRICS.index("self") + 1  # the sums up to self, then previous and next
@@ -192,9 +203,17 @@ class Roles(Analysis):
         self.boot[:, :, layer] += (self._weights @ roles.flatten(1).double().cpu()).view(
             ROLE_BOOT, len(ROLE_METRICS), H
         )
-        self.cls_entropy[layer] += entropies[self._has_cls, :, 0].sum(0).double().cpu()
+        if rows.start == 0:
+            self.cls_entropy[layer] += entropies[self._has_cls, :, 0].sum(0).double().cpu()
+        self._keep_sample(layer, block)
+
+    def _keep_sample(self, layer: int, block: RowBlock) -> None:
+        """The sampled queries' rows of this block, for head similarity at the batch's end."""
         b, t = self._sample
-        self._rows[layer] = p[b, :, t, :].transpose(0, 1)
+        here = (t >= block.rows.start) & (t < block.rows.stop)
+        if here.any():
+            picked = block.pattern[b[here], :, t[here] - block.rows.start]  # [sampled, H, keys]
+            self._rows[layer, :, here, block.keys] = picked.transpose(0, 1)
 
     def end_batch(self, batch: Batch) -> None:
         self._add_js(self._rows.flatten(0, 1))

@@ -24,7 +24,7 @@ from probe.units.repeats import LENGTH, SEQUENCES
 
 if TYPE_CHECKING:
     from probe.corpus import Batch
-    from probe.runner import LayerCapture
+    from probe.rows import RowBlock
 
 np = lazy("numpy")
 pd = lazy("pandas")
@@ -45,6 +45,7 @@ class Taxonomy(Analysis):
     name = "taxonomy"
     title = "Head types"
     captures = ("hook_pattern",)
+    rows = True
     unit = ("repeats", "sentence")
     options = (SEQUENCES, LENGTH)
     default = False  # a second corpus's worth of forward passes: asked for by name
@@ -89,29 +90,37 @@ class Taxonomy(Analysis):
         self.sink = {a: torch.zeros(L, H, dtype=torch.float64) for a, (L, H) in self.shapes.items()}
         self.sink_queries = 0
 
-    def update(self, batch: Batch, layer: int, capture: LayerCapture) -> None:
-        p, a = capture.pattern, capture.attention  # [B, H, T, T]
+    def begin_batch(self, batch: Batch) -> None:
+        # per attention [layer, sequence, score, head]: Σ over the sequence's rows seen so far
+        self._offsets = {a: torch.zeros(L, len(batch), len(SCORES), H, dtype=torch.float64)
+                         for a, (L, H) in self.shapes.items()}  # fmt: skip
+
+    def update_rows(self, batch: Batch, layer: int, block: RowBlock) -> None:
+        a = block.attention
         decoder = a == Attention.DECODER  # reads the sequence one position right
-        if batch.unit == "repeats":
-            scores = headtypes.offset_scores(p, self.n, int(decoder)).double().cpu()  # [B, 3, H]
-            null = (batch.index % 2).bool().cpu()  # odd index: the null of its pair
-            for kind, rows in enumerate((~null, null)):
-                self.sums[a][kind, :, layer] += scores[rows].sum(0)
-                self.squares[a][kind, :, layer] += (scores[rows] ** 2).sum(0)
+        if batch.unit == "repeats":  # a sequence's scores are complete once all its rows are in
+            sums = headtypes.offset_sums(block, self.n, int(decoder))
+            self._offsets[a][layer] += sums.double().cpu()
         else:
             real = batch.attention_mask.bool()
             if decoder:  # the start token, then the sentence without its last token
                 real = torch.cat([real[:, :1], real[:, :-1]], 1)
-            sums, queries = headtypes.sink_sums(p, real)
+            sums, queries = headtypes.sink_block_sums(block, real)
             self.sink[a][layer] += sums.double().cpu()
             if layer == 0 and a == self.attention[0]:
                 self.sink_queries += queries
 
     def end_batch(self, batch: Batch) -> None:
-        if batch.unit == "repeats":
-            null = int((batch.index % 2).sum())
-            self.sequences[0] += len(batch) - null
-            self.sequences[1] += null
+        if batch.unit != "repeats":
+            return
+        null = (batch.index % 2).bool().cpu()  # odd index: the null of its pair
+        for a, offsets in self._offsets.items():
+            scores = offsets / headtypes.offset_queries(self.n).double()[:, None]  # [L, B, 3, H]
+            for kind, rows in enumerate((~null, null)):
+                self.sums[a][kind] += scores[:, rows].sum(1).transpose(0, 1)
+                self.squares[a][kind] += (scores[:, rows] ** 2).sum(1).transpose(0, 1)
+        self.sequences[0] += len(batch) - int(null.sum())
+        self.sequences[1] += int(null.sum())
 
     def merge(self, other: Taxonomy) -> None:
         self._check_mergeable(other)

@@ -37,6 +37,7 @@ class Role(StrEnum):
     INDUCTION = "induction"
     DUPLICATE_TOKEN = "duplicate-token"
     COPYING = "copying"
+    RETRIEVAL = "retrieval"
 
     @property
     def code(self) -> str:
@@ -59,6 +60,7 @@ _STYLE = {
     Role.INDUCTION: ("I", "#1b9e9e"),
     Role.DUPLICATE_TOKEN: ("D", "#8c6d31"),
     Role.COPYING: ("O", "#5a5a5a"),
+    Role.RETRIEVAL: ("R", "#2e8b3e"),
 }
 
 
@@ -77,6 +79,7 @@ class Thresholds:
     induction: float = 0.2
     duplicate_token: float = 0.2
     copying: float = 0.7  # Σ Re λ / Σ |λ| of the full OV circuit's eigenvalues
+    retrieval: float = 0.1  # share of a needle's answer tokens copied from it (Wu et al. 2024)
 
     def __post_init__(self) -> None:
         """Each threshold in its range (a share in [0, 1], a count a whole number ≥ 1)."""
@@ -119,4 +122,6 @@ class Thresholds:
             "above its null",
             Role.COPYING: "eigenvalues of the full OV circuit: Σ Re λ / Σ |λ| ≥ "
             f"{self.copying:.2f}",
+            Role.RETRIEVAL: "top-1 attention on the needle's copy of the answer token for > "
+            f"{self.retrieval:.0%} of answer tokens, over haystack lengths and needle depths",
         }

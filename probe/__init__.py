@@ -35,6 +35,8 @@ _EXPORTS = {
     "hooks": "probe.hookpoints",
     "trace": "probe.hookpoints",
     "load": "probe.loading",
+    "attention_rows": "probe.long_context",
+    "head_statistics": "probe.long_context",
     "patch": "probe.patching",
     "show": "probe.viewer",
     "View": "probe.viewer",
@@ -51,8 +53,10 @@ __all__ = [
     "View",
     "__version__",
     "ablate",
+    "attention_rows",
     "copying_scores",
     "head_means",
+    "head_statistics",
     "head_types",
     "head_weights",
     "hooks",
@@ -87,5 +91,6 @@ if TYPE_CHECKING:
     from probe.headtypes import head_types
     from probe.hookpoints import Cache, Hook, HookPoint, hooks, trace
     from probe.loading import load
+    from probe.long_context import attention_rows, head_statistics
     from probe.patching import patch
     from probe.viewer import View, show

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     import pandas as pd
     from torch import nn
 
+    from probe.rows import RowBlock
+
 SCORES = ("previous_token", "duplicate_token", "induction")
 SINK_TOKENS = 64  # Gu et al. measure α on each text's first 64 tokens
 
@@ -70,6 +72,44 @@ def sink_sums(pattern: torch.Tensor, real: torch.Tensor) -> tuple[torch.Tensor, 
     """
     queries = real[:, :SINK_TOKENS].to(pattern.dtype)  # [B, q]
     first = pattern[:, :, :SINK_TOKENS, 0]  # [B, H, q]
+    return (first * queries[:, None]).sum((0, 2)), int(queries.sum())
+
+
+def offset_sums(block: RowBlock, n: int, start: int = 0) -> torch.Tensor:
+    """Per sequence and head, the sums behind ``offset_scores`` over one block of query rows:
+    Σ A[i, i-1], Σ A[i, i-n] and Σ A[i, i-n+1] over the block's queries in each score's range
+    (every query moved ``start`` right, as in ``offset_scores``). A sequence's scores are the
+    sums over all its blocks divided by ``offset_queries(n)``.
+
+    Returns
+    -------
+    ``[batch, 3, head]``, float32
+    """
+    # (offset to the key, first and last query + 1), in the order of SCORES
+    ranges = ((-1, 1, 2 * n + 1), (-n, n + 1, 2 * n + 1), (1 - n, n + 1, 2 * n + 1))
+    rows = torch.arange(block.rows.start, block.rows.stop, device=block.pattern.device) - start
+    sums = []
+    for offset, first, stop in ranges:
+        inside = ((rows >= first) & (rows < stop)).to(block.pattern.dtype)
+        sums.append(block.at_offset(offset) @ inside)  # [B, H]
+    return torch.stack(sums, 1)
+
+
+def offset_queries(n: int) -> torch.Tensor:
+    """How many queries each of ``SCORES`` is the mean over: ``[3]``."""
+    return torch.tensor([2 * n, n, n])
+
+
+def sink_block_sums(block: RowBlock, real: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """``sink_sums`` over one block of query rows: adding the blocks of a pattern gives its
+    ``sink_sums``."""
+    rows = slice(block.rows.start, min(block.rows.stop, SINK_TOKENS))
+    if rows.start >= rows.stop:
+        return block.pattern.new_zeros(block.pattern.shape[1]), 0
+    queries = real[:, rows].to(block.pattern.dtype)  # [B, q]
+    first = block.pattern[:, :, : rows.stop - rows.start, 0]  # [B, H, q]
+    if block.keys.start > 0:  # a sliding window that no longer reaches key 0
+        first = torch.zeros_like(first)
     return (first * queries[:, None]).sum((0, 2)), int(queries.sum())
 
 

@@ -202,3 +202,50 @@ def stream(
             for consumer in consumers:
                 consumer.end_batch(batch)
     release_memory()
+
+
+def stream_rows(
+    model: PreTrainedModel,
+    batches: Iterable[Batch],
+    consumers: Sequence[Consumer],
+    budget: int,
+) -> None:
+    """As ``stream``, for consumers that take patterns in blocks of query rows (an analysis
+    that declares ``rows``): the model runs its own sdpa kernel, and each layer's pattern reaches
+    every consumer's ``update_rows`` one block at a time, computed from the layer's queries and
+    keys (``probe.rows``). No T × T pattern exists whole: memory per layer is O(block × T).
+
+    Parameters
+    ----------
+    model : PreTrainedModel
+        A model ``probe.rows.rows_unsupported`` accepts; its first attention is read.
+    batches : iterable of Batch
+    consumers : sequence of Consumer
+        Each with ``update_rows(batch, layer, block)``.
+    budget : int
+        Bytes a block of rows may take (``probe.rows.block_rows``).
+    """
+    from probe.rows import scored
+
+    fix_mmap_threshold()
+    device = main_device(model)
+    last = len(blocks(model)) - 1
+    batch: Batch
+
+    def receive(layer: int, what) -> None:
+        for block in what.blocks(budget):
+            for consumer in consumers:
+                consumer.update_rows(batch, layer, block)
+        if layer == last:  # the last block's MLP feeds no consumer
+            raise _AllSeen
+
+    with torch.inference_mode(), scored(model, receive):
+        for batch in batches:
+            batch = batch.to(device)
+            for consumer in consumers:
+                consumer.begin_batch(batch)
+            with suppress(_AllSeen):
+                model(**batch.inputs)
+            for consumer in consumers:
+                consumer.end_batch(batch)
+    release_memory()

@@ -27,6 +27,20 @@ TOP_K = 16
 VIEWS = ("head", "heatmap", "both", "model")
 
 
+@dataclass(frozen=True)
+class TopKeys:
+    """A long input's attention as each query's ``TOP_K`` largest weights and their keys, found
+    a block of query rows at a time (``probe.rows``): no T × T pattern is ever held."""
+
+    weights: np.ndarray  # [layer, head, q_pos, k] float32, largest first
+    index: np.ndarray  # [layer, head, q_pos, k]: the keys they fall on
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        L, H, T, _ = self.weights.shape
+        return L, H, T, T
+
+
 @dataclass
 class View:
     """Attention patterns ready to be shown.
@@ -35,8 +49,8 @@ class View:
     ----------
     tokens : list of list of str
         Per sentence, its tokens.
-    patterns : list of array ``[layer, head, q_pos, k_pos]``
-        Per sentence, float32 attention weights.
+    patterns : list of array ``[layer, head, q_pos, k_pos]`` or TopKeys
+        Per sentence, float32 attention weights (or, for a long input, each query's largest).
     arcs : list of list of (int, int), optional
         Per sentence, (query, key) token pairs to mark in gold over the attention (a treebank's
         dependency arcs, say).
@@ -47,7 +61,7 @@ class View:
     """
 
     tokens: list[list[str]]
-    patterns: list[np.ndarray]
+    patterns: list[np.ndarray | TopKeys]
     arcs: list[list[tuple[int, int]]] | None = None
     captions: list[str] | None = None
     view: str = "head"
@@ -85,6 +99,8 @@ font:13px system-ui,sans-serif">
 <select data-role="sentence" aria-label="sentence"></select>
 <select data-role="layer" aria-label="layer"></select>
 <select data-role="head" aria-label="head"></select>
+<button data-role="prev" aria-label="earlier tokens" hidden>◀</button>\
+<button data-role="next" aria-label="later tokens" hidden>▶</button>
 <span data-role="status" style="opacity:.7"></span></div>
 <div data-role="caption"></div>
 <div style="overflow:auto;max-height:720px"><canvas data-role="canvas"></canvas></div>
@@ -115,6 +131,9 @@ def _encode(tokens: list[str], pattern: np.ndarray) -> dict:
     T = pattern.shape[-1]
     quantised = lambda w: np.clip(np.rint(w * 255), 0, 255).astype(np.uint8)  # noqa: E731
     b64 = lambda a: base64.b64encode(np.ascontiguousarray(a).tobytes()).decode()  # noqa: E731
+    if isinstance(pattern, TopKeys):
+        return {"tokens": tokens, "T": T, "mode": "top", "weights": b64(quantised(pattern.weights)),
+                "index": b64(pattern.index.astype("<u2"))}  # fmt: skip
     if T <= FULL_TOKENS:
         return {"tokens": tokens, "T": T, "mode": "full", "weights": b64(quantised(pattern))}
     index = np.argsort(-pattern, axis=-1, kind="stable")[..., :TOP_K]
@@ -203,6 +222,7 @@ def _layered(name: str) -> HookName | None:
 def _from_model(model, tokenizer, text, attention: str | None) -> View:
     from probe.architectures import is_encoder_decoder
     from probe.hookpoints import trace
+    from probe.rows import rows_unsupported
 
     if tokenizer is None or text is None:
         raise TypeError("probe.show(model, tokenizer, text) needs the tokenizer and the text")
@@ -221,9 +241,36 @@ def _from_model(model, tokenizer, text, attention: str | None) -> View:
             from probe.runner import decoder_inputs
 
             inputs = decoder_inputs(model, inputs)
-        with torch.no_grad(), trace(model, "hook_pattern") as cache:
-            model(**inputs)
-        patterns.append(_patterns(cache, attention)[0])
+        if inputs["input_ids"].shape[1] > FULL_TOKENS and attention is None and \
+                rows_unsupported(model) is None:  # fmt: skip
+            patterns.append(top_keys(model, inputs))
+        else:
+            with torch.no_grad(), trace(model, "hook_pattern") as cache:
+                model(**inputs)
+            patterns.append(_patterns(cache, attention)[0])
         ids = inputs["decoder_input_ids" if decoder else "input_ids"][0]  # what the positions hold
         tokens.append(tokenizer.convert_ids_to_tokens(ids.tolist()))
     return View(tokens, patterns)
+
+
+def top_keys(model, inputs: dict, k: int = TOP_K, budget: int = 2**28) -> TopKeys:
+    """Each query's ``k`` largest weights in every layer and head of one input (a batch of 1),
+    computed in blocks of query rows within ``budget`` bytes beside the model's sdpa kernel."""
+    from probe.rows import scored
+
+    found: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def receive(layer: int, what) -> None:
+        H, T = what.query.shape[1], what.query.shape[2]
+        weights, index = torch.zeros(H, T, k), torch.zeros(H, T, k, dtype=torch.long)
+        for block in what.blocks(budget):
+            w, i = block.pattern[0].topk(min(k, block.pattern.shape[-1]), dim=-1)
+            weights[:, block.rows, : w.shape[-1]] = w.cpu()
+            index[:, block.rows, : w.shape[-1]] = i.cpu() + block.keys.start
+        found[layer] = weights, index
+
+    with torch.inference_mode(), scored(model, receive):
+        model(**inputs)
+    layers = [found[layer] for layer in sorted(found)]
+    return TopKeys(torch.stack([w for w, _ in layers]).numpy(),
+                   torch.stack([i for _, i in layers]).numpy())  # fmt: skip

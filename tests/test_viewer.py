@@ -166,3 +166,83 @@ def test_views_on_one_page_start_once_each(tmp_path):
     done = chromium(path.as_uri(), tmp_path, "--dump-dom")
     assert console_messages(done.stderr) == []
     assert re.search(r"<pre id=\"result\">(.*?)</pre>", done.stdout).group(1) == "[1,1]"
+
+
+def _llama(tokenizer, positions: int):
+    import transformers as tf
+
+    config = tf.LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                            num_hidden_layers=2, intermediate_size=64, vocab_size=len(tokenizer),
+                            max_position_embeddings=positions)  # fmt: skip
+    torch.manual_seed(0)
+    return tf.LlamaModel(config).eval()
+
+
+def _text(tokenizer, words: int) -> str:
+    vocabulary = [w for w in tokenizer.get_vocab() if w.isalpha()]
+    return " ".join(vocabulary[i % len(vocabulary)] for i in range(words))
+
+
+def test_a_long_input_is_read_in_row_blocks():
+    """Past 64 tokens, probe.show(model, …) keeps each query's 16 largest weights, found in
+    blocks of rows beside sdpa: the same weights and keys as the whole pattern's."""
+    from probe.viewer import TOP_K, TopKeys, top_keys
+
+    tokenizer = _tokenizer()
+    model = _llama(tokenizer, 512)
+    text = _text(tokenizer, 150)
+    view = probe.show(model, tokenizer, text)
+    inputs = tokenizer(text, return_tensors="pt")
+    T = inputs["input_ids"].shape[1]
+    assert isinstance(view.patterns[0], TopKeys) and view.patterns[0].shape == (2, 4, T, T)
+    with torch.no_grad(), probe.trace(model, "hook_pattern") as cache:
+        model(**inputs)
+    whole = cache.stack("hook_pattern")[:, 0]  # [layer, head, q, k]
+    expected = whole.topk(TOP_K, dim=-1)
+    small = top_keys(model, dict(inputs), budget=4 * T * 7)  # blocks of a few rows
+    for found in (view.patterns[0], small):
+        got = torch.from_numpy(found.weights)
+        torch.testing.assert_close(got, expected.values, atol=2e-7, rtol=0)
+        # its keys hold its weights (early queries see fewer than 16 keys: the rest weigh 0)
+        gathered = whole.gather(-1, torch.from_numpy(found.index)) * (got > 0)
+        torch.testing.assert_close(gathered, got, atol=2e-7, rtol=0)
+
+
+@needs_chromium
+def test_a_4k_token_input_stays_light(tmp_path):
+    """A 4,096-token input: the page holds 16 weights per query (no 4k² anything) and every
+    view draws."""
+    tokenizer = _tokenizer()
+    model = _llama(tokenizer, 4096)
+    ids = torch.randint(5, len(tokenizer), (1, 4096), generator=torch.Generator().manual_seed(0))
+    from probe.viewer import View, top_keys
+
+    patterns = top_keys(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+    view = View([tokenizer.convert_ids_to_tokens(ids[0].tolist())], [patterns])
+    size = view.save(tmp_path / "size.html").stat().st_size
+    assert size < 2 * 4 * 4096 * 16 * 3 * 1.4  # bytes of weights and keys, base64: linear in T
+    done = chromium(page(view, tmp_path).as_uri(), tmp_path, "--dump-dom")
+    assert console_messages(done.stderr) == []
+    seen = result(done.stdout)
+    assert seen["inkAll"] > 0 and seen["inkMap"] > 0 and seen["inkModel"] > 0
+    assert seen["elements"] < 60
+    # the page says what it shows: a window of the head view, pooled heatmaps, top-16 keys
+    assert "head view: tokens 0–199 of 4096 (◀ ▶ move)" in seen["status"]
+    assert "each token's 16 largest weights" in seen["status"]
+    # ▶ moves the head view's window by half of it; ◀ back, never before token 0
+    moves = """<pre id="moves"></pre><script>(function () {
+      const root = document.querySelector(".probe-view"), v = root.probeView, seen = [];
+      const click = (r) => root.querySelector("[data-role=" + r + "]").click();
+      const status = () => root.querySelector("[data-role=status]").textContent;
+      root.querySelector("[data-role=view]").value = "head";
+      root.querySelector("[data-role=view]").dispatchEvent(new Event("change"));
+      click("next"); click("next"); seen.push([v.start, status()]);
+      click("prev"); click("prev"); click("prev"); seen.push([v.start, status()]);
+      document.getElementById("moves").textContent = JSON.stringify(seen);
+    })();</script>"""
+    path = view.save(tmp_path / "moves.html")
+    path.write_text(path.read_text().replace("</body>", moves + "</body>"))
+    done = chromium(path.as_uri(), tmp_path, "--dump-dom")
+    found = re.search(r'<pre id="moves">(.*?)</pre>', done.stdout, re.S).group(1)
+    (after_next, status_next), (after_prev, _) = json.loads(found.replace("&quot;", '"'))
+    assert after_next == 200 and "tokens 200–399 of 4096" in status_next and after_prev == 0

@@ -32,6 +32,7 @@ from probe.app.run import Settings, check
 from probe.app.run import analyze as analyze_run
 from probe.distributed import Ranks
 from probe.errors import ProbeError
+from probe.sizes import ATTENTION_BUDGET
 
 app = typer.Typer(
     help="What does each attention head do? Analyse a model, write a self-contained report.",
@@ -142,6 +143,12 @@ def analyze(
     quiet: bool = typer.Option(
         False, "--quiet", "-q", help="No progress bars or summary: only the report's path."
     ),
+    attention_budget: str = typer.Option(
+        ATTENTION_BUDGET,
+        "--attention-budget",
+        help="Memory for one block of attention rows (512MiB, 4GiB): analyses that keep sums "
+        "read long inputs' patterns a block of query rows at a time.",
+    ),
     **options,
 ) -> None:
     """Run every analysis of every head over a treebank and write an HTML report."""
@@ -178,6 +185,7 @@ def analyze(
         trust_remote_code=trust_remote_code,
         thresholds=thresholds,
         options={name: value for name, value in options.items() if value is not None},
+        attention_budget=attention_budget,
     )
     try:
         check(settings)  # before torch is imported: a mistake is answered at once

@@ -34,6 +34,7 @@ from probe.app import tables as table_io
 from probe.app.output import check_free, default_out, reserved
 from probe.errors import ProbeError
 from probe.options import Option, resolve
+from probe.sizes import ATTENTION_BUDGET, parse_size
 
 PACKAGES = ("probe", "torch", "transformers", "tokenizers", "numpy", "pandas")
 Progress = Callable[[str, int | None], Callable[[Iterable], Iterator]]
@@ -62,6 +63,7 @@ class Settings:
     trust_remote_code: bool = False
     thresholds: dict = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
+    attention_budget: str = ATTENTION_BUDGET  # a block of attention rows' bytes (probe.rows)
 
     @property
     def output(self) -> Path:
@@ -175,6 +177,7 @@ def plan(settings: Settings) -> Plan:
 
         source = units.Source(tuple(treebank_paths(settings.treebank)), settings.max_sentences,
                               settings.seed)  # fmt: skip
+    parse_size(settings.attention_budget)
     check_free(settings.output, settings.overwrite)
     return Plan(settings, classes, settings.analyses is None, thresholds, options, needed,
                 source, settings.output)  # fmt: skip
@@ -390,7 +393,8 @@ def _stream_unit(run: Plan, name: str, readers, examples, model, tokenizer, rank
                  status) -> dict:  # fmt: skip
     """Stream unit ``name`` through ``model`` for the analyses that read it; its tally."""
     from probe.corpus import max_tokens
-    from probe.runner import stream
+    from probe.rows import rows_unsupported
+    from probe.runner import stream, stream_rows
 
     if not readers:  # none of its analyses applies to this model
         return {}
@@ -405,7 +409,12 @@ def _stream_unit(run: Plan, name: str, readers, examples, model, tokenizer, rank
         batches = progress(f"analysing {cls.label}", unit.size())(batches)
     consumers = [*readers, *([examples] if examples and cls.examples else [])]
     wanted = sorted({c for a in readers for c in a.captures})
-    stream(model.base_model, batches, consumers, wanted)  # no language-model head needed
+    # Patterns in blocks of rows, beside the model's sdpa kernel, when every consumer takes them
+    if set(wanted) == {"hook_pattern"} and all(getattr(c, "rows", False) for c in consumers) \
+            and rows_unsupported(model) is None:  # fmt: skip
+        stream_rows(model.base_model, batches, consumers, parse_size(run.settings.attention_budget))
+    else:
+        stream(model.base_model, batches, consumers, wanted)  # no language-model head needed
     return unit.tally()
 
 

@@ -16,7 +16,7 @@
     }));
     const single = spec.layers * spec.heads === 1;  // one head's card: no layer or head to pick
     const state = { sentence: 0, layer: 0, head: 0, view: spec.view || "head", hover: null,
-                    draws: 0 };
+                    draws: 0, start: 0 };
     root.probeView = state;  // read by tests and by whoever embeds the view
 
     // The weights of one head, each query's as [key, weight] pairs of at least `floor`.
@@ -59,6 +59,11 @@
     }
 
     const ROW = 18, COLUMN = 130, GAP = 160, SPACE = 24;
+    // A long input's head view shows a window of WINDOW tokens (◀ ▶ move it by half); lines to
+    // keys outside it end at its top or bottom edge. Heatmaps pool long inputs into at most
+    // BINS × BINS cells (each the largest weight it covers).
+    const WINDOW = 200, BINS = 1024;
+    const shown = (s) => ({ from: state.start, to: Math.min(s.T, state.start + WINDOW) });
     const colour = getComputedStyle(root).getPropertyValue("--probe-accent").trim() || "#2f5fd0";
     const GOLD = "#e07000";
     const ink = () => getComputedStyle(root).color;
@@ -68,53 +73,58 @@
 
     // Head view: queries on the left, keys on the right, a line per weight (opacity = weight);
     // gold arcs dashed beneath.
-    const headSize = (s) => ({ width: COLUMN * 2 + GAP, height: ROW * s.T + 10 });
+    const headSize = (s) => ({ width: COLUMN * 2 + GAP, height: ROW * Math.min(s.T, WINDOW) + 10 });
     function drawHead(g, s) {
+      const { from, to } = shown(s);
+      const y = (i) => ROW * (Math.min(Math.max(i, from - 0.7), to - 0.3) - from) + 14;
       g.font = "13px system-ui, sans-serif";
       g.textBaseline = "middle";
       g.lineWidth = 2;
       g.strokeStyle = GOLD;
       g.setLineDash([5, 4]);
       for (const [q, k] of arcsOf(s)) {
+        if (q < from || q >= to) continue;
         g.beginPath();
-        g.moveTo(COLUMN, ROW * q + 14);
-        g.lineTo(COLUMN + GAP, ROW * k + 14);
+        g.moveTo(COLUMN, y(q));
+        g.lineTo(COLUMN + GAP, y(k));
         g.stroke();
       }
       g.setLineDash([]);
       const weights = rows(s, state.layer, state.head, 0.02);
       g.strokeStyle = colour;
-      for (let q = 0; q < s.T; q++) {
+      for (let q = from; q < to; q++) {
         if (state.hover !== null && state.hover !== q) continue;
         for (const [j, w] of weights[q]) {
           g.globalAlpha = Math.min(1, w);
           g.beginPath();
-          g.moveTo(COLUMN, ROW * q + 14);
-          g.lineTo(COLUMN + GAP, ROW * j + 14);
+          g.moveTo(COLUMN, y(q));
+          g.lineTo(COLUMN + GAP, y(j));
           g.stroke();
         }
       }
       g.globalAlpha = 1;
-      for (let i = 0; i < s.T; i++) {
+      for (let i = from; i < to; i++) {
         g.fillStyle = state.hover === i ? colour : ink();
         g.textAlign = "right";
-        g.fillText(clip(s.tokens[i]), COLUMN - 6, ROW * i + 14);
+        g.fillText(clip(s.tokens[i]), COLUMN - 6, y(i));
         g.textAlign = "left";
-        g.fillText(clip(s.tokens[i]), COLUMN + GAP + 6, ROW * i + 14);
+        g.fillText(clip(s.tokens[i]), COLUMN + GAP + 6, y(i));
       }
     }
 
     // Heatmap: token × token, one cell per weight (a pixel or less on long inputs).
     function drawMap(target, s, layer, head, size) {
       const T = s.T, cell = Math.max(size / T, 0.25), side = Math.min(size, cell * T);
+      const n = Math.min(T, BINS), bin = (i) => Math.floor((i * n) / T);
       const image = document.createElement("canvas");
-      image.width = T;
-      image.height = T;
-      const g = image.getContext("2d"), pixels = g.createImageData(T, T);
+      image.width = n;
+      image.height = n;
+      const g = image.getContext("2d"), pixels = g.createImageData(n, n);
       const weights = rows(s, layer, head, 1 / 255);
       for (let q = 0; q < T; q++) {
         for (const [j, w] of weights[q]) {
-          const at = (q * T + j) * 4, shade = Math.round(255 * (1 - w));
+          const at = (bin(q) * n + bin(j)) * 4, shade = Math.round(255 * (1 - w));
+          if (pixels.data[at + 3] && pixels.data[at] <= shade) continue;  // a larger one is there
           pixels.data[at] = shade;
           pixels.data[at + 1] = shade;
           pixels.data[at + 2] = 255;
@@ -209,6 +219,8 @@
     }
 
     function draw() {
+      if (sentences[state.sentence].T <= state.start) state.start = 0;
+      if ($("prev")) navigable();
       if (state.view === "model") drawModel();
       else drawSentence();
       state.draws += 1;
@@ -219,6 +231,11 @@
           : [single ? "" : "layer " + state.layer + ", head " + state.head,
              state.hover === null ? "" : "from “" + s.tokens[state.hover] + "”",
              s.mode === "top" ? "each token's " + spec.k + " largest weights" : "",
+             s.T > WINDOW && state.view !== "heatmap"
+               ? "head view: tokens " + shown(s).from + "–" + (shown(s).to - 1) + " of " + s.T +
+                 " (◀ ▶ move)" : "",
+             s.T > BINS && state.view !== "head" ? "heatmap: " + BINS + "² cells, each the " +
+                 "largest weight it covers" : "",
              s.arcs.length ? "gold dashed: the treebank's arcs" : ""]
             .filter(Boolean).join(" · ");
     }
@@ -246,6 +263,16 @@
         draw();
       });
     }
+    function move(by) {
+      const T = sentences[state.sentence].T;
+      state.start = Math.max(0, Math.min(Math.max(0, T - WINDOW), state.start + by));
+      state.hover = null;
+      draw();
+    }
+    $("prev").addEventListener("click", () => move(-WINDOW / 2));
+    $("next").addEventListener("click", () => move(WINDOW / 2));
+    const navigable = () => { $("prev").hidden = $("next").hidden =
+      sentences[state.sentence].T <= WINDOW || state.view === "heatmap" || state.view === "model"; };
     $("view").addEventListener("change", (e) => {
       state.view = e.target.value;
       state.hover = null;
@@ -258,8 +285,8 @@
       for (const part of state.parts || []) {
         if (x < part.x || x >= part.x + part.width) continue;
         if (part.part === "head") {
-          const i = Math.floor((y - 5) / ROW);
-          return i >= 0 && i < T ? i : null;
+          const i = Math.floor((y - 5) / ROW) + state.start;
+          return i >= state.start && i < Math.min(T, state.start + WINDOW) ? i : null;
         }
         const { margin, side } = part.map;
         const i = Math.floor(((y - margin) / side) * T);

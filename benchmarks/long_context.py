@@ -1,0 +1,131 @@
+"""Memory and time of the roles and taxonomy analyses on one long text, in blocks of query rows.
+
+    python benchmarks/long_context.py [--lengths 4096,8192,16384,32768] [--budget 256MiB]
+
+A random tiny Llama (2 layers, 4 query heads, 2 key/value heads, d_head 16, RoPE) reads one text
+of T tokens: EWT dev's sentences, joined into one sentence of T MiniLM tokens. For each T, two
+fresh processes: the floor, the model's plain sdpa forward over the tokens; and the analysis,
+the same forward with the roles and taxonomy analyses fed row blocks (``probe.runner.
+stream_rows``), alternating with the floor. Each prints its peak resident memory (ru_maxrss);
+times are CPU seconds (all threads), the floor's and the analysis's from the same process.
+Goals (issue #29): peak under 2.5 GiB at 32k, growing linearly; time at most 2x the floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import ewt_dev
+
+ROUNDS = 1  # timed passes of each over the text per process, after a warm-up on 512 tokens
+
+
+def long_text(tokens: int, tokenizer, path: Path) -> Path:
+    """A CoNLL-U file of one sentence: EWT dev's words, in order (from the start again when they
+    run out), as many as fit in ``tokens`` tokens with the special ones; every word attaches to
+    the first."""
+    words = []
+    for line in ewt_dev().read_text(encoding="utf-8").splitlines():
+        parts = line.split("\t")
+        if len(parts) == 10 and parts[0].isdigit():
+            words.append((parts[1], parts[3]))
+    words = (words * (tokens // len(words) + 1))[:tokens]  # EWT dev has about 25k words
+    lengths = [len(ids) for ids in tokenizer([w for w, _ in words], add_special_tokens=False)
+               ["input_ids"]]  # fmt: skip
+    total, kept = 2, 0  # [CLS] and [SEP]
+    while kept < len(words) and total + lengths[kept] <= tokens:
+        total, kept = total + lengths[kept], kept + 1
+    rows = [f"{i + 1}\t{w}\t_\t{upos}\t_\t_\t{0 if i == 0 else 1}\t{'root' if i == 0 else 'dep'}"
+            "\t_\t_" for i, (w, upos) in enumerate(words[:kept])]  # fmt: skip
+    path.write_text("\n".join(rows) + "\n\n", encoding="utf-8")
+    return path
+
+
+def child(tokens: int, mode: str, budget: str) -> dict:
+    import torch
+    import transformers as tf
+
+    import probe
+    from analyses import Context
+    from analyses.roles import Roles
+    from analyses.taxonomy import Taxonomy
+    from probe.runner import stream_rows
+    from probe.sizes import parse_size
+    from probe.units import Source
+    from probe.units.sentences import Sentences
+
+    torch.manual_seed(0)
+    _, tokenizer = probe.load("minilm")
+    config = tf.LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                            num_hidden_layers=2, intermediate_size=128,
+                            vocab_size=len(tokenizer), max_position_embeddings=tokens)  # fmt: skip
+    model = tf.LlamaModel(config).eval()
+    with tempfile.TemporaryDirectory() as folder:
+        batches = []
+        for length in (512, tokens):  # a short warm-up, then the text
+            source = Source((long_text(length, tokenizer, Path(folder) / f"{length}.conllu"),))
+            batches.append(next(iter(Sentences(source, tokenizer, length).batches(1))))
+    context = Context(2, 4, causal=True, model=model, tokenizer=tokenizer)
+
+    def floor(batch) -> None:
+        with torch.inference_mode():
+            model(**batch.inputs)
+
+    def analysis(batch) -> None:
+        stream_rows(model, [batch], [Roles(context), Taxonomy(context)], parse_size(budget))
+
+    # The floor and the analysis alternate in one process and are timed in CPU seconds, so that
+    # the other processes on a shared machine slow neither more than the other.
+    passes = [floor] if mode == "floor" else [floor, analysis]
+    times: dict[str, list[float]] = {f.__name__: [] for f in passes}
+    for f in passes:
+        f(batches[0])  # warm-up
+    for _ in range(ROUNDS):
+        for f in passes:
+            start = time.process_time()
+            f(batches[1])
+            times[f.__name__].append(time.process_time() - start)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB
+    median = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+    return {"tokens": batches[1].input_ids.shape[1], "peak_mib": peak, **median}
+
+
+def run(tokens: int, mode: str, budget: str) -> dict:
+    args = [sys.executable, __file__, "--child", str(tokens), mode, "--budget", budget]
+    out = subprocess.run(args, capture_output=True, text=True, env=os.environ)
+    if out.returncode:
+        sys.exit(f"{mode} at {tokens} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--lengths", default="4096,8192,16384,32768")
+    parser.add_argument("--budget", default="256MiB", help="--attention-budget of the analysis")
+    parser.add_argument("--child", nargs=2, metavar=("TOKENS", "MODE"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(int(args.child[0]), args.child[1], args.budget)))
+        return
+    print(f"threads {os.environ.get('OMP_NUM_THREADS', 'default')}, budget {args.budget}; "
+          "CPU seconds, median of the rounds")  # fmt: skip
+    print(f"{'tokens':>7} {'floor s':>8} {'analysis s':>10} {'time x':>7} "
+          f"{'floor MiB':>9} {'analysis MiB':>12}")  # fmt: skip
+    for tokens in map(int, args.lengths.split(",")):
+        floor, rows = run(tokens, "floor", args.budget), run(tokens, "rows", args.budget)
+        ratio = rows["analysis"] / rows["floor"]
+        print(f"{rows['tokens']:>7} {rows['floor']:>8.2f} {rows['analysis']:>10.2f} "
+              f"{ratio:>7.2f} {floor['peak_mib']:>9.0f} {rows['peak_mib']:>12.0f}",
+              flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

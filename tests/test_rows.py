@@ -1,0 +1,130 @@
+"""Attention in blocks of query rows (probe.rows): every block equals the rows of the whole
+pattern that probe's mirror computes, whatever the block size, mask or head grouping; the model's
+output under the capture is its own sdpa output."""
+
+import pytest
+import torch
+from models import padded_batch, small_model
+
+import probe
+from probe.errors import ProbeError
+from probe.rows import RowBlock, block_rows, scored
+from probe.sizes import parse_size
+
+KINDS = ["llama", "mistral", "qwen2", "bert", "gpt2", "albert", "gpt_neox", "qwen3"]
+
+
+def captured(model, inputs):
+    """Each layer's ``Scored``, and the model's output, under the rows capture."""
+    got = {}
+    with torch.inference_mode(), scored(model, lambda layer, s: got.__setitem__(layer, s)):
+        out = model(**inputs).last_hidden_state
+    return got, out
+
+
+def whole(model, inputs):
+    with torch.inference_mode(), probe.trace(model, ["hook_pattern"]) as cache:
+        model(**inputs)
+    return cache.stack("hook_pattern").float()  # [layer, batch, head, q, k]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_row_blocks_equal_the_mirrors_pattern(kind):
+    """Padded batches (left-padded decoders, right-padded encoders), GQA (llama, mistral, qwen2,
+    qwen3), a sliding window of 4 (mistral), a layer shared by three (albert)."""
+    model, inputs = small_model(kind), padded_batch(kind)
+    got, _ = captured(model, inputs)
+    reference = whole(model, inputs)
+    real = inputs["attention_mask"].bool()[:, None, :, None]  # padding queries are not compared
+    assert sorted(got) == list(range(len(reference)))
+    T = inputs["input_ids"].shape[1]
+    for layer, s in got.items():
+        for size in (1, 2, 3, T):
+            for start in range(0, T, size):
+                block = s.block(slice(start, min(start + size, T)))
+                rows = block.full(T)
+                want = reference[layer][:, :, block.rows]
+                assert block.pattern.shape[-1] == block.keys.stop - block.keys.start
+                kept = real[:, :, block.rows]
+                torch.testing.assert_close(rows * kept, want * kept, atol=2e-7, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["llama", "mistral"])
+def test_unpadded_long_input_skips_the_keys_it_cannot_see(kind):
+    """No padding: llama's mask is sdpa's is_causal (no mask tensor at all); mistral's window of 4
+    makes its keys start 4 before the block."""
+    model = small_model(kind)
+    ids = torch.randint(3, 99, (1, 40), generator=torch.Generator().manual_seed(1))
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    got, _ = captured(model, inputs)
+    reference = whole(model, inputs)
+    if kind == "llama":
+        assert got[0].mask is None and got[0].causal
+    for layer, s in got.items():
+        blocks = list(s.blocks(4 * 4 * 4 * 40 * 7))  # 4 heads, 40 keys: 7 rows a block
+        assert [b.rows.stop - b.rows.start for b in blocks] == [7] * 5 + [5]
+        for block in blocks:
+            assert block.keys.stop == block.rows.stop
+            if kind == "mistral":
+                assert block.keys.start == max(0, block.rows.start - 4)
+            torch.testing.assert_close(block.full(40), reference[layer][:, :, block.rows],
+                                       atol=2e-7, rtol=0)  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["llama", "bert", "mistral"])
+def test_the_output_is_the_models_own_sdpa_output(kind):
+    model, inputs = small_model(kind), padded_batch(kind)
+    model.set_attn_implementation("sdpa")
+    with torch.inference_mode():
+        plain = model(**inputs).last_hidden_state
+    _, out = captured(model, inputs)
+    assert torch.equal(out, plain)
+    assert model.config._attn_implementation == "sdpa"  # restored
+
+
+def test_whole_block_and_full():
+    p = torch.rand(2, 3, 5, 5)
+    block = RowBlock.whole(p)
+    assert (
+        block.rows == slice(0, 5) and block.keys == slice(0, 5) and block.full(5) is block.pattern
+    )
+    part = RowBlock(slice(2, 4), slice(1, 3), torch.ones(1, 1, 2, 2))
+    assert part.full(5)[0, 0].tolist() == [[0, 1, 1, 0, 0]] * 2
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("512MiB", 512 * 2**20), ("4GiB", 4 * 2**30), ("1.5GB", 1_500_000_000), ("65536", 65536),
+     (" 2 kib ", 2048)],
+)  # fmt: skip
+def test_sizes(text, size):
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "GiB", "-1GiB", "4 parsecs", "0", "1e9", "0.1B"])
+def test_a_bad_size_is_one_line(text):
+    with pytest.raises(ProbeError, match=r"^--attention-budget takes a size such as") as e:
+        parse_size(text)
+    assert "\n" not in str(e.value)
+
+
+def test_block_rows_follow_the_budget():
+    # 4 float32 tensors of [batch 2, head 8, rows, 1000 keys]: 256,000 bytes a row
+    assert block_rows(256_000 * 10, 2, 8, 1000) == 10
+    assert block_rows(256_000 * 11 - 1, 2, 8, 1000) == 10
+    assert block_rows(1, 2, 8, 1000) == 1  # never none
+
+
+def test_the_command_line_refuses_a_bad_budget_before_loading(tmp_path):
+    from typer.testing import CliRunner
+
+    from probe.app.cli import app
+
+    out = tmp_path / "report"
+    args = ["analyze", "-m", "minilm", "-t", "sample", "-q", "--out", str(out),
+            "--attention-budget", "lots"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code != 0 and not out.exists()
+    assert "--attention-budget takes a size such as 512MiB, 4GiB or 2GB, not 'lots'" in (
+        result.output
+    )
