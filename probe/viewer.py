@@ -97,8 +97,9 @@ font:13px system-ui,sans-serif">
         page = ('<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
                 "<title>probe · attention</title></head><body>"
                 f"{self.html()}</body></html>\n")  # fmt: skip
-        path.write_text(page, encoding="utf-8")
-        return path
+        from probe.app.output import write_file
+
+        return write_file(path, page)
 
 
 def viewer_script() -> str:

@@ -70,7 +70,8 @@ def _quiet_libraries() -> None:
 
 
 def _fail(message: str) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the error is printed whole, and then we exit
+    for stop in (signal.SIGTERM, signal.SIGHUP):  # the error is printed whole, then we exit
+        signal.signal(stop, signal.SIG_IGN)
     err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(1)
 
@@ -252,7 +253,7 @@ def _run(settings: Settings, quiet: bool) -> None:
 
         return wrap
 
-    signal.signal(signal.SIGTERM, _terminated)
+    _catch_hangups()
     gc.disable()  # until the model is loaded: see probe.app.run._freeze
     try:
         _quiet_libraries()  # imports transformers: an interrupt here is answered as any other
@@ -267,10 +268,10 @@ def _run(settings: Settings, quiet: bool) -> None:
         _fail(_who() + str(e))
     except KeyboardInterrupt:
         _fail(_who() + "interrupted; no report was written")
-    except TerminatedError:
+    except TerminatedError as e:
         _fail(
-            _who() + "stopped by SIGTERM (the job was cancelled, or another process of the run "
-            "failed: see its error); no report was written"
+            _who() + f"stopped by {e} (the job was cancelled, the terminal closed, or another "
+            "process of the run failed: see its error); no report was written"
         )
     finally:
         gc.enable()
@@ -288,7 +289,14 @@ class TerminatedError(Exception):
 
 
 def _terminated(signum, frame) -> None:
-    raise TerminatedError
+    raise TerminatedError(signal.Signals(signum).name)
+
+
+def _catch_hangups() -> None:
+    """SIGTERM and SIGHUP (a closed terminal, a dropped ssh) unwind the command like an error,
+    so that no staging folder or lock is left beside the output."""
+    signal.signal(signal.SIGTERM, _terminated)
+    signal.signal(signal.SIGHUP, _terminated)
 
 
 def _who() -> str:
@@ -341,10 +349,13 @@ def report(
     """Re-render index.html from the tables of an earlier run (no model needed)."""
     from probe.app.report import render
 
+    _catch_hangups()
     try:
         path = render(folder)
     except ProbeError as e:
         _fail(str(e))
+    except (KeyboardInterrupt, TerminatedError) as e:
+        _fail(f"stopped ({e or 'interrupted'}); index.html is as it was")
     typer.echo(f"report: {path}")
 
 
@@ -355,7 +366,9 @@ app.add_typer(experiment, name="experiment")
 @experiment.command("heads")
 def experiment_heads(
     steps: int = typer.Option(600, "--steps", min=1, help="Training steps per model."),
-    seed: int = typer.Option(0, "--seed", help="The first seed; the others follow it."),
+    seed: int = typer.Option(
+        0, "--seed", min=0, max=2**32 - 1, help="The first seed; the others follow it."
+    ),
     seeds: int = typer.Option(3, "--seeds", min=1, help="Models per task and variant."),
     out: Path = typer.Option(
         Path("reports/experiment-heads"), "--out", "-o", help="Output folder."
@@ -405,10 +418,13 @@ def compare_command(
     from probe.app.compare import compare
 
     out = out or Path("reports") / f"{a.name}-vs-{b.name}"
+    _catch_hangups()
     try:
         path = compare(a, b, out, overwrite)
     except ProbeError as e:
         _fail(str(e))
+    except (KeyboardInterrupt, TerminatedError) as e:
+        _fail(f"stopped ({e or 'interrupted'}); no comparison was written")
     typer.echo(f"comparison: {path / 'index.html'}")
 
 

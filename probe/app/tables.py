@@ -15,12 +15,20 @@ if TYPE_CHECKING:
 from analyses import DTYPES
 
 
+class MissingColumnsError(ValueError):
+    """A table without columns its schema declares."""
+
+    def __init__(self, name: str, missing: list[str]) -> None:
+        super().__init__(f"{name} lacks columns {missing}")
+        self.missing = missing
+
+
 def typed(table: pd.DataFrame, schema: dict[str, str], name: str = "table") -> pd.DataFrame:
     """``table`` with exactly the schema's columns, in its order and of its types (missing
     text is the empty string)."""
-    missing = set(schema) - set(table.columns)
+    missing = [c for c in schema if c not in table.columns]
     if missing:
-        raise ValueError(f"{name} lacks columns {sorted(missing)}")
+        raise MissingColumnsError(name, missing)
     table = table[list(schema)].copy()
     for column, kind in schema.items():
         if kind == "str":
@@ -33,7 +41,9 @@ def typed(table: pd.DataFrame, schema: dict[str, str], name: str = "table") -> p
 
 def write(table: pd.DataFrame, path: Path) -> None:
     """Write a table that ``typed`` made (``read`` gives it back)."""
-    table.to_csv(path, index=False)
+    from probe.app.output import write_file
+
+    write_file(path, lambda tmp: table.to_csv(tmp, index=False))
 
 
 def read(path: Path, schema: dict[str, str]) -> pd.DataFrame:
