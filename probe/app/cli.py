@@ -32,6 +32,7 @@ from probe.app.run import Settings, check
 from probe.app.run import analyze as analyze_run
 from probe.distributed import Ranks
 from probe.errors import ProbeError
+from probe.hub import bound_waits
 
 app = typer.Typer(
     help="What does each attention head do? Analyse a model, write a self-contained report.",
@@ -256,6 +257,7 @@ def _run(settings: Settings, quiet: bool) -> None:
     _catch_hangups()
     gc.disable()  # until the model is loaded: see probe.app.run._freeze
     try:
+        bound_waits()  # before the hub client is imported: it reads them once
         _quiet_libraries()  # imports transformers: an interrupt here is answered as any other
         with progress:
             status_task = progress.add_task("starting", total=None)

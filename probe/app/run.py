@@ -189,7 +189,11 @@ SEEDS = 2**32  # numpy's and scikit-learn's seeds are below this
 
 
 def _check_values(settings: Settings) -> None:
-    """The options torch would reject only once imported (seconds later), checked now."""
+    """The options torch would reject only once imported (seconds later), and the settings
+    the environment gives, checked now."""
+    from probe.download import deadline, timeout
+
+    timeout(), deadline()
     if not DEVICE.fullmatch(settings.device):
         known = "cpu, cuda, cuda:N, mps or auto"
         raise ProbeError(f"unknown --device {settings.device!r}; use {known}")
