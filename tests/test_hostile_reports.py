@@ -23,26 +23,6 @@ FUZZ = settings(
 )
 
 
-@pytest.fixture(scope="session")
-def tiny_report(tmp_path_factory) -> Path:
-    """Every default analysis of a tiny random BERT on the hand-written sample."""
-    import torch
-    import transformers as tf
-    from models import SMALL
-    from tokenizers_util import wordpiece
-
-    root = tmp_path_factory.mktemp("tiny")
-    torch.manual_seed(0)
-    model = tf.BertModel(tf.BertConfig(**SMALL | {"vocab_size": 130}, intermediate_size=64))
-    model.save_pretrained(root / "model")
-    wordpiece().save_pretrained(root / "model")
-    out = root / "report"
-    args = ["analyze", "-m", str(root / "model"), "-t", "sample", "-q", "-o", str(out)]
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 0, result.output
-    return out
-
-
 def invoke(*args: str):
     return CliRunner().invoke(app, list(args))
 
