@@ -137,7 +137,7 @@ def check_conllu(path: str | Path, name: str | None = None) -> None:
     ProbeError
         As ``iter_conllu``; or when it holds no sentence.
     """
-    if not any(True for _ in iter_conllu(path, name)):
+    if not sum(1 for _ in iter_conllu(path, name)):  # every sentence read, none kept
         raise ProbeError(f"no sentences in {name or path}")
 
 
