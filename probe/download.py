@@ -5,8 +5,8 @@ Each connection and read waits at most ``PROBE_HTTP_TIMEOUT`` seconds (default 3
 that accepts and never answers fails in seconds, not minutes; and the whole transfer ends by
 ``PROBE_HTTP_DEADLINE`` seconds (default 1800), so a server that trickles a byte a second ends
 too. The body is streamed to a temporary file beside the cache entry, hashed on the way, checked
-(``validate`` reads it as it would any local file), then renamed into place: memory stays flat
-whatever the file's size, and the cache never holds a part of a file.
+(``validate`` reads it as it would any local file), then renamed into place (``write_file``):
+memory stays flat whatever the file's size, and the cache never holds a part of a file.
 """
 
 from __future__ import annotations
@@ -15,15 +15,14 @@ import hashlib
 import http.client
 import math
 import os
-import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from contextlib import suppress
 from pathlib import Path
 
 from probe.errors import ProbeError
+from probe.files import WriteError, write_file
 
 TIMEOUT_S = 30.0
 DEADLINE_S = 1800.0
@@ -94,11 +93,9 @@ def fetch(
             "to a writable folder"
         ) from None
     name = f"{what} from {url}" if what else url
-    tmp = None
-    try:
-        fd, part = tempfile.mkstemp(prefix=".probe-tmp-", suffix=".part", dir=target.parent)
-        tmp = Path(part)
-        with os.fdopen(fd, "wb") as file:
+
+    def fill(part: Path) -> None:
+        with open(part, "wb") as file:
             digest = _download(url, file, name, wait, limit)
         if sha256 is not None and digest != sha256.lower():
             raise ProbeError(
@@ -106,18 +103,14 @@ def fetch(
                 f"nothing was cached. Try again, or {OFFLINE_HINT}"
             )
         if validate is not None:
-            validate(tmp, name)
-        os.replace(tmp, target)  # atomic: no half-written file in the cache
-        tmp = None
-    except OSError as e:
+            validate(part, name)
+
+    try:
+        return write_file(target, fill)  # the cache holds the whole file or none of it
+    except WriteError as e:
         raise ProbeError(
-            f"cannot write {target} ({e.strerror}); set PROBE_CACHE to a writable folder"
+            f"cannot write {target} ({e.reason}); set PROBE_CACHE to a writable folder"
         ) from None
-    finally:
-        if tmp is not None:
-            with suppress(OSError):
-                tmp.unlink()
-    return target
 
 
 def _download(url: str, file, name: str, wait: float, limit: float) -> str:

@@ -98,7 +98,7 @@ font:13px system-ui,sans-serif">
         page = ('<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
                 "<title>probe · attention</title></head><body>"
                 f"{self.html()}</body></html>\n")  # fmt: skip
-        from probe.app.output import write_file
+        from probe.files import write_file
 
         return write_file(path, page)
 

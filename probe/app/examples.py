@@ -192,7 +192,7 @@ def _coreference_hits(
 
 def write(folder: Path, chosen: dict, patterns: dict[str, np.ndarray]) -> None:
     """``examples.json`` and ``attention.npz`` in ``folder``."""
-    from probe.app.output import write_file
+    from probe.files import write_file
 
     write_file(folder / "examples.json", json.dumps(chosen))
     write_file(folder / "attention.npz", lambda path: np.savez_compressed(path, **patterns))

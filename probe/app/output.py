@@ -9,11 +9,9 @@ exchange with the old report (Linux ``renameat2``), after which the old one is r
 failure, a signal or a crash leaves the old report, or none, and no staging folder once the next
 run has reserved the place.
 
-Every file probe writes goes through ``write_file``: a temporary file in the same folder, then a
-rename, so a full disk or a crash leaves the old file or the new one, never a cut one; and a
-symbolic link where the file goes is replaced, never followed. ``locked`` takes the lock a run
-takes, so that ``probe report`` cannot write into a report that ``analyze --overwrite`` is
-replacing.
+Every file probe writes goes through ``write_file`` (``probe.files``): a temporary file in the
+same folder, then a rename. ``locked`` takes the lock a run takes, so that ``probe report`` cannot
+write into a report that ``analyze --overwrite`` is replacing.
 """
 
 from __future__ import annotations
@@ -28,11 +26,14 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 
 from probe.errors import ProbeError
+from probe.files import WriteError, write_file
+
+__all__ = ["WriteError", "write_file"]  # the writer of every file, here beside the folders it fills
 
 MARKER = ".probe-report"  # in every report probe writes: what --overwrite may replace
 RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2  # renameat2's flags, from linux/fs.h
@@ -40,58 +41,6 @@ AT_FDCWD = -100
 # The longest name beside ``out`` that a run makes: ``.<name>.probe-<pid>-<monotonic ns>``.
 PREFIX_LENGTH = len(".") + len(".probe-") + 7 + 1 + 20
 NAME_MAX = 255
-
-
-class WriteError(ProbeError):
-    """A file of probe's could not be written (a full disk, no permission): nothing replaced."""
-
-    def __init__(self, path: Path, reason: str) -> None:
-        super().__init__(f"cannot write {path} ({reason}); nothing was replaced")
-        self.path, self.reason = path, reason
-
-
-def write_file(path: Path, content: str | bytes | Callable[[Path], object]) -> Path:
-    """Write ``path`` whole or not at all: into a temporary file beside it, then renamed over it.
-
-    Parameters
-    ----------
-    path : Path
-        The file; a symbolic link there is replaced by the file, never followed.
-    content : str, bytes or callable
-        Text (UTF-8), bytes, or ``content(temporary_path)`` that writes the file itself (e.g.
-        ``table.to_csv``); the temporary path ends like ``path`` (``.npz``, ``.csv``).
-
-    Raises
-    ------
-    WriteError
-        When the folder or the disk refuses it; the old file, if any, is untouched.
-    """
-    path = Path(path)
-    tmp = None
-    try:
-        fd, name = tempfile.mkstemp(prefix=".probe-tmp-", suffix=path.suffix, dir=path.parent)
-        tmp = Path(name)
-        os.fchmod(fd, 0o666 & ~_umask())  # as any file the user makes, not mkstemp's 0600
-        with os.fdopen(fd, "wb") as f:
-            if isinstance(content, str | bytes):
-                f.write(content.encode("utf-8") if isinstance(content, str) else content)
-        if callable(content):
-            content(tmp)
-        os.replace(tmp, path)  # replaces a link itself: its target is never written
-        tmp = None
-    except OSError as e:
-        raise WriteError(path, e.strerror or type(e).__name__) from None
-    finally:
-        if tmp is not None:
-            with suppress(OSError):
-                tmp.unlink()
-    return path
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def refuse_inputs(out: Path, inputs: Sequence[Path], option: str = "--out") -> None:

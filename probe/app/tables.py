@@ -41,7 +41,7 @@ def typed(table: pd.DataFrame, schema: dict[str, str], name: str = "table") -> p
 
 def write(table: pd.DataFrame, path: Path) -> None:
     """Write a table that ``typed`` made (``read`` gives it back)."""
-    from probe.app.output import write_file
+    from probe.files import write_file
 
     write_file(path, lambda tmp: table.to_csv(tmp, index=False))
 
