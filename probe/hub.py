@@ -11,6 +11,7 @@ downloads that follow wait at most as long on each read (``HF_HUB_DOWNLOAD_TIMEO
 from __future__ import annotations
 
 import os
+import sys
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -22,16 +23,21 @@ LOCAL_HINT = "or give a local model folder"
 
 
 def bound_waits() -> None:
-    """Let the hub client wait on each read no longer than probe does (unless set already).
+    """Let the hub client wait on each read no longer than probe does (unless set already);
+    ``probe.load`` calls it, and the command line before the client is imported.
 
     Raises
     ------
     ProbeError
         For a ``PROBE_HTTP_TIMEOUT`` that is not a number of seconds.
     """
-    seconds = str(max(1, round(timeout())))
-    os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", seconds)
-    os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", seconds)
+    seconds = max(1, round(timeout()))
+    for name in ("HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT"):
+        if name not in os.environ:
+            os.environ[name] = str(seconds)
+            constants = sys.modules.get("huggingface_hub.constants")
+            if constants is not None:  # imported already: it read the environment once
+                setattr(constants, name, seconds)
 
 
 def ask(name: str, repo: str, revision: str | None = None) -> str | None:

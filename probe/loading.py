@@ -155,6 +155,7 @@ def load(
         check_weight_files(Path(source))
     unreached = None
     if not Path(source).exists():  # ask the hub once, with a deadline (probe.hub)
+        hub.bound_waits()
         unreached = hub.ask(name_or_path, source, revision) if hub_reachable() else "offline"
     if unreached:
         kwargs["local_files_only"] = True  # a model in the local cache still loads
