@@ -94,6 +94,7 @@ assert "torch" not in sys.modules, "torch was imported"
         (["--device", "tpu"], {}, "unknown --device 'tpu'; use cpu, cuda, cuda:N, mps or auto"),
         (["--seed", "-1"], {}, "--seed -1 is out of range"),
         (["--seed", str(2**70)], {}, f"--seed {2**70} is out of range"),
+        (["-n", str(2**70)], {}, f"--max-sentences {2**70} is out of range"),
         (["-o", "newdir/.."], {}, "ends in '..'"),
         (["-o", "x" * 230], {}, "is too long"),
         ([], {"PROBE_HTTP_TIMEOUT": "abc"}, "PROBE_HTTP_TIMEOUT='abc' is not a number of seconds"),

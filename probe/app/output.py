@@ -73,7 +73,7 @@ def locked(*folders: Path, reading: bool = False) -> Iterator[None]:
         When a run is writing one of the folders, or (unless only ``reading``: a report in a
         read-only place is read unlocked, as no one can replace it) the lock cannot be made.
     """
-    unique = {Path(f).resolve(): Path(f) for f in folders}  # one lock per folder, not two
+    unique = {Path(f).resolve(): Path(f).resolve() for f in folders}  # one lock per folder
     with ExitStack() as stack:
         for folder in unique.values():
             lock = folder.absolute().parent / f".{folder.name}.probe-lock"

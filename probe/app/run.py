@@ -186,6 +186,7 @@ def plan(settings: Settings) -> Plan:
 
 DEVICE = re.compile(r"auto|cpu|(cuda|mps|xpu)(:\d+)?")
 SEEDS = 2**32  # numpy's and scikit-learn's seeds are below this
+LARGEST = 2**63 - 1
 
 
 def _check_values(settings: Settings) -> None:
@@ -199,6 +200,11 @@ def _check_values(settings: Settings) -> None:
         raise ProbeError(f"unknown --device {settings.device!r}; use {known}")
     if not 0 <= settings.seed < SEEDS:
         raise ProbeError(f"--seed {settings.seed} is out of range; give 0 to {SEEDS - 1}")
+    counts = {"max_sentences": settings.max_sentences, "batch_size": settings.batch_size}
+    for name, value in (counts | settings.options).items():  # torch and islice take int64
+        if isinstance(value, int) and not -LARGEST <= value <= LARGEST:
+            flag = "--" + name.replace("_", "-")
+            raise ProbeError(f"{flag} {value} is out of range (at most {LARGEST})")
 
 
 def _local(model: str) -> list[Path]:
