@@ -382,6 +382,7 @@ def experiment_heads(
     transformers built from probe's attention, trained on synthetic tasks (a few minutes)."""
     from probe.app.output import check_free
 
+    _catch_hangups()
     try:
         check_free(out, overwrite)  # before any training
         from probe.app.experiment import run
@@ -399,8 +400,8 @@ def experiment_heads(
             path = run(out, steps, list(range(seed, seed + seeds)), overwrite, advance)
     except ProbeError as e:
         _fail(str(e))
-    except KeyboardInterrupt:
-        _fail("interrupted; no report was written")
+    except (KeyboardInterrupt, TerminatedError) as e:
+        _fail(f"stopped ({e or 'interrupted'}); no report was written")
     if not quiet:
         index = path / "index.html"
         Console().print(
