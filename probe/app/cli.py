@@ -315,7 +315,7 @@ def _memory(text: str) -> dict[int | str, str]:
     limits: dict[int | str, str] = {}
     for item in text.split(","):
         where, _, size = (part.strip() for part in item.partition("="))
-        key: int | str = int(where) if where.isdigit() else where.lower()
+        key: int | str = int(where) if where.isascii() and where.isdigit() else where.lower()
         if key not in ("cpu", "mps", "xpu", "npu", "disk") and not isinstance(key, int):
             _fail(f"--max-memory {item!r}: the device is a GPU index, cpu or disk")
         if not MEMORY.match(size):
