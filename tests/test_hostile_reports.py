@@ -279,3 +279,28 @@ def test_a_full_disk_while_writing_tables_is_one_line(tiny_report, tmp_path):
     assert done.returncode == 1, done.stderr
     assert done.stderr.startswith(f"error: cannot write {out}"), done.stderr
     assert "Traceback" not in done.stderr and list(tmp_path.iterdir()) == []
+
+
+def test_an_older_layout_is_migrated_in_memory(tiny_report, tmp_path, monkeypatch):
+    """A later layout (2) adds a column to head_stats.csv: a step of MIGRATIONS fills it for
+    folders of layout 1, which then render; their files are not changed."""
+    from probe.app import folder as layout
+    from probe.app.report import read_report
+
+    folder = copy(tiny_report, tmp_path)
+    stats = (folder / "head_stats.csv").read_bytes()
+    columns = stats.split(b"\n", 1)[0].decode().split(",")
+    renamed = columns[-1]  # today's last column is the one layout 2 "adds"
+    rows = [line.split(",")[:-1] for line in stats.decode().strip().split("\n")]
+    (folder / "head_stats.csv").write_text("\n".join(",".join(r) for r in rows) + "\n")
+    one_line(invoke("report", str(folder)), "lacks columns", renamed, "layout version 1")
+
+    def add_column(run: dict, tables: dict) -> None:
+        tables["head_stats"][renamed] = float("nan")  # not measured by the older probe
+
+    monkeypatch.setattr(layout, "SCHEMA", 2)
+    monkeypatch.setitem(layout.MIGRATIONS, 1, add_column)
+    run, tables, _ = read_report(folder)
+    assert run["schema"] == 2 and tables["head_stats"][renamed].isna().all()
+    assert invoke("report", str(folder)).exit_code == 0
+    assert (folder / "head_stats.csv").read_text().count(renamed) == 0

@@ -6,7 +6,10 @@ each is checked where it is read, and a failure is one line naming the file and 
 
 Layout versions: 1 is every folder written before ``schema`` was recorded, and the layout of
 today; a later probe that changes the layout raises ``SCHEMA`` and adds a step to ``MIGRATIONS``
-that rewrites what an older folder's files hold in memory (its files are never changed).
+that rewrites what an older folder's files hold in memory (its files are never changed), e.g.
+a ``head_stats`` column added with its value for the older folder, or left empty to say it was
+not measured. Without a step, a table that lacks a column is refused in one line naming the
+probe and layout version that wrote it.
 """
 
 from __future__ import annotations
@@ -62,7 +65,8 @@ def check_run(run: object, folder: Path) -> dict:
 
 
 def migrate(run: dict, tables: dict) -> None:
-    """Bring an older folder's card and tables to today's layout, in memory."""
+    """Bring an older folder's card and tables (as read, before they are typed) to today's
+    layout, in memory."""
     for version in range(run.get("schema", 1), SCHEMA):
         MIGRATIONS[version](run, tables)
     run["schema"] = SCHEMA

@@ -55,18 +55,21 @@ def read_report(folder: Path) -> tuple[dict, dict[str, pd.DataFrame], dict]:
         Thresholds(**run.get("thresholds", {}))
     except (TypeError, ValueError) as e:
         raise ProbeError(f"{folder / 'run.json'}: bad thresholds ({e})") from None
-    tables = {}
-    for name, schema in table_io.schemas(classes).items():
-        path = folder / f"{name}.csv"
-        try:
-            tables[name] = table_io.read(path, schema)
-        except table_io.MissingColumnsError as e:
-            raise layout.missing_columns(path, run, e.missing) from None
-        except ValueError as e:
-            raise ProbeError(f"{path} cannot be read ({str(e).splitlines()[0]})") from None
-        except (OSError, OverflowError) as e:
-            raise ProbeError(f"{path} cannot be read ({str(e).splitlines()[0]})") from None
-    layout.migrate(run, tables)
+    schemas, tables = table_io.schemas(classes), {}
+    for step in ("load", "typed"):  # an older layout is migrated in between
+        for name, schema in schemas.items():
+            path = folder / f"{name}.csv"
+            try:
+                if step == "load":
+                    tables[name] = table_io.load(path, schema)
+                else:
+                    tables[name] = table_io.typed(tables[name], schema, name)
+            except table_io.MissingColumnsError as e:
+                raise layout.missing_columns(path, run, e.missing) from None
+            except (OSError, ValueError, OverflowError) as e:
+                raise ProbeError(f"{path} cannot be read ({str(e).splitlines()[0]})") from None
+        if step == "load":
+            layout.migrate(run, tables)
     layout.check_heads(tables["heads"], run, folder / "heads.csv")
     return run, tables, examples_io.read(folder, run["layers"], run["heads"])
 

@@ -47,16 +47,22 @@ def write(table: pd.DataFrame, path: Path) -> None:
 
 
 def read(path: Path, schema: dict[str, str]) -> pd.DataFrame:
+    """The table at ``path``, typed by ``schema``."""
+    return typed(load(path, schema), schema)
+
+
+def load(path: Path, schema: dict[str, str]) -> pd.DataFrame:
+    """The table at ``path`` with the columns it has, those the schema declares parsed as
+    declared (an older report's table, before ``probe.app.folder`` migrates it)."""
     import pandas as pd
 
     text = [c for c, kind in schema.items() if kind == "str"]
-    table = pd.read_csv(
+    return pd.read_csv(
         path,
         dtype={c: DTYPES[kind] for c, kind in schema.items()},
         keep_default_na=False,
         na_values={c: [""] for c in schema if c not in text},
     )
-    return typed(table, schema)
 
 
 def schemas(classes: Sequence[type[Analysis]]) -> dict[str, dict[str, str]]:
