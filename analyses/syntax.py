@@ -394,9 +394,9 @@ def heatmaps(tables: dict[str, pd.DataFrame]) -> list[Figure]:
         title = (f"{relation} (n={row.total}): best {row.accuracy:.0%}, "
                  f"offset {row.baseline_accuracy:.0%}")  # fmt: skip
         grids.append(svg.Grid(title, margins[relation], star=(row.layer, row["head"])))
-    alt = ("Heatmaps of layer by head, one per dependency relation, red where the head's "
-           "most-attended word is the syntactic head or dependent more often than the best "
-           "fixed offset finds it, blue where less often; a star marks the best head.")  # fmt: skip
+    alt = ("Heatmaps of layer by head, one per dependency relation, red where the head finds "
+           "dependents' syntactic heads (read either way) more often than the best fixed "
+           "offset, blue where less often; a star marks the best head.")  # fmt: skip
     drawing = svg.heatmaps(grids, vmin=-limit, vmax=limit, anchors=svg.BLUE_RED,
                            label="accuracy − best offset baseline", alt=alt,
                            name="syntax-heatmaps")  # fmt: skip

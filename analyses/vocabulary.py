@@ -12,8 +12,11 @@ from enum import StrEnum
 class Direction(StrEnum):
     """Which way a head's attention is read as a dependency arc (Clark et al. 2019)."""
 
-    DEPENDENT_TO_HEAD = "dependent_to_head"  # the word a dependent attends to most
-    HEAD_TO_DEPENDENT = "head_to_dependent"  # the word that attends most to a head
+    # Both predict each dependent's head (Clark et al.'s code): dependent -> head, the word the
+    # dependent attends to most is its head; head -> dependent, the word that attends most to
+    # the dependent is its head.
+    DEPENDENT_TO_HEAD = "dependent_to_head"
+    HEAD_TO_DEPENDENT = "head_to_dependent"
 
     @property
     def index(self) -> int:

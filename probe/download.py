@@ -2,29 +2,63 @@
 
 Proxies come from the environment (``HTTPS_PROXY``, ``NO_PROXY``…), as for any urllib client.
 Each connection and read waits at most ``PROBE_HTTP_TIMEOUT`` seconds (default 30), so a server
-that accepts and never answers fails in seconds, not minutes.
+that accepts and never answers fails in seconds, not minutes; and the whole transfer ends by
+``PROBE_HTTP_DEADLINE`` seconds (default 1800), so a server that trickles a byte a second ends
+too. The body is streamed to a temporary file beside the cache entry, hashed on the way, checked
+(``validate`` reads it as it would any local file), then renamed into place (``write_file``):
+memory stays flat whatever the file's size, and the cache never holds a part of a file.
 """
 
 from __future__ import annotations
 
 import hashlib
 import http.client
+import math
 import os
-import tempfile
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from contextlib import suppress
 from pathlib import Path
 
 from probe.errors import ProbeError
+from probe.files import WriteError, write_file
 
 TIMEOUT_S = 30.0
+DEADLINE_S = 1800.0
+CHUNK = 1 << 16
 OFFLINE_HINT = "pass a local .conllu file with --treebank, or leave it out for the bundled EWT dev"
 
 
+def seconds(variable: str, default: float) -> float:
+    """A duration from the environment, checked.
+
+    Raises
+    ------
+    ProbeError
+        For a value that is not a finite number of seconds above 0.
+    """
+    text = os.environ.get(variable, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ProbeError(f"{variable}={text!r} is not a number of seconds above 0; give one "
+                         f"(e.g. {variable}={default:g}) or unset it")  # fmt: skip
+    return value
+
+
 def timeout() -> float:
-    return float(os.environ.get("PROBE_HTTP_TIMEOUT", TIMEOUT_S))
+    """How long one network wait may last (``PROBE_HTTP_TIMEOUT``)."""
+    return seconds("PROBE_HTTP_TIMEOUT", TIMEOUT_S)
+
+
+def deadline() -> float:
+    """How long one whole download may last (``PROBE_HTTP_DEADLINE``)."""
+    return seconds("PROBE_HTTP_DEADLINE", DEADLINE_S)
 
 
 def fetch(
@@ -32,24 +66,25 @@ def fetch(
     target: Path,
     *,
     sha256: str | None = None,
-    validate: Callable[[Path], object] | None = None,
+    validate: Callable[[Path, str], object] | None = None,
     what: str | None = None,
 ) -> Path:
     """``target``, downloaded from ``url`` unless the cache has it already.
 
-    The download is checked against ``sha256`` when given, and by ``validate`` (which raises
-    ``ProbeError`` for a file that is not what was asked for, e.g. an HTML error page served
-    with status 200); it reaches ``target`` whole or not at all. ``what`` names it in errors
+    The download is checked against ``sha256`` when given, and by ``validate(path, name)``
+    (which raises ``ProbeError`` for a file that is not what was asked for, naming it
+    ``name``); it reaches ``target`` whole or not at all. ``what`` names it in errors
     (``ud:en_ewt``; default the URL).
 
     Raises
     ------
     ProbeError
-        For a failed or refused download, one that fails its checks, or a cache that cannot be
-        written.
+        For a failed, refused, too slow or HTML download, one that fails its checks, or a
+        cache that cannot be written.
     """
     if target.exists():
         return target
+    wait, limit = timeout(), deadline()
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -58,35 +93,70 @@ def fetch(
             "to a writable folder"
         ) from None
     name = f"{what} from {url}" if what else url
-    request = urllib.request.Request(url, headers={"User-Agent": "probe"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout()) as response:
-            data = response.read()
-    except urllib.error.HTTPError as e:
-        answer = f"{e.code} {e.reason}"
-        raise ProbeError(f"cannot download {name}: the server answered {answer}") from None
-    except (urllib.error.URLError, http.client.HTTPException, OSError) as e:  # cut short too
-        reason = getattr(e, "reason", None) or e or type(e).__name__
-        raise ProbeError(f"cannot download {name} ({reason}); offline? {OFFLINE_HINT}") from None
-    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256.lower():
-        raise ProbeError(
-            f"{name} does not match its pinned SHA-256 (a changed or truncated download); "
-            f"nothing was cached. Try again, or {OFFLINE_HINT}"
-        )
-    tmp = None
-    try:
-        with tempfile.NamedTemporaryFile(dir=target.parent, delete=False, suffix=".part") as f:
-            tmp = Path(f.name)
-            f.write(data)
+
+    def fill(part: Path) -> None:
+        with open(part, "wb") as file:
+            digest = _download(url, file, name, wait, limit)
+        if sha256 is not None and digest != sha256.lower():
+            raise ProbeError(
+                f"{name} does not match its pinned SHA-256 (a changed or truncated download); "
+                f"nothing was cached. Try again, or {OFFLINE_HINT}"
+            )
         if validate is not None:
-            validate(tmp)
-        os.replace(tmp, target)  # atomic: no half-written file in the cache
-    except OSError as e:
+            validate(part, name)
+
+    try:
+        return write_file(target, fill)  # the cache holds the whole file or none of it
+    except WriteError as e:
         raise ProbeError(
-            f"cannot write {target} ({e.strerror}); set PROBE_CACHE to a writable folder"
+            f"cannot write {target} ({e.reason}); set PROBE_CACHE to a writable folder"
         ) from None
-    finally:
-        if tmp is not None and tmp.exists():
-            with suppress(OSError):
-                tmp.unlink()
-    return target
+
+
+def _download(url: str, file, name: str, wait: float, limit: float) -> str:
+    """Stream ``url``'s body into ``file``; its SHA-256. Every wait lasts at most ``wait``
+    seconds, the whole transfer at most ``limit`` (and one more wait)."""
+    request = urllib.request.Request(url, headers={"User-Agent": "probe"})
+    digest, end = hashlib.sha256(), time.monotonic() + limit
+    try:
+        with urllib.request.urlopen(request, timeout=wait) as response:
+            first = True
+            while chunk := response.read1(CHUNK):
+                if first and (response.headers.get_content_type() == "text/html"
+                              or chunk.lstrip()[:1] == b"<"):  # fmt: skip
+                    raise ProbeError(
+                        f"cannot download {name}: the server sent a web page (a login or error "
+                        "page?), not a treebank; check the URL"
+                    )
+                first = False
+                digest.update(chunk)
+                _write(file, chunk, name)
+                if time.monotonic() > end:
+                    raise ProbeError(
+                        f"cannot download {name}: not done after {limit:g} s (the server is too "
+                        f"slow; PROBE_HTTP_DEADLINE sets the limit); {OFFLINE_HINT}"
+                    )
+            if response.length:  # the connection closed before the promised length
+                raise http.client.IncompleteRead(b"", response.length)
+    except urllib.error.HTTPError as e:
+        kind = "not found: check the URL" if e.code == 404 else (
+            "a server error: try again later" if e.code >= 500 else "refused")  # fmt: skip
+        raise ProbeError(
+            f"cannot download {name}: the server answered {e.code} {e.reason} ({kind})"
+        ) from None
+    except (urllib.error.URLError, http.client.HTTPException, TimeoutError) as e:  # cut short too
+        reason = getattr(e, "reason", None) or repr(e)
+        raise ProbeError(f"cannot download {name} ({reason}); unreachable or offline? "
+                         f"{OFFLINE_HINT}") from None  # fmt: skip
+    except OSError as e:
+        raise ProbeError(f"cannot download {name} ({e.strerror or e}); unreachable or offline? "
+                         f"{OFFLINE_HINT}") from None  # fmt: skip
+    return digest.hexdigest()
+
+
+def _write(file, chunk: bytes, name: str) -> None:
+    try:
+        file.write(chunk)
+    except OSError as e:  # the cache's disk, not the network
+        raise ProbeError(f"cannot keep {name} ({e.strerror}); set PROBE_CACHE to a writable "
+                         "folder with room") from None  # fmt: skip

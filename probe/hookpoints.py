@@ -9,6 +9,8 @@ block and always detached on exit, also when the body raises.
 from __future__ import annotations
 
 import inspect
+import threading
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 
@@ -16,6 +18,7 @@ import torch
 from torch import nn
 
 from probe.cache import Cache
+from probe.errors import ProbeError
 from probe.names import MODEL_POINTS, parse, point_of
 
 Names = None | str | Sequence[str] | Callable[[str], bool]
@@ -126,9 +129,45 @@ def _checked(out: torch.Tensor | None, x: torch.Tensor, hook: Hook) -> torch.Ten
     return out
 
 
+_owners: weakref.WeakKeyDictionary[nn.Module, tuple[int, int]] = weakref.WeakKeyDictionary()
+_owners_lock = threading.Lock()
+
+
+@contextmanager
+def _one_thread(model: nn.Module) -> Iterator[None]:
+    """Hold ``model``'s hook points for this thread (nested blocks of the same thread are
+    fine). The points, and a mirrored model's attention, are shared by every thread: a second
+    thread's forward pass would run the first's hook functions, and their caches would mix."""
+    me = threading.get_ident()
+    with _owners_lock:
+        owner, depth = _owners.get(model, (me, 0))
+        if owner != me:
+            raise ProbeError(
+                f"this {type(model).__name__} is being traced or hooked in another thread, and "
+                "its hook points are shared: trace it from one thread at a time, or give each "
+                "thread its own copy (copy.deepcopy(model))"
+            )
+        _owners[model] = (me, depth + 1)
+    try:
+        yield
+    finally:
+        with _owners_lock:
+            if depth == 0:
+                del _owners[model]
+            else:
+                _owners[model] = (me, depth)
+
+
 @contextmanager
 def hook_points(model: nn.Module) -> Iterator[dict[str, HookPoint]]:
-    """The hook points of ``model`` by full name, mirrored onto Hugging Face models on the fly."""
+    """The hook points of ``model`` by full name, mirrored onto Hugging Face models on the fly;
+    one thread at a time (another raises ``ProbeError`` at once)."""
+    with _one_thread(model), _points(model) as points:
+        yield points
+
+
+@contextmanager
+def _points(model: nn.Module) -> Iterator[dict[str, HookPoint]]:
     own = {name: m for name, m in model.named_modules() if isinstance(m, HookPoint)}
     if own:
         yield own

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import socket
 import urllib.parse
@@ -10,8 +11,10 @@ import urllib.request
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from probe import hub
 from probe.architectures import UnsupportedModelError, architecture, is_causal
 from probe.errors import ProbeError
 
@@ -148,7 +151,13 @@ def load(
     if revision is not None and Path(source).exists():
         raise ProbeError(f"--revision {revision} is for hub models; {source} is a local folder")
     kwargs = {"revision": revision, "trust_remote_code": trust_remote_code}
-    if not Path(source).exists() and not hub_reachable():
+    if Path(source).is_dir():
+        check_weight_files(Path(source))
+    unreached = None
+    if not Path(source).exists():  # ask the hub once, with a deadline (probe.hub)
+        hub.bound_waits()
+        unreached = hub.ask(name_or_path, source, revision) if hub_reachable() else "offline"
+    if unreached:
         kwargs["local_files_only"] = True  # a model in the local cache still loads
     placement = {}
     if device_map is not None:
@@ -161,22 +170,72 @@ def load(
             model = _with_lm_head(name_or_path, source, dtype, kwargs, placement)
         else:
             model = AutoModel.from_pretrained(source, dtype=dtype, **kwargs, **placement)
+    except SafetensorError as e:  # a file in the hub's cache, cut or damaged
+        raise ProbeError(f"{name_or_path}: a weight file cannot be read ({e}); it is cut or "
+                         "damaged: download it again") from None  # fmt: skip
     except (OSError, ValueError) as e:
         if device_map is not None and "offload" in str(e).lower():
             raise ProbeError(
                 f"{name_or_path} does not fit in --max-memory; part of it must be offloaded "
                 "to disk: give --offload-folder DIR (or more memory)"
             ) from e
-        raise ProbeError(_explain(name_or_path, source, e)) from e
+        raise ProbeError(_explain(name_or_path, source, e, unreached)) from e
     try:
         architecture(model)
     except UnsupportedModelError as e:
         raise ProbeError(f"{name_or_path}: {e}") from e
     if not tokenizer.is_fast:
         raise ProbeError(f"{name_or_path}: probe needs a fast tokenizer (for word alignment)")
+    check_finite_weights(model, name_or_path)
     if device_map is None:
         model = model.to(resolve_device(device))
     return model.eval(), tokenizer
+
+
+def check_weight_files(folder: Path) -> None:
+    """Every ``.safetensors`` file in a model folder is whole: its header reads, and the file
+    is as long as the header says (a cut download, a full disk, a damaged copy).
+
+    Raises
+    ------
+    ProbeError
+        Naming the file.
+    """
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                length = int.from_bytes(f.read(8), "little")
+                if size < 8 or length > size - 8:
+                    raise ValueError("its header runs past its end")
+                header = json.loads(f.read(length))
+            ends = [t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"]
+            if 8 + length + max(ends, default=0) != size:
+                raise ValueError(f"{size} bytes where its header promises "
+                                 f"{8 + length + max(ends, default=0)}")  # fmt: skip
+        except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
+            raise ProbeError(f"{path} is cut or damaged ({e}); copy or download the model "
+                             "again") from None  # fmt: skip
+
+
+def check_finite_weights(model: torch.nn.Module, name: str) -> None:
+    """Refuse a model with a weight that is not finite: every measure of it would be NaN, or
+    worse, look normal (argmax over NaN attention still picks a word).
+
+    Raises
+    ------
+    ProbeError
+        Naming the first such tensor.
+    """
+    for weight, tensor in model.named_parameters():  # buffers may hold -inf masks by design
+        if not tensor.is_floating_point() or tensor.device.type == "meta":
+            continue
+        # A sum reads the weights once and is finite unless one of them is not (float32
+        # accumulation: no half-precision overflow); only then is each element looked at.
+        total = torch.sum(tensor.detach(), dtype=torch.float32)
+        if not torch.isfinite(total) and not torch.isfinite(tensor).all():
+            raise ProbeError(f"{name}: weight {weight} is not finite (NaN or infinite); the "
+                             "checkpoint is damaged: probe refuses it")  # fmt: skip
 
 
 def _with_lm_head(name: str, source: str, dtype, kwargs: dict, placement: dict) -> PreTrainedModel:
@@ -198,7 +257,7 @@ def _with_lm_head(name: str, source: str, dtype, kwargs: dict, placement: dict) 
     return model
 
 
-def _explain(name: str, source: str, error: Exception) -> str:
+def _explain(name: str, source: str, error: Exception, unreached: str | None = None) -> str:
     text = str(error).lower()
     offline_hint = (
         "to work offline use a local model folder, or the demo model: "
@@ -206,6 +265,9 @@ def _explain(name: str, source: str, error: Exception) -> str:
     )
     if Path(source).exists():
         return f"{source} is not a loadable model folder ({str(error).splitlines()[0]})"
+    if unreached and unreached != "offline":  # the hub was asked, and did not answer
+        what = f"{name!r} ({source})" if name in ALIASES else f"{name!r}"
+        return f"cannot load {what}: it is not a local folder, and {unreached}; {offline_hint}"
     if any(word in text for word in ("offline", "connect", "resolve", "internet", "local_files")):
         what = f"{name!r} ({source})" if name in ALIASES else f"{name!r}"
         return (

@@ -20,6 +20,7 @@ from transformers import PreTrainedModel
 from probe.alignment import WordAlignment
 from probe.architectures import attentions, blocks, is_encoder_decoder
 from probe.corpus import Batch
+from probe.errors import ProbeError
 from probe.hookpoints import hooks
 from probe.loading import main_device
 from probe.names import hook_name, parse
@@ -116,6 +117,29 @@ class Consumer(Protocol):
         """Called after every layer of the batch has been seen."""
 
 
+def check_finite(pattern: torch.Tensor, batch: Batch, name: str) -> None:
+    """Refuse attention that is not finite among real tokens ``[batch, head, q_pos, k_pos]``:
+    every count an analysis keeps would silently absorb it.
+
+    Raises
+    ------
+    ProbeError
+        Naming the hook point and the first sentence.
+    """
+    if pattern.shape[-1] != pattern.shape[-2] or pattern.shape[-1] != batch.attention_mask.shape[1]:
+        real = torch.ones(pattern.shape[0], dtype=torch.bool, device=pattern.device)[:, None, None]
+    else:
+        mask = batch.attention_mask.bool()
+        real = (mask[:, None, :, None] & mask[:, None, None, :]).to(pattern.device)
+    bad = ~torch.isfinite(pattern) & real
+    if bad.any():
+        first = int(bad.flatten(1).any(1).nonzero()[0])
+        raise ProbeError(
+            f"{name} is not finite (NaN or infinite) on sentence {int(batch.index[first])}: the "
+            "model's weights are damaged, or its attention overflowed (try --dtype float32)"
+        )
+
+
 def decoder_inputs(model: PreTrainedModel, inputs: dict[str, torch.Tensor]) -> dict:
     """An encoder-decoder model's inputs with the decoder's: the sentence itself, shifted right
     after the decoder's start token (teacher forcing on reconstruction, BART's pre-training
@@ -180,6 +204,8 @@ def stream(
         site, point = where[name]
         got = pending.setdefault(site, {})
         got[point] = tensor.to(device)  # a no-op unless the layer is elsewhere
+        if point == "hook_pattern":
+            check_finite(got[point], batch, name)
         if len(got) == len(wanted):
             capture = LayerCapture(pending.pop(site), batch, alignment, site[0])
             for consumer in readers[site[0]]:

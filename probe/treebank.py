@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import os
 import re
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import chain
@@ -122,15 +124,29 @@ class Sentence:
     entity_fields: tuple[str, ...] = ()  # ``# global.Entity``: what each bracket's fields mean
 
 
-def read_conllu(path: str | Path) -> list[Sentence]:
+def read_conllu(path: str | Path, name: str | None = None) -> list[Sentence]:
     """Read and validate a whole CoNLL-U file (``iter_conllu`` streams it)."""
-    return list(iter_conllu(path))
+    return list(iter_conllu(path, name))
 
 
-def iter_conllu(path: str | Path) -> Iterator[Sentence]:
+def check_conllu(path: str | Path, name: str | None = None) -> None:
+    """Validate a CoNLL-U file without keeping it (memory stays flat whatever its size).
+
+    Raises
+    ------
+    ProbeError
+        As ``iter_conllu``; or when it holds no sentence.
+    """
+    if not sum(1 for _ in iter_conllu(path, name)):  # every sentence read, none kept
+        raise ProbeError(f"no sentences in {name or path}")
+
+
+def iter_conllu(path: str | Path, name: str | None = None) -> Iterator[Sentence]:
     """Stream the sentences of a CoNLL-U file, validating each as it is read.
 
-    Comment lines, multiword-token ranges (``3-4``) and empty nodes (``8.1``) are skipped.
+    Comment lines, multiword-token ranges (``3-4``) and empty nodes (``8.1``) are skipped. A
+    gzip file is read as such whatever its name (its first bytes say so). ``name`` stands for
+    the file in messages (a URL for a download; default the path).
 
     Raises
     ------
@@ -139,12 +155,24 @@ def iter_conllu(path: str | Path) -> Iterator[Sentence]:
         head, a sentence with no root or several, or a cycle; or when the file cannot be read.
     """
     path = Path(path)
+    name = name or str(path)
     try:
-        opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt", encoding="utf-8-sig") as lines:  # a byte-order mark is no column
-            yield from _parse(lines, str(path))
-    except (OSError, UnicodeDecodeError, EOFError) as e:
-        raise ProbeError(f"cannot read treebank {path}: {e}") from e
+        with _text(path) as lines:
+            yield from _parse(lines, name)
+    except (OSError, UnicodeDecodeError, EOFError, zlib.error) as e:
+        raise ProbeError(f"cannot read treebank {name}: {e}") from e
+
+
+def _text(path: Path, errors: str = "strict") -> io.TextIOWrapper:
+    """The file's lines, ungzipped when it is gzip (by its first bytes: a pipe or a download's
+    temporary file has no telling name); a byte-order mark is no column."""
+    raw = open(path, "rb")  # noqa: SIM115 (closed by the wrapper returned)
+    try:
+        binary = gzip.GzipFile(fileobj=raw) if raw.peek(2)[:2] == b"\x1f\x8b" else raw
+        return io.TextIOWrapper(binary, encoding="utf-8-sig", errors=errors)
+    except BaseException:
+        raw.close()
+        raise
 
 
 def _parse(lines: Iterable[str], name: str) -> Iterator[Sentence]:
@@ -219,14 +247,25 @@ def _sentence(rows: list[tuple[int, list[str]]], name: str, sent_id: str) -> Sen
         raise ProbeError(
             f"{name}:{first_line}: sentence has {found} (head 0); it needs exactly one"
         )
-    for i in range(n):
-        seen, j = set(), i
-        while j >= 0:
-            if j in seen:
-                raise ProbeError(f"{name}:{rows[i][0]}: word {i + 1} is in a cycle of heads")
-            seen.add(j)
-            j = heads[j]
+    _check_acyclic(heads, rows, name)
     return Sentence(words, heads, relations, upos, sent_id, name, feats=feats, entity=entity)
+
+
+def _check_acyclic(heads: list[int], rows: list[tuple[int, list[str]]], name: str) -> None:
+    """Every word's chain of heads reaches the root: linear time, each word walked once (a word
+    whose chain is known to reach the root ends the walks that meet it)."""
+    ROOTED, WALKING = 1, 2
+    state = [0] * len(heads)
+    for i in range(len(heads)):
+        path, j = [], i
+        while j >= 0 and not state[j]:
+            state[j] = WALKING
+            path.append(j)
+            j = heads[j]
+        if j >= 0 and state[j] == WALKING:
+            raise ProbeError(f"{name}:{rows[i][0]}: word {i + 1} is in a cycle of heads")
+        for k in path:
+            state[k] = ROOTED
 
 
 def _misc(column: str) -> dict[str, str]:
@@ -263,7 +302,7 @@ def download_ud(spec: str) -> list[Path]:
     target = cache_dir() / "ud" / source.release / file
     mirror = os.environ.get("PROBE_UD_MIRROR", UD_BASE).rstrip("/")
     url = f"{mirror}/{source.repo}/{source.release}/{file}"
-    checks = {"sha256": source.sha256[split], "validate": read_conllu}
+    checks = {"sha256": source.sha256[split], "validate": check_conllu}
     return [fetch(url, target, what=f"ud:{treebank}-{split} ({source.release})", **checks)]
 
 
@@ -276,7 +315,7 @@ def download_url(spec: str) -> list[Path]:
         raise ProbeError(f"{spec}: the only fragment a treebank URL takes is #sha256=<hex>")
     key = hashlib.sha256(spec.encode()).hexdigest()[:16]
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", url.rstrip("/").rsplit("/", 1)[-1]) or "treebank"
-    return [fetch(url, cache_dir() / "url" / key / name, sha256=sha256, validate=read_conllu)]
+    return [fetch(url, cache_dir() / "url" / key / name, sha256=sha256, validate=check_conllu)]
 
 
 def treebank_paths(specs: str | Path | Iterable[str | Path] | None = None) -> list[Path]:
@@ -302,6 +341,12 @@ def treebank_paths(specs: str | Path | Iterable[str | Path] | None = None) -> li
         for path in found:
             if path.is_dir():
                 raise ProbeError(f"treebank {path} is a folder; give its .conllu file(s)")
+            if path.exists() and not path.is_file():
+                raise ProbeError(
+                    f"treebank {path} is a pipe or a device, not a file: probe reads a treebank "
+                    "twice (to count it, then to analyse it); save it to a file first (a "
+                    ".conllu.gz is read as it is)"
+                )
             if not path.is_file():
                 raise ProbeError(
                     f"treebank {path} does not exist (give a .conllu file or ud:en_ewt)"
@@ -321,9 +366,8 @@ def count_sentences(paths: Iterable[Path]) -> int:
     bar's total): a sentence is a block of lines with at least one that is not a comment."""
     count = 0
     for path in paths:
-        opener = gzip.open if Path(path).suffix == ".gz" else open
         try:
-            with opener(path, "rt", encoding="utf-8-sig", errors="replace") as lines:
+            with _text(Path(path), errors="replace") as lines:
                 in_sentence = False
                 for line in lines:
                     if not line.strip():
@@ -332,7 +376,7 @@ def count_sentences(paths: Iterable[Path]) -> int:
                     elif not line.startswith("#"):
                         in_sentence = True
                 count += in_sentence
-        except (OSError, EOFError) as e:
+        except (OSError, EOFError, zlib.error) as e:
             raise ProbeError(f"cannot read treebank {path}: {e}") from e
     return count
 

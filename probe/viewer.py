@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from probe.errors import ProbeError
 from probe.names import Attention, HookName, parse, point_of
 
 FULL_TOKENS = 64  # longer inputs keep each token's TOP_K largest weights
@@ -113,8 +114,9 @@ font:13px system-ui,sans-serif">
         page = ('<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
                 "<title>probe · attention</title></head><body>"
                 f"{self.html()}</body></html>\n")  # fmt: skip
-        path.write_text(page, encoding="utf-8")
-        return path
+        from probe.files import write_file
+
+        return write_file(path, page)
 
 
 def viewer_script() -> str:
@@ -233,10 +235,18 @@ def _from_model(model, tokenizer, text, attention: str | None) -> View:
             "cross-attention is in cache['decoder.{l}.cross_attn.hook_pattern']"
         )
     decoder = attention == Attention.DECODER  # the decoder's tokens (cross-attention is refused)
+    from probe.corpus import max_tokens
+
     device = next(model.parameters()).device
+    limit = max_tokens(model.config, tokenizer)
     tokens, patterns = [], []
-    for one in texts:  # one at a time: no padding to remove, whatever the tokenizer
+    for number, one in enumerate(texts):  # one at a time: no padding to remove
         inputs = dict(tokenizer(one, return_tensors="pt").to(device))
+        if inputs["input_ids"].shape[1] > limit:
+            raise ProbeError(
+                f"text {number} is {inputs['input_ids'].shape[1]} tokens long; the model takes at "
+                f"most {limit}: show a shorter text"
+            )
         if is_encoder_decoder(model):
             from probe.runner import decoder_inputs
 

@@ -56,3 +56,33 @@ def sample_report(tmp_path_factory, minilm):
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """A tiny random BERT (2 layers x 4 heads) with a word-piece tokenizer, saved as a folder."""
+    import torch
+    import transformers as tf
+    from models import SMALL
+    from tokenizers_util import wordpiece
+
+    folder = tmp_path_factory.mktemp("tiny") / "model"
+    torch.manual_seed(0)
+    model = tf.BertModel(tf.BertConfig(**SMALL | {"vocab_size": 130}, intermediate_size=64))
+    model.save_pretrained(folder)
+    wordpiece().save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_report(tiny_model) -> Path:
+    """Every default analysis of the tiny model on the hand-written sample (seconds)."""
+    from typer.testing import CliRunner
+
+    from probe.app.cli import app
+
+    out = tiny_model.parent / "report"
+    args = ["analyze", "-m", str(tiny_model), "-t", "sample", "-q", "-o", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return out

@@ -109,19 +109,15 @@ def serve(monkeypatch, data: bytes) -> list[str]:
     """Answer every download with ``data``; returns the list of URLs asked for."""
     calls = []
 
-    class Response:
-        def __enter__(self):
-            return self
+    import email.message
+    import io
 
-        def __exit__(self, *exc):
-            return False
-
-        def read(self):
-            return data
+    class Response(io.BytesIO):  # what fetch reads of http.client's: read1, headers, length
+        headers, length = email.message.Message(), None
 
     def fake_urlopen(url, timeout):
         calls.append(getattr(url, "full_url", url))  # a urllib Request, or a plain URL
-        return Response()
+        return Response(data)
 
     monkeypatch.setattr("urllib.request.urlopen", fake_urlopen)
     return calls

@@ -32,6 +32,7 @@ from probe.app.run import Settings, check
 from probe.app.run import analyze as analyze_run
 from probe.distributed import Ranks
 from probe.errors import ProbeError
+from probe.hub import bound_waits
 from probe.sizes import ATTENTION_BUDGET
 
 app = typer.Typer(
@@ -71,7 +72,8 @@ def _quiet_libraries() -> None:
 
 
 def _fail(message: str) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the error is printed whole, and then we exit
+    for stop in (signal.SIGTERM, signal.SIGHUP):  # the error is printed whole, then we exit
+        signal.signal(stop, signal.SIG_IGN)
     err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(1)
 
@@ -260,9 +262,10 @@ def _run(settings: Settings, quiet: bool) -> None:
 
         return wrap
 
-    signal.signal(signal.SIGTERM, _terminated)
+    _catch_hangups()
     gc.disable()  # until the model is loaded: see probe.app.run._freeze
     try:
+        bound_waits()  # before the hub client is imported: it reads them once
         _quiet_libraries()  # imports transformers: an interrupt here is answered as any other
         with progress:
             status_task = progress.add_task("starting", total=None)
@@ -275,10 +278,10 @@ def _run(settings: Settings, quiet: bool) -> None:
         _fail(_who() + str(e))
     except KeyboardInterrupt:
         _fail(_who() + "interrupted; no report was written")
-    except TerminatedError:
+    except TerminatedError as e:
         _fail(
-            _who() + "stopped by SIGTERM (the job was cancelled, or another process of the run "
-            "failed: see its error); no report was written"
+            _who() + f"stopped by {e} (the job was cancelled, the terminal closed, or another "
+            "process of the run failed: see its error); no report was written"
         )
     finally:
         gc.enable()
@@ -296,7 +299,14 @@ class TerminatedError(Exception):
 
 
 def _terminated(signum, frame) -> None:
-    raise TerminatedError
+    raise TerminatedError(signal.Signals(signum).name)
+
+
+def _catch_hangups() -> None:
+    """SIGTERM and SIGHUP (a closed terminal, a dropped ssh) unwind the command like an error,
+    so that no staging folder or lock is left beside the output."""
+    signal.signal(signal.SIGTERM, _terminated)
+    signal.signal(signal.SIGHUP, _terminated)
 
 
 def _who() -> str:
@@ -313,7 +323,7 @@ def _memory(text: str) -> dict[int | str, str]:
     limits: dict[int | str, str] = {}
     for item in text.split(","):
         where, _, size = (part.strip() for part in item.partition("="))
-        key: int | str = int(where) if where.isdigit() else where.lower()
+        key: int | str = int(where) if where.isascii() and where.isdigit() else where.lower()
         if key not in ("cpu", "mps", "xpu", "npu", "disk") and not isinstance(key, int):
             _fail(f"--max-memory {item!r}: the device is a GPU index, cpu or disk")
         if not MEMORY.match(size):
@@ -349,10 +359,13 @@ def report(
     """Re-render index.html from the tables of an earlier run (no model needed)."""
     from probe.app.report import render
 
+    _catch_hangups()
     try:
         path = render(folder)
     except ProbeError as e:
         _fail(str(e))
+    except (KeyboardInterrupt, TerminatedError) as e:
+        _fail(f"stopped ({e or 'interrupted'}); index.html is as it was")
     typer.echo(f"report: {path}")
 
 
@@ -363,7 +376,9 @@ app.add_typer(experiment, name="experiment")
 @experiment.command("heads")
 def experiment_heads(
     steps: int = typer.Option(600, "--steps", min=1, help="Training steps per model."),
-    seed: int = typer.Option(0, "--seed", help="The first seed; the others follow it."),
+    seed: int = typer.Option(
+        0, "--seed", min=0, max=2**32 - 1, help="The first seed; the others follow it."
+    ),
     seeds: int = typer.Option(3, "--seeds", min=1, help="Models per task and variant."),
     out: Path = typer.Option(
         Path("reports/experiment-heads"), "--out", "-o", help="Output folder."
@@ -375,6 +390,7 @@ def experiment_heads(
     transformers built from probe's attention, trained on synthetic tasks (a few minutes)."""
     from probe.app.output import check_free
 
+    _catch_hangups()
     try:
         check_free(out, overwrite)  # before any training
         from probe.app.experiment import run
@@ -392,8 +408,8 @@ def experiment_heads(
             path = run(out, steps, list(range(seed, seed + seeds)), overwrite, advance)
     except ProbeError as e:
         _fail(str(e))
-    except KeyboardInterrupt:
-        _fail("interrupted; no report was written")
+    except (KeyboardInterrupt, TerminatedError) as e:
+        _fail(f"stopped ({e or 'interrupted'}); no report was written")
     if not quiet:
         index = path / "index.html"
         Console().print(
@@ -413,10 +429,13 @@ def compare_command(
     from probe.app.compare import compare
 
     out = out or Path("reports") / f"{a.name}-vs-{b.name}"
+    _catch_hangups()
     try:
         path = compare(a, b, out, overwrite)
     except ProbeError as e:
         _fail(str(e))
+    except (KeyboardInterrupt, TerminatedError) as e:
+        _fail(f"stopped ({e or 'interrupted'}); no comparison was written")
     typer.echo(f"comparison: {path / 'index.html'}")
 
 

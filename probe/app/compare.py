@@ -24,7 +24,8 @@ import pandas as pd
 from analyses import svg
 from analyses.figures import Figure
 from analyses.vocabulary import Role, Thresholds
-from probe.app.output import reserved
+from probe.app.folder import disagreeing
+from probe.app.output import locked, refuse_inputs, reserved, write_file
 from probe.app.report import embed, environment, read_report
 from probe.inference import FDR, benjamini_hochberg
 from probe.numerics import pairwise_js
@@ -246,10 +247,9 @@ def _word_distributions(sentence: dict):
 
 def compare(a: Path, b: Path, out: Path, overwrite: bool = False) -> Path:
     """Write the comparison of report folders ``a`` and ``b`` into ``out``; returns it."""
-    run_a, run_b, tables = compare_tables(Path(a), Path(b))  # errors before anything is written
-    with reserved(out, overwrite) as folder:
-        for name, table in tables.items():
-            table.to_csv(folder / f"{name}.csv", index=False, float_format="%.6g")
+    refuse_inputs(out, [a, b])
+    with locked(a, b, reading=True), disagreeing(a, b):  # not while analyze replaces one
+        run_a, run_b, tables = compare_tables(Path(a), Path(b))  # errors before any write
         card = {
             "a": str(a), "b": str(b), "model_a": run_a["model"], "model_b": run_b["model"],
             "shape_a": [run_a["layers"], run_a["heads"]],
@@ -257,8 +257,15 @@ def compare(a: Path, b: Path, out: Path, overwrite: bool = False) -> Path:
             "command": " ".join(["probe", *sys.argv[1:]]) if sys.argv else "probe compare",
             "created": datetime.now(UTC).isoformat(timespec="seconds"),
         }  # fmt: skip
-        (folder / "compare.json").write_text(json.dumps(card, indent=2), encoding="utf-8")
-        (folder / "index.html").write_text(render(card, run_a, run_b, tables), encoding="utf-8")
+        page = render(card, run_a, run_b, tables)
+    with reserved(out, overwrite) as folder:
+        for name, table in tables.items():
+            write_file(
+                folder / f"{name}.csv",
+                lambda tmp, t=table: t.to_csv(tmp, index=False, float_format="%.6g"),
+            )
+        write_file(folder / "compare.json", json.dumps(card, indent=2))
+        write_file(folder / "index.html", page)
     return out
 
 

@@ -10,6 +10,8 @@ layer, so memory is fixed whatever the corpus size.
 from __future__ import annotations
 
 import json
+import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -196,9 +198,10 @@ def _coreference_hits(
 
 def write(folder: Path, chosen: dict, patterns: dict[str, np.ndarray]) -> None:
     """``examples.json`` and ``attention.npz`` in ``folder``."""
-    (folder / "examples.json").write_text(json.dumps(chosen), encoding="utf-8")
-    with open(folder / "attention.npz", "wb") as f:
-        np.savez_compressed(f, **patterns)
+    from probe.files import write_file
+
+    write_file(folder / "examples.json", json.dumps(chosen))
+    write_file(folder / "attention.npz", lambda path: np.savez_compressed(path, **patterns))
 
 
 def assemble(chosen: dict, patterns: dict[str, np.ndarray]) -> dict:
@@ -209,19 +212,26 @@ def assemble(chosen: dict, patterns: dict[str, np.ndarray]) -> dict:
     return examples
 
 
-def read(folder: Path) -> dict:
+def read(folder: Path, n_layers: int | None = None, n_heads: int | None = None) -> dict:
     """A report folder's examples (``examples.json``) with each sentence's ``pattern`` (from
-    ``attention.npz``), checked: every head's sentences exist, every pattern fits its tokens.
-    A folder without them (an analysis run without patterns) has none."""
+    ``attention.npz``), checked: every sentence's words, heads and tokens agree, every head's
+    sentences exist, every pattern is finite and fits its tokens (and the ``n_layers`` x
+    ``n_heads`` grid, when given). A folder without them (a run without patterns) has none.
+
+    Raises
+    ------
+    ProbeError
+        Naming the file and the first thing wrong in it.
+    """
     path = folder / "examples.json"
     if not path.exists():
         return {"sentences": [], "heads": {}}
     try:
         examples = json.loads(path.read_text(encoding="utf-8"))
-        n = len(examples["sentences"])
-        for head in examples["heads"].values():
-            if not all(0 <= int(s["sentence"]) < n for s in head["shown"]):
-                raise ValueError("a head's example sentence is out of range")
+        for sentence in examples["sentences"]:
+            _check_sentence(sentence)
+        for key, head in examples["heads"].items():
+            _check_head(key, head, len(examples["sentences"]), n_layers, n_heads)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ProbeError(f"{path} is malformed ({str(e).splitlines()[0]})") from None
     path = folder / "attention.npz"
@@ -230,9 +240,50 @@ def read(folder: Path) -> dict:
             for i, sentence in enumerate(examples["sentences"]):
                 T = len(sentence["tokens"])
                 pattern = saved[str(i)]
-                if pattern.ndim != 4 or pattern.shape[2:] != (T, T):
+                grid = (n_layers or pattern.shape[0], n_heads or pattern.shape[1])
+                if pattern.ndim != 4 or pattern.shape != (*grid, T, T):
                     raise ValueError(f"sentence {i}'s attention is not over its {T} tokens")
+                if not np.isfinite(pattern).all():
+                    raise ValueError(f"sentence {i}'s attention is not finite")
                 sentence["pattern"] = pattern.astype(np.float32)
-    except (OSError, ValueError, KeyError) as e:
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as e:
         raise ProbeError(f"{path} is missing or malformed ({str(e).splitlines()[0]})") from None
     return examples
+
+
+def _check_sentence(sentence: dict) -> None:
+    """Raises ValueError unless a sentence's words, tree, tokens and links agree."""
+    n = len(sentence["words"])
+    lists = {k: sentence[k] for k in ("words", "heads", "relations", "tokens", "word_of_token")}
+    if not all(isinstance(v, list) for v in lists.values()):
+        raise ValueError("a sentence's words, heads, relations and tokens must be lists")
+    if len(sentence["heads"]) != n or len(sentence["relations"]) != n:
+        raise ValueError("a sentence's heads or relations do not match its words")
+    if len(sentence["word_of_token"]) != len(sentence["tokens"]):
+        raise ValueError("a sentence's word_of_token does not match its tokens")
+    within = lambda x: isinstance(x, int) and not isinstance(x, bool) and -1 <= x < n  # noqa: E731
+    if not all(map(within, sentence["heads"] + sentence["word_of_token"])):
+        raise ValueError("a sentence's heads or word_of_token point outside it")
+    for mention, antecedents in sentence.get("coreference", []):
+        if not all(within(x) and x >= 0 for x in [mention, *antecedents]):
+            raise ValueError("a sentence's coreference links point outside it")
+    if not all(isinstance(x, str) for x in lists["words"] + lists["tokens"] + lists["relations"]):
+        raise ValueError("a sentence's words, tokens and relations must be text")
+
+
+def _check_head(key: str, head: dict, n: int, n_layers: int | None, n_heads: int | None) -> None:
+    """Raises ValueError unless a head's card names a head of the grid and sentences in range."""
+    layer, head_index = (int(x) for x in key.split("."))
+    if n_layers is not None and not (0 <= layer < n_layers and 0 <= head_index < n_heads):
+        raise ValueError(f"head {key} is not in the {n_layers} x {n_heads} grid")
+    if head["relation"] is not None and not isinstance(head["relation"], str):
+        raise ValueError(f"head {key}'s relation is not text")
+    if head["direction"] is not None:
+        Direction(head["direction"])
+    if not head["shown"] or not all(0 <= int(s["sentence"]) < n for s in head["shown"]):
+        raise ValueError(f"head {key}'s example sentences are out of range")
+    for shown in head["shown"]:
+        if head["relation"] is not None and not all(
+            isinstance(shown[k], int) for k in ("correct", "words")
+        ):
+            raise ValueError(f"head {key}'s counts are not whole numbers")

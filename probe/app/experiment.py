@@ -16,7 +16,7 @@ from analyses import svg
 from analyses.figures import Figure
 from probe import experiment as science
 from probe.answers import PLATEAU, SAME_WITHIN, SOLVED, convergence
-from probe.app.output import reserved
+from probe.app.output import reserved, write_file
 from probe.app.report import embed, environment
 from probe.app.run import package_versions
 
@@ -37,7 +37,10 @@ def run(
         tables = science.run(steps, seeds, progress)
         seconds = time.perf_counter() - started
         for name, table in tables.items():
-            table.to_csv(folder / f"{name}.csv", index=False, float_format="%.6g")
+            write_file(
+                folder / f"{name}.csv",
+                lambda tmp, t=table: t.to_csv(tmp, index=False, float_format="%.6g"),
+            )
         card = {
             "experiment": "heads",
             "steps": steps,
@@ -56,9 +59,8 @@ def run(
             "command": " ".join(["probe", *sys.argv[1:]]) if sys.argv else "probe experiment",
             "created": datetime.now(UTC).isoformat(timespec="seconds"),
         }
-        (folder / "run.json").write_text(json.dumps(card, indent=2), encoding="utf-8")
-        html = render(card, tables["experiment"], tables["curves"])
-        (folder / "index.html").write_text(html, encoding="utf-8")
+        write_file(folder / "run.json", json.dumps(card, indent=2))
+        write_file(folder / "index.html", render(card, tables["experiment"], tables["curves"]))
     return out
 
 

@@ -8,6 +8,10 @@ The report is written into a staging folder beside ``out``, marked as probe's wi
 exchange with the old report (Linux ``renameat2``), after which the old one is removed. A
 failure, a signal or a crash leaves the old report, or none, and no staging folder once the next
 run has reserved the place.
+
+Every file probe writes goes through ``write_file`` (``probe.files``): a temporary file in the
+same folder, then a rename. ``locked`` takes the lock a run takes, so that ``probe report`` cannot
+write into a report that ``analyze --overwrite`` is replacing.
 """
 
 from __future__ import annotations
@@ -23,14 +27,62 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 
 from probe.errors import ProbeError
+from probe.files import WriteError, write_file
+
+__all__ = ["WriteError", "write_file"]  # the writer of every file, here beside the folders it fills
 
 MARKER = ".probe-report"  # in every report probe writes: what --overwrite may replace
 RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2  # renameat2's flags, from linux/fs.h
 AT_FDCWD = -100
+# The longest name beside ``out`` that a run makes: ``.<name>.probe-<pid>-<monotonic ns>``.
+PREFIX_LENGTH = len(".") + len(".probe-") + 7 + 1 + 20
+NAME_MAX = 255
+
+
+def refuse_inputs(out: Path, inputs: Sequence[Path], option: str = "--out") -> None:
+    """Fail when ``out`` is, holds or lies inside one of the command's inputs: replacing it
+    would delete what the command reads.
+
+    Raises
+    ------
+    ProbeError
+        Naming the input.
+    """
+    target = out.resolve()
+    for given in inputs:
+        source = Path(given).resolve()
+        if target == source or target in source.parents:
+            raise ProbeError(
+                f"{option} {out} {'is' if target == source else 'holds'} an input of this "
+                f"command ({given}); replacing it would destroy it: choose another {option}"
+            )
+
+
+@contextmanager
+def locked(*folders: Path, reading: bool = False) -> Iterator[None]:
+    """Hold the lock a run to each folder holds (``analyze``, ``compare``), for a command that
+    reads the folders (``reading``) or rewrites a file inside them.
+
+    Raises
+    ------
+    ProbeError
+        When a run is writing one of the folders, or (unless only ``reading``: a report in a
+        read-only place is read unlocked, as no one can replace it) the lock cannot be made.
+    """
+    unique = {Path(f).resolve(): Path(f).resolve() for f in folders}  # one lock per folder
+    with ExitStack() as stack:
+        for folder in unique.values():
+            lock = folder.absolute().parent / f".{folder.name}.probe-lock"
+            try:
+                stack.enter_context(_locked(lock, folder))
+            except _UnlockableError:
+                if not reading:
+                    raise
+        yield
 
 
 def slug(name: str) -> str:
@@ -63,6 +115,15 @@ def check_free(out: Path, overwrite: bool) -> None:
         If ``out`` is a link or a file, exists without ``--overwrite``, is not a report probe
         wrote, holds the current folder, or cannot be created.
     """
+    if out.name == "..":
+        raise ProbeError(f"--out {out} ends in '..', which names no new folder; give the folder's "
+                         "own name, e.g. reports/mine")  # fmt: skip
+    if len(os.fsencode(out.name)) + PREFIX_LENGTH > NAME_MAX:
+        raise ProbeError(
+            f"--out name {out.name[:40]}… is too long ({len(os.fsencode(out.name))} bytes; probe "
+            f"needs {PREFIX_LENGTH} more for its lock beside it, and a name holds {NAME_MAX}): "
+            "choose a shorter name"
+        )
     if out.is_symlink():
         raise ProbeError(f"output folder {out} is a symbolic link; give the folder itself")
     if out.exists():
@@ -115,9 +176,13 @@ def reserved(out: Path, overwrite: bool) -> Iterator[Path]:
             _clean_up_after_killed_runs(parent, out)
             staging = parent / f".{out.name}.probe-{os.getpid()}-{time.monotonic_ns()}"
             staging.mkdir()  # the user's umask applies, as to any folder they make
-            yield staging
-            marker = {"probe": _version(), "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-            (staging / MARKER).write_text(json.dumps(marker), encoding="utf-8")
+            try:
+                yield staging
+                marker = {"probe": _version(), "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+                write_file(staging / MARKER, json.dumps(marker))
+            except WriteError as e:  # name the report, not the staging folder
+                raise ProbeError(f"cannot write {out / e.path.name} ({e.reason}); nothing was "
+                                 "replaced") from None  # fmt: skip
             _publish(staging, out, overwrite)
             published = True
     finally:
@@ -148,7 +213,11 @@ def _publish(staging: Path, out: Path, overwrite: bool) -> None:
 def _locked(path: Path, out: Path) -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``path`` for the block, then remove it."""
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:  # never through a link someone left in the lock's place
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+        except OSError as e:
+            reason = f"cannot lock {out}: {path} cannot be made ({e.strerror})"
+            raise _UnlockableError(reason) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -169,6 +238,10 @@ def _locked(path: Path, out: Path) -> Iterator[None]:
         with suppress(OSError):
             path.unlink()
         os.close(fd)
+
+
+class _UnlockableError(ProbeError):
+    """The lock file cannot be made (a read-only folder)."""
 
 
 def _clean_up_after_killed_runs(parent: Path, out: Path) -> None:

@@ -32,30 +32,47 @@ PRELIMINARY = 500
 
 
 def read_report(folder: Path) -> tuple[dict, dict[str, pd.DataFrame], dict]:
-    """The run card, typed tables and examples of a folder written by ``probe analyze``.
+    """The run card, typed tables and examples of a folder written by ``probe analyze``,
+    checked (``probe.app.folder``) and brought to today's layout.
 
     Raises
     ------
     ProbeError
-        Naming the file that is missing or malformed.
+        Naming the file that is missing or malformed, or the layout version it cannot read.
     """
+    from probe.app import folder as layout
+
     try:
         run = json.loads((folder / "run.json").read_text(encoding="utf-8"))
-        classes = [analyses.get(name) for name in run["analyses"]]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError) as e:
         raise ProbeError(f"{folder} is not a probe report folder (no readable run.json)") from e
+    run = layout.check_run(run, folder)
+    unknown = [name for name in run["analyses"] if name not in analyses.REGISTRY]
+    if unknown:
+        raise ProbeError(f"{folder / 'run.json'} names an analysis this probe does not have "
+                         f"({unknown[0]!r}); render it with the probe that wrote it")  # fmt: skip
+    classes = [analyses.get(name) for name in run["analyses"]]
     try:
         Thresholds(**run.get("thresholds", {}))
     except (TypeError, ValueError) as e:
         raise ProbeError(f"{folder / 'run.json'}: bad thresholds ({e})") from None
-    tables = {}
-    for name, schema in table_io.schemas(classes).items():
-        path = folder / f"{name}.csv"
-        try:
-            tables[name] = table_io.read(path, schema)
-        except (OSError, ValueError) as e:
-            raise ProbeError(f"{path} cannot be read ({str(e).splitlines()[0]})") from None
-    return run, tables, examples_io.read(folder)
+    schemas, tables = table_io.schemas(classes), {}
+    for step in ("load", "typed"):  # an older layout is migrated in between
+        for name, schema in schemas.items():
+            path = folder / f"{name}.csv"
+            try:
+                if step == "load":
+                    tables[name] = table_io.load(path, schema)
+                else:
+                    tables[name] = table_io.typed(tables[name], schema, name)
+            except table_io.MissingColumnsError as e:
+                raise layout.missing_columns(path, run, e.missing) from None
+            except (OSError, ValueError, OverflowError) as e:
+                raise ProbeError(f"{path} cannot be read ({str(e).splitlines()[0]})") from None
+        if step == "load":
+            layout.migrate(run, tables)
+    layout.check_heads(tables["heads"], run, folder / "heads.csv")
+    return run, tables, examples_io.read(folder, run["layers"], run["heads"])
 
 
 def embed(figure: Figure) -> Markup:
@@ -131,14 +148,17 @@ def render(folder: str | Path) -> Path:
     Path
         The written ``index.html``.
     """
+    from probe.app.folder import disagreeing
+    from probe.app.output import locked, write_file
+
     folder = Path(folder)
-    html = render_html(*read_report(folder))
-    path = folder / "index.html"
-    try:
-        path.write_text(html, encoding="utf-8")
-    except OSError as e:
-        raise ProbeError(f"cannot write {path} ({e.strerror})") from None
-    return path
+    if not folder.is_dir():
+        raise ProbeError(f"{folder} is not a folder; give a folder written by probe analyze")
+    with locked(folder):  # not while `analyze --overwrite` replaces it
+        report = read_report(folder)
+        with disagreeing(folder):
+            html = render_html(*report)
+        return write_file(folder / "index.html", html)
 
 
 def _treebank(path: str) -> Markup:

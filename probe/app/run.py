@@ -17,6 +17,7 @@ from __future__ import annotations
 import gc
 import json
 import platform
+import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -31,7 +32,8 @@ import analyses
 from analyses.vocabulary import Role, Thresholds
 from probe import units
 from probe.app import tables as table_io
-from probe.app.output import check_free, default_out, reserved
+from probe.app.folder import SCHEMA
+from probe.app.output import check_free, default_out, refuse_inputs, reserved, write_file
 from probe.errors import ProbeError
 from probe.options import Option, resolve
 from probe.sizes import ATTENTION_BUDGET, parse_size
@@ -150,6 +152,7 @@ def plan(settings: Settings) -> Plan:
     analyses.ContractError
         For an analysis that breaks its contract (a programming error), naming it.
     """
+    _check_values(settings)
     chosen = settings.analyses
     names = list(analyses.defaults() if chosen is None else chosen)
     unknown = [a for a in names if a not in analyses.REGISTRY]
@@ -179,8 +182,37 @@ def plan(settings: Settings) -> Plan:
                               settings.seed)  # fmt: skip
     parse_size(settings.attention_budget)
     check_free(settings.output, settings.overwrite)
+    refuse_inputs(settings.output, [*source.treebank, *_local(settings.model)])
     return Plan(settings, classes, settings.analyses is None, thresholds, options, needed,
                 source, settings.output)  # fmt: skip
+
+
+DEVICE = re.compile(r"auto|cpu|(cuda|mps|xpu)(:\d+)?")
+SEEDS = 2**32  # numpy's and scikit-learn's seeds are below this
+LARGEST = 2**63 - 1
+
+
+def _check_values(settings: Settings) -> None:
+    """The options torch would reject only once imported (seconds later), and the settings
+    the environment gives, checked now."""
+    from probe.download import deadline, timeout
+
+    timeout(), deadline()
+    if not DEVICE.fullmatch(settings.device):
+        known = "cpu, cuda, cuda:N, mps or auto"
+        raise ProbeError(f"unknown --device {settings.device!r}; use {known}")
+    if not 0 <= settings.seed < SEEDS:
+        raise ProbeError(f"--seed {settings.seed} is out of range; give 0 to {SEEDS - 1}")
+    counts = {"max_sentences": settings.max_sentences, "batch_size": settings.batch_size}
+    for name, value in (counts | settings.options).items():  # torch and islice take int64
+        if isinstance(value, int) and not -LARGEST <= value <= LARGEST:
+            flag = "--" + name.replace("_", "-")
+            raise ProbeError(f"{flag} {value} is out of range (at most {LARGEST})")
+
+
+def _local(model: str) -> list[Path]:
+    """The model's folder, when it is one (an output must not replace it)."""
+    return [Path(model)] if Path(model).is_dir() else []
 
 
 def check(settings: Settings) -> Thresholds:
@@ -217,6 +249,7 @@ class RunCard:
     command: str = "probe analyze"
     created: str = ""
     timings_s: dict[str, float] = field(default_factory=dict)
+    schema: int = SCHEMA  # the folder's layout version (probe.app.folder)
 
     def as_dict(self) -> dict[str, Any]:
         """The card as ``run.json`` holds it, with the sentence and coreference counts also at
@@ -498,11 +531,11 @@ def publish(run: Plan, outcome: Outcome, folder: Path, status: Callable[[str], N
     card = outcome.card
     card.timings_s |= clock.timings
     html = render_html(card.as_dict(), tables, examples)
-    (folder / "index.html").write_text(html, encoding="utf-8")
+    write_file(folder / "index.html", html)
     clock.lap("render")
     card.timings_s["render"] = clock.timings["render"]
     card.timings_s["total"] = round(sum(v for k, v in card.timings_s.items() if k != "total"), 3)
-    (folder / "run.json").write_text(json.dumps(card.as_dict(), indent=2), encoding="utf-8")
+    write_file(folder / "run.json", json.dumps(card.as_dict(), indent=2))
 
 
 def package_versions() -> dict[str, str]:

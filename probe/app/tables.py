@@ -15,12 +15,20 @@ if TYPE_CHECKING:
 from analyses import DTYPES
 
 
+class MissingColumnsError(ValueError):
+    """A table without columns its schema declares."""
+
+    def __init__(self, name: str, missing: list[str]) -> None:
+        super().__init__(f"{name} lacks columns {missing}")
+        self.missing = missing
+
+
 def typed(table: pd.DataFrame, schema: dict[str, str], name: str = "table") -> pd.DataFrame:
     """``table`` with exactly the schema's columns, in its order and of its types (missing
     text is the empty string)."""
-    missing = set(schema) - set(table.columns)
+    missing = [c for c in schema if c not in table.columns]
     if missing:
-        raise ValueError(f"{name} lacks columns {sorted(missing)}")
+        raise MissingColumnsError(name, missing)
     table = table[list(schema)].copy()
     for column, kind in schema.items():
         if kind == "str":
@@ -33,20 +41,28 @@ def typed(table: pd.DataFrame, schema: dict[str, str], name: str = "table") -> p
 
 def write(table: pd.DataFrame, path: Path) -> None:
     """Write a table that ``typed`` made (``read`` gives it back)."""
-    table.to_csv(path, index=False)
+    from probe.files import write_file
+
+    write_file(path, lambda tmp: table.to_csv(tmp, index=False))
 
 
 def read(path: Path, schema: dict[str, str]) -> pd.DataFrame:
+    """The table at ``path``, typed by ``schema``."""
+    return typed(load(path, schema), schema)
+
+
+def load(path: Path, schema: dict[str, str]) -> pd.DataFrame:
+    """The table at ``path`` with the columns it has, those the schema declares parsed as
+    declared (an older report's table, before ``probe.app.folder`` migrates it)."""
     import pandas as pd
 
     text = [c for c, kind in schema.items() if kind == "str"]
-    table = pd.read_csv(
+    return pd.read_csv(
         path,
         dtype={c: DTYPES[kind] for c, kind in schema.items()},
         keep_default_na=False,
         na_values={c: [""] for c in schema if c not in text},
     )
-    return typed(table, schema)
 
 
 def schemas(classes: Sequence[type[Analysis]]) -> dict[str, dict[str, str]]:

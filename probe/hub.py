@@ -1,0 +1,96 @@
+"""One question to the Hugging Face hub before a model is loaded from it: does it have this model?
+
+Asked with probe's own deadline (``PROBE_HTTP_TIMEOUT``), so that the answer is one line in
+seconds: "not found" (404: a mistyped id), "no permission" (401, 403: private or gated), "server
+error" (5xx: try later), or "does not answer" (a hub that accepts and never replies). Left to
+itself the hub client retries for a minute and reports each of these as "offline". The
+downloads that follow wait at most as long on each read (``HF_HUB_DOWNLOAD_TIMEOUT``,
+``HF_HUB_ETAG_TIMEOUT``, set by ``bound_waits`` before the hub client is imported).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+
+from probe.download import timeout
+from probe.errors import ProbeError
+
+LOCAL_HINT = "or give a local model folder"
+
+
+def bound_waits() -> None:
+    """Let the hub client wait on each read no longer than probe does (unless set already);
+    ``probe.load`` calls it, and the command line before the client is imported.
+
+    Raises
+    ------
+    ProbeError
+        For a ``PROBE_HTTP_TIMEOUT`` that is not a number of seconds.
+    """
+    seconds = max(1, round(timeout()))
+    for name in ("HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT"):
+        if name not in os.environ:
+            os.environ[name] = str(seconds)
+            constants = sys.modules.get("huggingface_hub.constants")
+            if constants is not None:  # imported already: it read the environment once
+                setattr(constants, name, seconds)
+
+
+def ask(name: str, repo: str, revision: str | None = None) -> str | None:
+    """Ask the hub for ``repo`` (at ``revision``). None when it has it; the reason when it
+    could not answer (the caller then tries the local cache).
+
+    Raises
+    ------
+    ProbeError
+        When the hub answers that the model is not there, not for this user, or that it failed.
+    """
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    path = f"/api/models/{urllib.parse.quote(repo)}"
+    if revision:
+        path += f"/revision/{urllib.parse.quote(revision, safe='')}"
+    request = urllib.request.Request(endpoint + path, headers=_headers())
+    wait = timeout()
+    try:
+        with urllib.request.urlopen(request, timeout=wait):
+            return None
+    except urllib.error.HTTPError as e:
+        error = e.headers.get("X-Error-Code")
+        raise ProbeError(_answer(name, repo, revision, e.code, error)) from None
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", None) or e
+        if isinstance(reason, TimeoutError) or "timed out" in str(reason):
+            return f"the hub did not answer within {wait:g} s (PROBE_HTTP_TIMEOUT)"
+        return f"the hub cannot be reached ({reason})"
+
+
+def _answer(name: str, repo: str, revision: str | None, code: int, error: str | None) -> str:
+    if error == "RevisionNotFound" or (revision and code == 404 and error != "RepoNotFound"):
+        return f"{repo!r} has no revision {revision!r} on the hub (404); check --revision"
+    if code == 404:
+        return (f"unknown model {name!r}: the hub has no model {repo!r} (404 not found); check "
+                f"the id for a typo, {LOCAL_HINT}")  # fmt: skip
+    if code in (401, 403):
+        return (f"no permission to download {repo!r} (the hub answered {code}: private or "
+                f"gated); log in with `hf auth login`, ask for access, {LOCAL_HINT}")  # fmt: skip
+    if code >= 500:
+        return (f"the Hugging Face hub failed on {repo!r} ({code}, a server error); try again "
+                f"later, {LOCAL_HINT}")  # fmt: skip
+    return f"the Hugging Face hub refused {repo!r} ({code}); {LOCAL_HINT}"
+
+
+def _headers() -> dict[str, str]:
+    headers = {"User-Agent": "probe"}
+    try:
+        from huggingface_hub import get_token
+
+        token = get_token()
+    except ImportError:
+        token = None
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    return headers
