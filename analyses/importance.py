@@ -28,6 +28,7 @@ from analyses.figures import Figure
 from analyses.vocabulary import Thresholds
 from probe.lazy import lazy
 from probe.options import Option
+from probe.units import Either
 
 if TYPE_CHECKING:
     from probe.corpus import Batch
@@ -50,6 +51,7 @@ class Importance(Analysis):
 
     name = "importance"
     title = "Head importance"
+    unit = Either("text", "sentence")  # a corpus's first windows when one is given
 
     @classmethod
     def unsupported(cls, model) -> str | None:
@@ -75,8 +77,8 @@ class Importance(Analysis):
     head_columns: ClassVar[Schema] = {"ablation_effect": "float"}
     measures = (Measure("ablation_effect", "ablation effect", "num", "higher"),)
     options = (
-        Option("importance_sentences", SENTENCES, "Sentences the importance analysis ablates on.",
-               min=1),
+        Option("importance_sentences", SENTENCES,
+               "Sentences (or corpus windows) the importance analysis ablates on.", min=1),
         Option("importance_ablation", ABLATIONS[0], "How importance ablates a head.",
                choices=ABLATIONS),
     )  # fmt: skip

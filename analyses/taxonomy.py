@@ -19,6 +19,7 @@ from analyses import Analysis, Context, Measure, Schema, svg
 from analyses.figures import Figure
 from analyses.vocabulary import Role, Thresholds
 from probe.lazy import lazy
+from probe.units import Either
 from probe.units.repeats import LENGTH, SEQUENCES
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ class Taxonomy(Analysis):
     name = "taxonomy"
     title = "Head types"
     captures = ("hook_pattern",)
-    unit = ("repeats", "sentence")
+    unit = ("repeats", Either("text", "sentence"))  # sink α: a corpus when one is given
     options = (SEQUENCES, LENGTH)
     default = False  # a second corpus's worth of forward passes: asked for by name
     tables: ClassVar[dict[str, Schema]] = {
