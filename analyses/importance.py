@@ -1,10 +1,10 @@
 """Head importance: how much the model's output changes when a head is ablated (Michel et al.
 2019, "Are Sixteen Heads Really Better than One?"), and the pruning curve.
 
-Over the first ``sentences`` sentences of the treebank (those of them the model can read; by
-position, so the same whatever the batches or processes), each head is ablated alone, by its
-mean over those sentences' real tokens or by zero, and the change of the output is averaged
-over real token positions:
+Over the first ``sentences`` sentences of the treebank, or windows of a ``--corpus`` (those of
+them the model can read; by position, so the same whatever the batches or processes), each head
+is ablated alone, by its mean over those sentences' real tokens or by zero, and the change of the
+output is averaged over real token positions:
 
 - with a language-model head, KL(p ‖ p_ablated) of the predicted token distributions;
 - otherwise ‖h_ablated − h‖₂ / ‖h‖₂ of the last hidden state.

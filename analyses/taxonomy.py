@@ -1,6 +1,6 @@
 """Head types researchers look for in today's models: previous-token, duplicate-token and
 induction heads on repeated random sequences, each beside its null; copying from the weights;
-attention sinks (Gu et al.'s α) on the treebank's sentences.
+attention sinks (Gu et al.'s α) on the treebank's sentences, or a ``--corpus``'s windows.
 
 The scores are defined in ``probe.headtypes``; here they are streamed (per-sequence sums and sums
 of squares, so that each mean has a 95% normal interval over sequences, exact under merging),

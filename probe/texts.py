@@ -158,7 +158,7 @@ def _open(spec: CorpusSpec) -> IterableDataset:
 def _offline_unless_reachable(datasets) -> None:
     """Offline mode when the hub (``HF_ENDPOINT``) does not answer, so that an unknown name
     fails at once instead of after a minute of retries; a cached dataset still loads."""
-    from probe.loading import hub_reachable
+    from probe.download import hub_reachable
 
     if not datasets.config.HF_HUB_OFFLINE and not hub_reachable():
         datasets.config.HF_HUB_OFFLINE = datasets.config.HF_DATASETS_OFFLINE = True

@@ -241,7 +241,8 @@ def test_bad_corpora_fail_in_one_line(tmp_path, minilm, make, args, message):
 
 
 def test_a_corpus_is_checked_before_torch(tmp_path):
-    """The plan reads the corpus's first row to check it, without importing torch."""
+    """The plan reads the corpus's first row to check it, or finds a hub name it cannot have,
+    without importing torch."""
     corpus = write(tmp_path, "jsonl", column="body")
     code = (
         "import sys\nfrom probe.app.run import Settings, check\n"
@@ -250,16 +251,23 @@ def test_a_corpus_is_checked_before_torch(tmp_path):
         f"text_column='body', out={str(tmp_path / 'r')!r}))\n"
         f"try:\n    check(Settings('minilm', analyses=['roles'], corpus={str(corpus)!r}, "
         f"out={str(tmp_path / 'r')!r}))\nexcept ProbeError as e:\n    print(e)\n"
+        "try:\n    check(Settings('minilm', analyses=['roles'], corpus='hf:no-such/corpus', "
+        f"out={str(tmp_path / 'r')!r}))\nexcept ProbeError as e:\n    print(e)\n"
         "print('torch' in sys.modules)"
     )
-    env = os.environ | {"PYTHONPATH": str(Path(__file__).parents[1])}
+    env = os.environ | {"PYTHONPATH": str(Path(__file__).parents[1]), "HF_HUB_OFFLINE": "1"}
+    env |= {"HF_DATASETS_CACHE": str(tmp_path / "cache"), "HF_HOME": str(tmp_path / "home")}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[-2:] == [
+    lines = result.stdout.splitlines()
+    assert lines[-3:-1] == [
         f"corpus {corpus} has no column 'text'; its columns are 'id', 'body': name one with "
         "--text-column",
-        "False",
+        "corpus hf:no-such/corpus: the hub cannot be reached (offline?) and the dataset is not in "
+        "the datasets cache (Couldn't reach 'no-such/corpus' on the Hub (OfflineModeIsEnabled)); "
+        "give a local file instead",
     ]
+    assert lines[-1] == "False"
 
 
 @pytest.mark.parametrize(
@@ -334,3 +342,30 @@ def test_two_processes_give_the_tables_of_one_on_a_corpus(tmp_path, minilm):
 def test_a_hub_name_is_parsed_and_checked():
     with pytest.raises(ProbeError, match="name a hub dataset"):
         corpus_spec("hf:")
+
+
+def test_cross_attention_reads_a_corpus(tmp_path):
+    """An encoder-decoder model: roles and cross-attention read the corpus's windows, the decoder
+    each window itself, so cross-attention counts every token of every window as a query."""
+    from models import SEQ2SEQ
+
+    folder = tmp_path / "t5"
+    config = SEQ2SEQ["t5"]()
+    config.vocab_size = 128  # the test tokenizer's
+    tf.AutoModel.from_config(config).save_pretrained(folder)
+    tokenizer = wordpiece()
+    tokenizer.save_pretrained(folder)
+    corpus = write(tmp_path, "txt")
+    out = tmp_path / "r"
+    args = ["analyze", "-m", str(folder), "-a", "roles,cross", "--corpus", str(corpus),
+            "--context", "16", "-q", "-o", str(out)]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    windows = [ids for _, ids in expected_windows(tokenizer, TEXTS, 16) if ids]
+    cross = pd.read_csv(out / "cross_attention.csv")
+    # The decoder reads [start] + the window's first n - 1 tokens: n queries; one more where
+    # the window is padded (decoder_inputs lets the start of the padding read the last token).
+    tokens = sum(len(ids) for ids in windows)
+    assert cross.queries.nunique() == 1 and tokens <= cross.queries[0] <= tokens + len(windows)
+    run = json.loads((out / "run.json").read_text())
+    assert run["reads"] == {"roles": ["text"], "cross": ["text"]} and run["treebank"] == []

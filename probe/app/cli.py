@@ -346,9 +346,11 @@ def _summary(console: Console, path: Path) -> None:
     from probe.app.report import read_report
 
     run, tables, _ = read_report(path)
+    windows = run.get("inputs", {}).get("text", {}).get("windows", 0)
     console.print(
         f"[bold]{escape(run['model'])}[/]: {run['sentences_analysed']} sentences, "
-        f"{run['layers']} layers x {run['heads']} heads, {run['timings_s']['total']:.1f} s"
+        + (f"{windows} corpus windows, " if run.get("corpus") else "")
+        + f"{run['layers']} layers x {run['heads']} heads, {run['timings_s']['total']:.1f} s"
     )
     for name in run["analyses"]:
         for line in analyses.get(name).summary(tables):
