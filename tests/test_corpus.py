@@ -14,6 +14,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 import transformers as tf
 from streams import context
 from test_bad_input import fails_in_one_line
@@ -369,3 +370,29 @@ def test_cross_attention_reads_a_corpus(tmp_path):
     assert cross.queries.nunique() == 1 and tokens <= cross.queries[0] <= tokens + len(windows)
     run = json.loads((out / "run.json").read_text())
     assert run["reads"] == {"roles": ["text"], "cross": ["text"]} and run["treebank"] == []
+
+
+def test_sink_alpha_on_a_corpus_equals_eager_attentions(tmp_path, tokenizer):
+    """taxonomy's sink α on corpus windows: the attention of each window's first 64 queries to
+    its first token, as MiniLM's own eager attention weights give it."""
+    from probe.headtypes import SINK_TOKENS
+    from probe.loading import resolve_name
+
+    corpus = write(tmp_path, "parquet")
+    out = tmp_path / "r"
+    args = ["analyze", "-m", "minilm", "-a", "taxonomy", "--corpus", str(corpus),
+            "--context", "80", "--repeat-sequences", "2", "--repeat-length", "5", "-q",
+            "-o", str(out)]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    model = tf.AutoModel.from_pretrained(resolve_name("minilm"), attn_implementation="eager")
+    sums, queries = 0, 0
+    for _, ids in expected_windows(tokenizer, TEXTS, 80):
+        if ids:
+            attentions = model(torch.tensor([ids]), output_attentions=True).attentions
+            pattern = torch.stack(attentions)[:, 0]  # [layer, head, q, k]
+            sums = sums + pattern[:, :, :SINK_TOKENS, 0].sum(-1).double()
+            queries += min(len(ids), SINK_TOKENS)
+    table = pd.read_csv(out / "taxonomy.csv").sort_values(["layer", "head"])
+    np.testing.assert_allclose(table.sink_alpha, (sums / queries).flatten().detach(), atol=1e-5)
+    assert (table.sink_queries == queries).all()
