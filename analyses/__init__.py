@@ -146,13 +146,12 @@ class Analysis:
         the run's inputs ``given`` pick (``{"treebank", "corpus"}``), or every one (None)."""
         from probe.units import Either
 
-        declared = () if cls.unit is None else (cls.unit,) if isinstance(cls.unit, str) else (
-            (cls.unit,) if isinstance(cls.unit, Either) else cls.unit)  # fmt: skip
-        picked = [
-            u if not isinstance(u, Either) else (u if given is None else (u.pick(given),))
-            for u in declared
-        ]
-        return tuple(dict.fromkeys(n for u in picked for n in ((u,) if isinstance(u, str) else u)))
+        unit = cls.unit
+        declared = () if unit is None else unit if type(unit) is tuple else (unit,)
+        names: list[str] = []
+        for u in declared:
+            names += [u] if not isinstance(u, Either) else u if given is None else [u.pick(given)]
+        return tuple(dict.fromkeys(names))
 
     @classmethod
     def unsupported(cls, model: nn.Module) -> str | None:

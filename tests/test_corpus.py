@@ -396,3 +396,16 @@ def test_sink_alpha_on_a_corpus_equals_eager_attentions(tmp_path, tokenizer):
     table = pd.read_csv(out / "taxonomy.csv").sort_values(["layer", "head"])
     np.testing.assert_allclose(table.sink_alpha, (sums / queries).flatten().detach(), atol=1e-5)
     assert (table.sink_queries == queries).all()
+
+
+def test_an_analysis_reads_a_corpus_only_when_one_is_given():
+    """``Either`` picks the corpus when the run has one, else the treebank; every alternative
+    counts where options and contracts are checked."""
+    import analyses
+
+    roles, taxonomy, syntax = (analyses.get(n) for n in ("roles", "taxonomy", "syntax"))
+    assert roles.units() == ("text", "sentence")
+    assert roles.units({"treebank"}) == ("sentence",)
+    assert roles.units({"treebank", "corpus"}) == ("text",)
+    assert taxonomy.units({"treebank", "corpus"}) == ("repeats", "text")
+    assert syntax.units({"treebank", "corpus"}) == ("sentence",)

@@ -194,9 +194,10 @@ def _source(settings: Settings, inputs: set[str | None], reads: dict) -> units.S
         flag = next(flag for flag, given in corpus_options.items() if given)
         raise ProbeError(f"{flag} says how to read --corpus; give --corpus too")
     if settings.corpus and "corpus" not in inputs:
+        readers = [n for n in analyses.REGISTRY if "text" in analyses.get(n).units()]
         raise ProbeError(
             f"no analysis of this run reads --corpus ({', '.join(reads)} read annotation or "
-            "the weights); add roles, importance or taxonomy"
+            f"the weights); add one of {', '.join(readers)}"
         )
     treebank = ()
     if "treebank" in inputs:
@@ -454,8 +455,8 @@ def _check_input(run: Plan, tally: dict) -> None:
     if sentences and not sentences["analysed"]:
         reasons = ", ".join(f"{n} {why}" for why, n in sentences["skipped"].items())
         raise ProbeError(f"no sentence can be analysed ({reasons}); try another treebank")
-    text = tally.get("text")
-    if text is not None and text and not text["windows"]:
+    text = tally.get("text")  # {} where no analysis of a corpus applied
+    if text and not text["windows"]:
         raise ProbeError(f"no text of corpus {run.source.corpus.name} has a token")
 
 
