@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 HUB = "hf:"
 TEXTS_PER_MAP = 256  # texts tokenized together
+# Bytes of a .txt or .json file that datasets reads at once (its default, 10 MiB, holds a
+# hundred thousand lines in memory however few of them the run reads).
+CHUNK_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -144,8 +147,9 @@ def _open(spec: CorpusSpec) -> IterableDataset:
         if spec.hub:
             return datasets.load_dataset(spec.builder, spec.config, split=spec.split,
                                          streaming=True)  # fmt: skip
+        chunks = {"chunksize": CHUNK_BYTES} if spec.builder in ("text", "json") else {}
         return datasets.load_dataset(spec.builder, data_files=list(spec.files), split="train",
-                                     streaming=True)  # fmt: skip
+                                     streaming=True, **chunks)  # fmt: skip
     except ConnectionError as e:
         raise ProbeError(
             f"corpus {spec.name}: the hub cannot be reached (offline?) and the dataset is not in "
