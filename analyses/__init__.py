@@ -123,8 +123,9 @@ class Analysis:
     captures: ClassVar[tuple[str, ...]] = ()
     # What the model reads for it (``probe.units.UNITS``): single sentences, or "window"s of
     # consecutive sentences of one document (``probe.coreference.Windows``), whose batches hold
-    # ``Window``s; several, as a tuple (``Batch.unit`` tells a batch's); None for an analysis of
-    # the weights alone, which needs neither treebank nor forward pass.
+    # ``Window``s; several, as a tuple (``Batch.unit`` tells a batch's); a choice, as
+    # ``probe.units.Either("text", "sentence")`` (a corpus when given, else sentences); None for
+    # an analysis of the weights alone, which needs neither treebank nor forward pass.
     unit: ClassVar[str | tuple[str, ...] | None] = "sentence"
     # Which attention's captures it reads (``probe.architectures.attentions``); None for the
     # model's first: its only one, or an encoder-decoder model's encoder self-attention.
@@ -147,9 +148,17 @@ class Analysis:
         self.finished = False
 
     @classmethod
-    def units(cls) -> tuple[str, ...]:
-        """The units it reads, in the order they are streamed."""
-        return () if cls.unit is None else (cls.unit,) if isinstance(cls.unit, str) else cls.unit
+    def units(cls, given: set[str] | None = None) -> tuple[str, ...]:
+        """The units it reads, in the order they are streamed: of a choice (``Either``), the one
+        the run's inputs ``given`` pick (``{"treebank", "corpus"}``), or every one (None)."""
+        from probe.units import Either
+
+        unit = cls.unit
+        declared = () if unit is None else unit if type(unit) is tuple else (unit,)
+        names: list[str] = []
+        for u in declared:
+            names += [u] if not isinstance(u, Either) else u if given is None else [u.pick(given)]
+        return tuple(dict.fromkeys(names))
 
     @classmethod
     def unsupported(cls, model: nn.Module) -> str | None:

@@ -18,6 +18,7 @@ from analyses import Analysis, Context, Schema, svg
 from analyses.figures import Figure
 from probe.lazy import lazy
 from probe.numerics import entropy
+from probe.units import Either
 
 if TYPE_CHECKING:
     from probe.corpus import Batch
@@ -38,6 +39,7 @@ class CrossAttention(Analysis):
     name = "cross"
     title = "Cross-attention"
     captures = ("hook_pattern",)
+    unit = Either("text", "sentence")  # a corpus's windows when one is given
     attention = ATTENTION
     tables: ClassVar[dict[str, Schema]] = {
         "cross_attention": {

@@ -1,10 +1,10 @@
 """Head importance: how much the model's output changes when a head is ablated (Michel et al.
 2019, "Are Sixteen Heads Really Better than One?"), and the pruning curve.
 
-Over the first ``sentences`` sentences of the treebank (those of them the model can read; by
-position, so the same whatever the batches or processes), each head is ablated alone, by its
-mean over those sentences' real tokens or by zero, and the change of the output is averaged
-over real token positions:
+Over the first ``sentences`` sentences of the treebank, or windows of a ``--corpus`` (those of
+them the model can read; by position, so the same whatever the batches or processes), each head
+is ablated alone, by its mean over those sentences' real tokens or by zero, and the change of the
+output is averaged over real token positions:
 
 - with a language-model head, KL(p ‖ p_ablated) of the predicted token distributions;
 - otherwise ‖h_ablated − h‖₂ / ‖h‖₂ of the last hidden state.
@@ -28,6 +28,7 @@ from analyses.figures import Figure
 from analyses.vocabulary import Thresholds
 from probe.lazy import lazy
 from probe.options import Option
+from probe.units import Either
 
 if TYPE_CHECKING:
     from probe.corpus import Batch
@@ -50,6 +51,7 @@ class Importance(Analysis):
 
     name = "importance"
     title = "Head importance"
+    unit = Either("text", "sentence")  # a corpus's first windows when one is given
 
     @classmethod
     def unsupported(cls, model) -> str | None:
@@ -75,8 +77,8 @@ class Importance(Analysis):
     head_columns: ClassVar[Schema] = {"ablation_effect": "float"}
     measures = (Measure("ablation_effect", "ablation effect", "num", "higher"),)
     options = (
-        Option("importance_sentences", SENTENCES, "Sentences the importance analysis ablates on.",
-               min=1),
+        Option("importance_sentences", SENTENCES,
+               "Sentences (or corpus windows) the importance analysis ablates on.", min=1),
         Option("importance_ablation", ABLATIONS[0], "How importance ablates a head.",
                choices=ABLATIONS),
     )  # fmt: skip

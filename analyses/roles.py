@@ -17,6 +17,7 @@ from analyses.vocabulary import Role, Thresholds
 from probe.keys import poisson, uniform
 from probe.lazy import lazy
 from probe.numerics import entropy, pairwise_js
+from probe.units import Either
 
 if TYPE_CHECKING:
     from probe.corpus import Batch
@@ -69,6 +70,7 @@ class Roles(Analysis):
     title = "Head roles"
     captures = ("hook_pattern",)
     rows = True
+    unit = Either("text", "sentence")  # a corpus's windows when one is given
     tables: ClassVar[dict[str, Schema]] = {
         "head_stats": {
             "layer": "int", "head": "int", **dict.fromkeys(METRICS, "float"),

@@ -1,6 +1,6 @@
 """Head types researchers look for in today's models: previous-token, duplicate-token and
 induction heads on repeated random sequences, each beside its null; copying from the weights;
-attention sinks (Gu et al.'s α) on the treebank's sentences.
+attention sinks (Gu et al.'s α) on the treebank's sentences, or a ``--corpus``'s windows.
 
 The scores are defined in ``probe.headtypes``; here they are streamed (per-sequence sums and sums
 of squares, so that each mean has a 95% normal interval over sequences, exact under merging),
@@ -20,6 +20,7 @@ from analyses.figures import Figure
 from analyses.vocabulary import Role, Thresholds
 from probe.lazy import lazy
 from probe.names import Attention
+from probe.units import Either
 from probe.units.repeats import LENGTH, SEQUENCES
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ class Taxonomy(Analysis):
     title = "Head types"
     captures = ("hook_pattern",)
     rows = True
-    unit = ("repeats", "sentence")
+    unit = ("repeats", Either("text", "sentence"))  # sink α: a corpus when one is given
     options = (SEQUENCES, LENGTH)
     default = False  # a second corpus's worth of forward passes: asked for by name
     tables: ClassVar[dict[str, Schema]] = {

@@ -15,8 +15,10 @@ import hashlib
 import http.client
 import math
 import os
+import socket
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -160,3 +162,29 @@ def _write(file, chunk: bytes, name: str) -> None:
     except OSError as e:  # the cache's disk, not the network
         raise ProbeError(f"cannot keep {name} ({e.strerror}); set PROBE_CACHE to a writable "
                          "folder with room") from None  # fmt: skip
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face hub answers (checked once, quickly, instead of letting every
+    file request retry for a minute on a machine without network)."""
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
+        return False
+    try:
+        socket.create_connection(hub_address(), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def hub_address() -> tuple[str, int]:
+    """Where a request to the hub first goes, as huggingface_hub's HTTP client would send it:
+    ``HF_ENDPOINT`` with its scheme and port, or the proxy the environment names for that
+    scheme (``HTTPS_PROXY``…), unless ``NO_PROXY`` exempts the host."""
+    endpoint = urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    default = {"https": 443, "http": 80}
+    address = (endpoint.hostname or "", endpoint.port or default.get(endpoint.scheme, 443))
+    proxy = urllib.request.getproxies().get(endpoint.scheme)
+    if proxy and not urllib.request.proxy_bypass(address[0]):
+        via = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+        address = (via.hostname or "", via.port or default.get(via.scheme, 80))
+    return address

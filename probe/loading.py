@@ -5,9 +5,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import socket
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import torch
@@ -16,6 +13,7 @@ from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTo
 
 from probe import hub
 from probe.architectures import UnsupportedModelError, architecture, is_causal
+from probe.download import hub_address, hub_reachable  # noqa: F401 (re-exported)
 from probe.errors import ProbeError
 
 ALIASES = {
@@ -43,32 +41,6 @@ def describe_source(name: str) -> str:
     if name == "minilm" and source != ALIASES["minilm"]:
         return f"{ALIASES['minilm']} (from the package {DEMO_PACKAGE.replace('_', '-')})"
     return source
-
-
-def hub_reachable(timeout: float = 3.0) -> bool:
-    """Whether the Hugging Face hub answers (checked once, quickly, instead of letting every
-    file request retry for a minute on a machine without network)."""
-    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
-        return False
-    try:
-        socket.create_connection(hub_address(), timeout=timeout).close()
-        return True
-    except OSError:
-        return False
-
-
-def hub_address() -> tuple[str, int]:
-    """Where a request to the hub first goes, as huggingface_hub's HTTP client would send it:
-    ``HF_ENDPOINT`` with its scheme and port, or the proxy the environment names for that
-    scheme (``HTTPS_PROXY``…), unless ``NO_PROXY`` exempts the host."""
-    endpoint = urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    default = {"https": 443, "http": 80}
-    address = (endpoint.hostname or "", endpoint.port or default.get(endpoint.scheme, 443))
-    proxy = urllib.request.getproxies().get(endpoint.scheme)
-    if proxy and not urllib.request.proxy_bypass(address[0]):
-        via = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
-        address = (via.hostname or "", via.port or default.get(via.scheme, 80))
-    return address
 
 
 def resolve_device(device: str, local_rank: int = 0) -> str:

@@ -90,6 +90,28 @@ def analyze(
         "sentences); default: UD English EWT dev, bundled (2,001 sentences).",
         show_default=False,
     ),
+    corpus: str = typer.Option(
+        None,
+        "--corpus",
+        help="Plain text for the analyses that need no annotation (roles, importance, taxonomy's "
+        "sinks, cross): a .txt (one text per line), .jsonl, .json, .csv or .parquet file, a "
+        "folder of them, or hf:NAME[:CONFIG][@SPLIT] (🤗 datasets); the others read the treebank.",
+        show_default=False,
+    ),
+    text_column: str = typer.Option(
+        "text", "--text-column", help="The corpus's column of texts (.jsonl .json .csv .parquet)."
+    ),
+    max_texts: int = typer.Option(
+        None, "--max-texts", min=1, help="Use the corpus's first N texts."
+    ),
+    context: int = typer.Option(
+        None,
+        "--context",
+        min=2,
+        help="Tokens per corpus window; longer texts are cut into consecutive windows "
+        "[default: the model's maximum, at most 512].",
+        show_default=False,
+    ),
     out: Path = typer.Option(
         None,
         "--out",
@@ -188,6 +210,10 @@ def analyze(
         thresholds=thresholds,
         options={name: value for name, value in options.items() if value is not None},
         attention_budget=attention_budget,
+        corpus=corpus,
+        text_column=text_column,
+        max_texts=max_texts,
+        context=context,
     )
     try:
         check(settings)  # before torch is imported: a mistake is answered at once
@@ -338,9 +364,11 @@ def _summary(console: Console, path: Path) -> None:
     from probe.app.report import read_report
 
     run, tables, _ = read_report(path)
+    windows = run.get("inputs", {}).get("text", {}).get("windows", 0)
     console.print(
         f"[bold]{escape(run['model'])}[/]: {run['sentences_analysed']} sentences, "
-        f"{run['layers']} layers x {run['heads']} heads, {run['timings_s']['total']:.1f} s"
+        + (f"{windows} corpus windows, " if run.get("corpus") else "")
+        + f"{run['layers']} layers x {run['heads']} heads, {run['timings_s']['total']:.1f} s"
     )
     for name in run["analyses"]:
         for line in analyses.get(name).summary(tables):

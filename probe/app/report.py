@@ -19,6 +19,7 @@ from markupsafe import Markup, escape
 import analyses
 from analyses.figures import Figure
 from analyses.vocabulary import Direction, Role, Thresholds
+from probe import units
 from probe.app import examples as examples_io
 from probe.app import findings
 from probe.app import tables as table_io
@@ -218,6 +219,7 @@ def render_html(run: dict, tables: dict[str, pd.DataFrame], examples: dict) -> s
     env.globals["HeadId"] = HeadId
     env.globals["PRELIMINARY"] = PRELIMINARY
     env.filters["treebank"] = _treebank
+    env.filters["unit"] = lambda name: units.get(name).label if name in units.UNITS else name
 
     classes = [analyses.get(name) for name in run["analyses"]]
     sections = []

@@ -66,6 +66,12 @@ class Settings:
     thresholds: dict = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
     attention_budget: str = ATTENTION_BUDGET  # a block of attention rows' bytes (probe.rows)
+    # Plain text for the analyses that need no annotation (``probe.texts``): a file, folder or
+    # hf:NAME[:CONFIG][@SPLIT]; its text column, its first texts, the tokens per window.
+    corpus: str | None = None
+    text_column: str = "text"
+    max_texts: int | None = None
+    context: int | None = None
 
     @property
     def output(self) -> Path:
@@ -82,6 +88,7 @@ class Plan:
     thresholds: Thresholds
     options: dict[str, Any]  # every option of the chosen analyses and their units
     units: tuple[str, ...]  # the units they read, in the order first needed
+    reads: dict[str, tuple[str, ...]]  # analysis -> the units it reads in this run
     source: units.Source
     output: Path
 
@@ -173,18 +180,41 @@ def plan(settings: Settings) -> Plan:
     except ValueError as e:
         raise ProbeError(f"--threshold: {e}") from None
     options = _options(names, settings.options)
-    needed = tuple(dict.fromkeys(u for cls in classes for u in cls.units()))
-    source = units.Source()
-    if needed:
-        from probe.treebank import treebank_paths
-
-        source = units.Source(tuple(treebank_paths(settings.treebank)), settings.max_sentences,
-                              settings.seed)  # fmt: skip
+    given = {"treebank", "corpus"} if settings.corpus else {"treebank"}
+    reads = {cls.name: cls.units(given) for cls in classes}
+    needed = tuple(dict.fromkeys(u for read in reads.values() for u in read))
+    source = _source(settings, {units.get_input(u) for u in needed}, reads)
     parse_size(settings.attention_budget)
     check_free(settings.output, settings.overwrite)
-    refuse_inputs(settings.output, [*source.treebank, *_local(settings.model)])
+    corpus = [Path(f) for f in source.corpus.files] if source.corpus else []
+    refuse_inputs(settings.output, [*source.treebank, *corpus, *_local(settings.model)])
     return Plan(settings, classes, settings.analyses is None, thresholds, options, needed,
-                source, settings.output)  # fmt: skip
+                reads, source, settings.output)  # fmt: skip
+
+
+def _source(settings: Settings, inputs: set[str | None], reads: dict) -> units.Source:
+    """The inputs the run's units read, resolved and checked (a corpus's first text is read)."""
+    from probe.texts import corpus_spec
+
+    corpus_options = {"--text-column": settings.text_column != "text",
+                      "--max-texts": settings.max_texts, "--context": settings.context}  # fmt: skip
+    if not settings.corpus and any(corpus_options.values()):
+        flag = next(flag for flag, given in corpus_options.items() if given)
+        raise ProbeError(f"{flag} says how to read --corpus; give --corpus too")
+    if settings.corpus and "corpus" not in inputs:
+        readers = [n for n in analyses.REGISTRY if "text" in analyses.get(n).units()]
+        raise ProbeError(
+            f"no analysis of this run reads --corpus ({', '.join(reads)} read annotation or "
+            f"the weights); add one of {', '.join(readers)}"
+        )
+    treebank = ()
+    if "treebank" in inputs:
+        from probe.treebank import treebank_paths
+
+        treebank = tuple(treebank_paths(settings.treebank))
+    corpus = corpus_spec(settings.corpus, settings.text_column) if settings.corpus else None
+    return units.Source(treebank, settings.max_sentences, settings.seed, corpus,
+                        settings.max_texts, settings.context)  # fmt: skip
 
 
 DEVICE = re.compile(r"auto|cpu|(cuda|mps|xpu)(:\d+)?")
@@ -239,6 +269,7 @@ class RunCard:
     dtype: str
     treebank: list[str]
     inputs: dict[str, dict]  # each unit's tally: what was read, analysed and skipped
+    reads: dict[str, list[str]]  # analysis -> the units (and so the inputs) it read
     analyses: list[str]
     options: dict[str, Any]
     seed: int
@@ -250,6 +281,7 @@ class RunCard:
     created: str = ""
     timings_s: dict[str, float] = field(default_factory=dict)
     schema: int = SCHEMA  # the folder's layout version (probe.app.folder)
+    corpus: str | None = None  # the plain-text corpus the text unit read
 
     def as_dict(self) -> dict[str, Any]:
         """The card as ``run.json`` holds it, with the sentence and coreference counts also at
@@ -375,7 +407,7 @@ def execute(run: Plan, ranks, progress: Progress | None, status: Callable[[str],
         clock.lap("load")
         tally = Tally()
         for name in run.units:
-            readers = [a for a in chosen if name in a.units()]
+            readers = [a for a in chosen if name in run.reads[a.name]]
             tally[name] = _stream_unit(run, name, readers, examples, model, tokenizer, ranks,
                                        progress, status)  # fmt: skip
         clock.lap("analyses")
@@ -409,7 +441,7 @@ def _begin(run: Plan, model, tokenizer) -> tuple[list[analyses.Analysis], Any]:
         chosen.append(cls(context))
     examples = None
     cards = [a for a in chosen if "hook_pattern" in a.captures]
-    if any(units.get(u).examples for a in cards for u in a.units()):
+    if any(units.get(u).examples for a in cards for u in run.reads[a.name]):
         examples = Examples(tokenizer, n_layers, n_heads)
     return chosen, examples
 
@@ -466,6 +498,9 @@ def _check_input(run: Plan, tally: dict) -> None:
     if sentences and not sentences["analysed"]:
         reasons = ", ".join(f"{n} {why}" for why, n in sentences["skipped"].items())
         raise ProbeError(f"no sentence can be analysed ({reasons}); try another treebank")
+    text = tally.get("text")  # {} where no analysis of a corpus applied
+    if text and not text["windows"]:
+        raise ProbeError(f"no text of corpus {run.source.corpus.name} has a token")
 
 
 def _card(run: Plan, model, tokenizer, chosen, ranks, tally) -> RunCard:
@@ -489,6 +524,7 @@ def _card(run: Plan, model, tokenizer, chosen, ranks, tally) -> RunCard:
         dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
         treebank=[str(p) for p in run.source.treebank],
         inputs={name: _plain(counts) for name, counts in tally.items()},
+        reads={a.name: list(run.reads[a.name]) for a in chosen},
         analyses=[a.name for a in chosen],
         options=run.options,
         seed=settings.seed,
@@ -498,6 +534,7 @@ def _card(run: Plan, model, tokenizer, chosen, ranks, tally) -> RunCard:
         packages=package_versions(),
         command=" ".join(["probe", *sys.argv[1:]]) if sys.argv else "probe analyze",
         created=datetime.now(UTC).isoformat(timespec="seconds"),
+        corpus=run.source.corpus.describe() if run.source.corpus else None,
     )
 
 

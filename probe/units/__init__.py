@@ -29,6 +29,7 @@ UNITS: dict[str, str] = {
     "sentence": "probe.units.sentences:Sentences",
     "window": "probe.units.windows:CoreferenceWindows",
     "repeats": "probe.units.repeats:RepeatedSequences",
+    "text": "probe.units.texts:Texts",
 }
 
 
@@ -38,14 +39,39 @@ def get(name: str) -> type[Unit]:
     return getattr(importlib.import_module(module), cls)
 
 
+class Either(tuple):
+    """Units an analysis can read in place of one another, the first whose input the run has
+    (``Unit.input``): ``Either("text", "sentence")`` reads a corpus when one is given
+    (``--corpus``), else the treebank's sentences."""
+
+    def __new__(cls, *names: str) -> Either:
+        return super().__new__(cls, names)
+
+    def pick(self, given: set[str]) -> str:
+        """The first alternative whose input is among ``given`` (or that needs none); else the
+        last."""
+        return next((u for u in self if get_input(u) in given | {None}), self[-1])
+
+
+def get_input(name: str) -> str | None:
+    """What unit ``name`` reads from the user: ``treebank``, ``corpus``, or None (it makes its
+    own input)."""
+    return get(name).input
+
+
 @dataclass(frozen=True)
 class Source:
     """What the run's units read: treebank files, resolved and checked when the run is planned,
-    how many of their sentences (None: all), and the seed of what a unit draws at random."""
+    how many of their sentences (None: all), the seed of what a unit draws at random; and a
+    corpus of plain text (``probe.texts.CorpusSpec``), its first ``max_texts`` texts, and
+    the tokens per window (None: the model's maximum, at most 512)."""
 
     treebank: tuple[Path, ...] = ()
     max_sentences: int | None = None
     seed: int = 0
+    corpus: Any = None
+    max_texts: int | None = None
+    context: int | None = None
 
 
 class Unit:
@@ -72,6 +98,8 @@ class Unit:
     options: ClassVar[tuple[Option, ...]] = ()
     # Whether the report's head cards take their example sentences from this unit's batches.
     examples: ClassVar[bool] = False
+    # What it reads from the user (``Either`` picks by it): "treebank", "corpus", or None.
+    input: ClassVar[str | None] = "treebank"
 
     def __init__(
         self,

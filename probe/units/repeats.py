@@ -34,6 +34,7 @@ class RepeatedSequences(Unit):
     name = "repeats"
     label = "repeated sequences"
     options = (SEQUENCES, LENGTH)
+    input = None
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -1,0 +1,98 @@
+"""The text unit: windows of plain text from a corpus read through 🤗 datasets (``probe.texts``),
+for the analyses that need no annotation.
+
+A corpus has no words of its own, and splitting it at spaces would invent them (code, Chinese,
+punctuation glued to words): here every ordinary token is its own word, and a token is
+punctuation when its characters are. That is all such an analysis reads: which tokens are
+special (``Batch.special``), which are punctuation, and their positions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from itertools import islice
+from typing import TYPE_CHECKING, Any
+
+from probe.distributed import Tally
+from probe.lazy import lazy
+from probe.units import Unit
+
+if TYPE_CHECKING:
+    from probe.corpus import Batch
+
+torch = lazy("torch")
+
+DEFAULT_CONTEXT = 512  # tokens per window unless --context says otherwise (or the model less)
+CHUNK_WINDOWS = 256  # windows sorted by length together
+# A batch holds at most a quarter of batch_size full windows, so that it is bounded by attention
+# cells, as a batch of sentences is (``probe.units.windows``).
+WINDOWS_PER_BATCH_SHARE = 4
+EMPTY = "no tokens"
+
+
+class Texts(Unit):
+    """A corpus's texts, tokenized in batches and cut into windows of at most ``--context``
+    tokens; the windows are shared between processes one in turn, in the corpus's order."""
+
+    name = "text"
+    label = "corpus windows"
+    input = "corpus"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.context = min(self.source.context or DEFAULT_CONTEXT, self.limit)
+        self.texts = self.windows = self.tokens = self.empty = 0
+
+    def batches(self, batch_size: int) -> Iterator[Batch]:
+        """Batches of windows of similar length, in an order fixed by the corpus."""
+        from probe.corpus import _groups
+        from probe.texts import special_tokens, windows
+
+        self.texts = self.windows = self.tokens = self.empty = 0
+        source = self.source
+        stream = windows(source.corpus, self.tokenizer, self.context, max_texts=source.max_texts,
+                         stop=self.stop, shard=self.shard)  # fmt: skip
+        first = len(special_tokens(self.tokenizer)[0])
+        cells = max(batch_size * self.context**2 // WINDOWS_PER_BATCH_SHARE, self.context**2)
+        while chunk := list(islice(stream, CHUNK_WINDOWS)):
+            self.texts += sum(row["window"] == 0 for row in chunk)
+            kept = [row for row in chunk if row["input_ids"]]
+            self.empty += len(chunk) - len(kept)
+            self.windows += len(kept)
+            self.tokens += sum(len(row["punct"]) for row in kept)
+            for group in _groups([len(row["input_ids"]) for row in kept], batch_size, cells):
+                yield collate([kept[i] for i in group], first)
+
+    def tally(self) -> Tally:
+        return Tally(texts=self.texts, windows=self.windows, tokens=self.tokens,
+                     skipped=Tally({EMPTY: self.empty} if self.empty else {}))  # fmt: skip
+
+
+def collate(rows: list[dict[str, Any]], first: int) -> Batch:
+    """A batch of windows, each ``first`` special tokens, its text, then the closing ones: each
+    text token its own word, the special tokens none (-1)."""
+    from probe.corpus import Batch
+
+    B, T = len(rows), max(len(r["input_ids"]) for r in rows)
+    W = max(len(r["punct"]) for r in rows)
+    ids = torch.zeros(B, T, dtype=torch.long)
+    word = torch.full((B, T), -1)
+    punct = torch.zeros(B, W, dtype=torch.bool)
+    for b, row in enumerate(rows):
+        n, words = len(row["input_ids"]), len(row["punct"])
+        ids[b, :n] = torch.tensor(row["input_ids"])
+        word[b, first : first + words] = torch.arange(words)
+        punct[b, :words] = torch.tensor(row["punct"], dtype=torch.bool)
+    lengths = torch.tensor([len(r["input_ids"]) for r in rows])
+    empty = torch.zeros(B, 0, dtype=torch.long)
+    return Batch(
+        input_ids=ids,
+        attention_mask=(torch.arange(T)[None] < lengths[:, None]).long(),
+        word_of_token=word,
+        heads=empty,
+        relations=empty,
+        punct=punct,
+        n_words=torch.tensor([len(r["punct"]) for r in rows]),
+        index=torch.tensor([r["index"] for r in rows]),
+        unit="text",
+    )
