@@ -194,7 +194,7 @@ class Taxonomy(Analysis):
     def figures(cls, tables: dict[str, pd.DataFrame]) -> list[Figure]:
         figures = []
         for prefix, t in _by_attention(tables["taxonomy"]):
-            name = "taxonomy" + (f"-{prefix.split('.')[0]}" if prefix else "")
+            name = "taxonomy" + (f"-{Attention(t.attention.iloc[0]).stack}" if prefix else "")
             figures += _score_figures(t, prefix, name)
         return figures
 

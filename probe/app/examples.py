@@ -10,6 +10,7 @@ layer, so memory is fixed whatever the corpus size.
 from __future__ import annotations
 
 import json
+import re
 import zipfile
 import zlib
 from dataclasses import dataclass
@@ -273,7 +274,10 @@ def _check_sentence(sentence: dict) -> None:
 
 def _check_head(key: str, head: dict, n: int, n_layers: int | None, n_heads: int | None) -> None:
     """Raises ValueError unless a head's card names a head of the grid and sentences in range."""
-    layer, head_index = (int(x) for x in key.split("."))
+    grid = re.fullmatch(r"(\d+)\.(\d+)", key)  # "layer.head"
+    if grid is None:
+        raise ValueError(f"head {key!r} is not named layer.head")
+    layer, head_index = int(grid[1]), int(grid[2])
     if n_layers is not None and not (0 <= layer < n_layers and 0 <= head_index < n_heads):
         raise ValueError(f"head {key} is not in the {n_layers} x {n_heads} grid")
     if head["relation"] is not None and not isinstance(head["relation"], str):
