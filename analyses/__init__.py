@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     import pandas as pd
     from torch import nn
 
-    from analyses.figures import Figure
+    from analyses.figures import Figure, Plot
     from probe.corpus import Batch
     from probe.runner import LayerCapture
 
@@ -134,6 +134,8 @@ class Analysis:
     # Its settings: each becomes a command-line option, is checked, and is kept in run.json.
     options: ClassVar[tuple[Option, ...]] = ()
     default: ClassVar[bool] = True  # run when the user names no analyses
+    # Its figures, declared once: the page draws them as SVG, `probe figures` with seaborn.
+    plots: ClassVar[tuple[Plot, ...]] = ()
 
     def __init__(self, context: Context) -> None:
         self.context = context
@@ -187,7 +189,10 @@ class Analysis:
 
     @classmethod
     def figures(cls, tables: dict[str, pd.DataFrame]) -> list[Figure]:
-        return []
+        """The page's figures: those of ``plots`` that have an SVG drawing and something to show."""
+        from analyses.figures import page_figures
+
+        return page_figures(cls.plots, tables)
 
     @classmethod
     def section(cls, tables: dict[str, pd.DataFrame], run: dict) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import math
 from typing import TYPE_CHECKING, ClassVar
 
 from analyses import Analysis, Context, Measure, Schema, svg
-from analyses.figures import Figure
+from analyses.figures import Figure, Plot
 from analyses.vocabulary import Role, Thresholds
 from probe.keys import poisson, uniform
 from probe.lazy import lazy
@@ -268,9 +268,13 @@ class Roles(Analysis):
         heads["mds_x"], heads["mds_y"] = xy[:, 0], xy[:, 1]
         return heads
 
-    @classmethod
-    def figures(cls, tables: dict[str, pd.DataFrame]) -> list[Figure]:
-        return charts(tables)
+    plots = (
+        Plot("per-layer", "Where attention goes, per layer", "analyses.paper:attention_per_layer",
+             page=lambda tables: per_layer(tables), needs=("heads",)),
+        Plot("similarity", "The heads by similarity of attention (MDS of √JS)",
+             "analyses.paper:head_map", page=lambda tables: similarity(tables),
+             needs=("heads",)),
+    )  # fmt: skip
 
     @classmethod
     def section(cls, tables: dict[str, pd.DataFrame], run: dict) -> dict:
@@ -321,12 +325,11 @@ def stress(points: np.ndarray, distance: np.ndarray) -> float:
     return float(((fitted - distance) ** 2).sum() / 2)
 
 
-def charts(tables: dict[str, pd.DataFrame]) -> list[Figure]:
-    """Attention per layer, and the map of heads by similarity."""
+def per_layer(tables: dict[str, pd.DataFrame]) -> Figure:
+    """Where attention goes and its entropy, per layer, as inline SVG."""
     heads = tables["heads"]
-    out = []
-    per_layer = heads.groupby("layer")[["cls_like", "sep_like", "punct", "self", "previous",
-                                        "next"]].mean()  # fmt: skip
+    means = heads.groupby("layer")[["cls_like", "sep_like", "punct", "self", "previous",
+                                    "next"]].mean()  # fmt: skip
     labels = {
         "cls_like": "[CLS]-like (first, special)",
         "sep_like": "[SEP]-like (other special)",
@@ -335,7 +338,7 @@ def charts(tables: dict[str, pd.DataFrame]) -> list[Figure]:
         "previous": "previous token",
         "next": "next token",
     }
-    where = [svg.Series(label, per_layer.index, per_layer[column])
+    where = [svg.Series(label, means.index, means[column])
              for column, label in labels.items()]  # fmt: skip
     entropy = heads.groupby("layer")[["entropy", "cls_entropy"]].mean()
     entropies = [svg.Series("mean over tokens", entropy.index, entropy.entropy)]
@@ -350,14 +353,16 @@ def charts(tables: dict[str, pd.DataFrame]) -> list[Figure]:
         "Line charts per layer of mean attention to the first special token ([CLS]), the other "
         "special tokens ([SEP]), punctuation, self, previous and next token, and of entropy."
     )
-    out.append(Figure("per-layer", "Attention per layer", alt, svg.charts(panels, alt=alt)))
+    return Figure("per-layer", "Attention per layer", alt, svg.charts(panels, alt=alt))
 
+
+def similarity(tables: dict[str, pd.DataFrame]) -> Figure:
+    """The map of heads by similarity, as inline SVG."""
     alt = (
         "A scatter plot of all heads placed by multidimensional scaling of the Jensen-Shannon "
         "distance between their attention, coloured by role; hovering a point names the head."
     )
-    out.append(Figure("similarity", "Head similarity map", alt, similarity_map(heads)))
-    return out
+    return Figure("similarity", "Head similarity map", alt, similarity_map(tables["heads"]))
 
 
 def similarity_map(heads: pd.DataFrame, width: int = 640, height: int = 420) -> str:
