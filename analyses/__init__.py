@@ -8,7 +8,7 @@ An analysis follows one life cycle, like a scikit-learn estimator:
 3. ``merge(other)`` adds another instance's state exactly (another process's share);
 4. ``finish()`` once, into typed tables.
 
-What it shows is computed from its tables alone (``heads``, ``figures``, ``section``), so
+What it shows is computed from its tables alone (``heads``, ``plots``, ``section``), so
 ``probe report`` can draw a report again from the CSV files. Its report section is a Jinja
 template with a ``section`` and a ``card`` macro: by default ``templates/<name>.html.j2`` beside
 its module (``template`` can return another).

@@ -166,3 +166,40 @@ def test_the_page_keeps_its_inline_svg(report):
     assert len(page) >= 8
     for figure in page:
         assert figure.figure.startswith("<svg") and figure.figure in html
+
+
+def test_drawings_of_analyses_this_report_lacks_show_their_tables():
+    """coref (needs GUM), cross (an encoder-decoder) and a comparison of two shapes, from
+    tables of their schemas: each heatmap's cells are the table's values, layer-head in order."""
+    import numpy as np
+    import pandas as pd
+
+    from analyses.vocabulary import Role
+
+    g = np.random.default_rng(0)
+    layer, head = np.divmod(np.arange(6), 3)
+    coref = pd.concat([pd.DataFrame({"mention_type": kind, "layer": layer, "head": head,
+                                     "accuracy": g.uniform(size=6)})
+                       for kind in ("pronoun", "proper")])  # fmt: skip
+    ax = plot.coreference_heads({"coref": coref})
+    cells = ax.collections[0].get_array().reshape(2, 6)
+    np.testing.assert_allclose(cells, coref.accuracy.to_numpy().reshape(2, 6))
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0-0", "1-0"]
+
+    cross = pd.DataFrame({"layer": layer, "head": head, "diagonal": g.uniform(size=6)})
+    ax = plot.cross_heads({"cross_attention": cross})
+    np.testing.assert_allclose(ax.collections[0].get_array().reshape(2, 3),
+                               cross.diagonal.to_numpy().reshape(2, 3))  # fmt: skip
+
+    layers = pd.DataFrame({"layer_a": [0, 1], "layer_b": [0, 2]})
+    for role in map(str, Role):
+        layers[f"{role}_a"], layers[f"{role}_b"] = [0.0, 0.5], [0.25, 0.0]
+    ax = plot.layer_roles({"compare_layers": layers})
+    assert len(ax.get_lines()) == 2 * len(Role)
+    pairs = pd.DataFrame({"layer_a": [0, 0, 1, 1], "head_a": 0, "layer_b": [0, 1, 0, 1],
+                          "head_b": 0, "js": [0.1, 0.4, 0.3, 0.2]})  # fmt: skip
+    ax = plot.layer_correspondence({"compare_attention": pairs})
+    np.testing.assert_allclose(
+        ax.collections[0].get_array().reshape(2, 2), [[0.1, 0.4], [0.3, 0.2]]
+    )
+    plt.close("all")
