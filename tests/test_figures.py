@@ -1,4 +1,4 @@
-"""``probe figures`` and ``probe.plot``: the figures every analysis declares (``Plot``), drawn
+"""``probe figures`` and ``probe.app.plot``: the figures every analysis declares (``Plot``), drawn
 with seaborn from a real report's tables, open as PDF, SVG and PNG at a paper's sizes; the
 folder is written whole and never over something without --overwrite; the page keeps its
 inline SVG from the same declarations."""
@@ -14,8 +14,7 @@ from matplotlib.axes import Axes
 from typer.testing import CliRunner
 
 import analyses
-from probe import plot
-from probe.app import compare
+from probe.app import compare, plot
 from probe.app.cli import app
 from probe.app.figures import declared
 
@@ -126,7 +125,7 @@ def test_a_comparison_has_its_figures(comparison, tmp_path):
 FUNCTIONS = {
     name: f
     for name, f in inspect.getmembers(plot, inspect.isfunction)
-    if f.__module__ == "probe.plot" and not name.startswith("_") and name != "tables"
+    if f.__module__ == "probe.app.plot" and not name.startswith("_") and name != "tables"
 }
 COMPARE = {"rank_changes", "relation_changes", "layer_roles", "layer_correspondence"}
 ABSENT = {"coreference_heads", "cross_heads", "layer_roles", "layer_correspondence"}
@@ -145,7 +144,7 @@ def test_probe_plot_returns_the_axes_it_drew_on(report, comparison, name):
 
 
 def test_every_declared_figure_has_its_drawing_and_notebook_function():
-    """Each Plot names a seaborn drawing that takes ``ax``, and probe.plot draws it; page
+    """Each Plot names a seaborn drawing that takes ``ax``, and probe.app.plot draws it; page
     drawings are inline SVG (the page keeps its interactive figures)."""
     declarations = [analyses.get(name).plots for name in analyses.REGISTRY] + [compare.PLOTS]
     drawn = set()

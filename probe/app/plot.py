@@ -1,13 +1,15 @@
 """The figures of ``probe figures``, one panel at a time, for notebooks.
 
->>> from probe import plot
+>>> from probe.app import plot
 >>> ax = plot.relation_heads("reports/minilm")        # a report folder…
 >>> ax = plot.head_map(tables, ax=axes[0])            # …or its tables, on an Axes of yours
 
 Each function takes a report folder (``probe analyze``'s, or ``probe compare``'s for the
 comparison's figures) or its tables (a dict of DataFrames named as the CSV files), and an
 optional matplotlib ``ax``; it returns the Axes it drew on. The drawings are those the
-analyses declare (``Analysis.plots``), in the figures' theme (``analyses.paper.theme``).
+analyses declare (``Analysis.plots``), in the figures' theme (``analyses.paper.theme``). It
+lives in the app, beside ``probe figures``, since it reads reports and knows the analyses,
+which the library below (``probe``) does not.
 """
 
 from __future__ import annotations
