@@ -8,7 +8,7 @@ An analysis follows one life cycle, like a scikit-learn estimator:
 3. ``merge(other)`` adds another instance's state exactly (another process's share);
 4. ``finish()`` once, into typed tables.
 
-What it shows is computed from its tables alone (``heads``, ``figures``, ``section``), so
+What it shows is computed from its tables alone (``heads``, ``plots``, ``section``), so
 ``probe report`` can draw a report again from the CSV files. Its report section is a Jinja
 template with a ``section`` and a ``card`` macro: by default ``templates/<name>.html.j2`` beside
 its module (``template`` can return another).
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     import pandas as pd
     from torch import nn
 
-    from analyses.figures import Figure
+    from analyses.figures import Figure, Plot
     from probe.corpus import Batch
     from probe.rows import RowBlock
     from probe.runner import LayerCapture
@@ -142,6 +142,8 @@ class Analysis:
     # runs its fast kernel (``probe.runner.stream_rows``). Analyses that need a whole pattern at
     # once (syntax's word-level attention, say) leave it False.
     rows: ClassVar[bool] = False
+    # Its figures, declared once: the page draws them as SVG, `probe figures` with seaborn.
+    plots: ClassVar[tuple[Plot, ...]] = ()
 
     def __init__(self, context: Context) -> None:
         self.context = context
@@ -214,7 +216,10 @@ class Analysis:
 
     @classmethod
     def figures(cls, tables: dict[str, pd.DataFrame]) -> list[Figure]:
-        return []
+        """The page's figures: those of ``plots`` that have an SVG drawing and something to show."""
+        from analyses.figures import page_figures
+
+        return page_figures(cls.plots, tables)
 
     @classmethod
     def section(cls, tables: dict[str, pd.DataFrame], run: dict) -> dict[str, Any]:

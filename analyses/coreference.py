@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, ClassVar
 from markupsafe import Markup, escape
 
 from analyses import Analysis, Context, Measure, Schema, svg
-from analyses.figures import Figure
+from analyses.figures import Figure, Plot
 from analyses.vocabulary import Role, Thresholds
 from probe.coreference import BASELINES, MENTION_TYPES, Window, baselines, nearest, scored
 from probe.inference import FDR, MIN_CLUSTERS, benjamini_hochberg, honest, p_above
@@ -310,26 +310,11 @@ class Coreference(Analysis):
             }
         )
 
-    @classmethod
-    def figures(cls, tables: dict[str, pd.DataFrame]) -> list[Figure]:
-        coref = tables["coref"]
-        kinds = [k for k in MENTION_TYPES if k in set(coref.mention_type)]
-        if not kinds:
-            return []
-        grids = []
-        for kind in kinds:
-            rows = coref[coref.mention_type == kind]
-            top = rows.loc[rows.accuracy.idxmax()]
-            grid = rows.pivot(index="layer", columns="head", values="accuracy")
-            grids.append(svg.Grid(f"{kind} (n={top.total}): best {top.accuracy:.0%}", grid))
-        alt = (
-            "Heatmaps of layer by head, one per mention type, brighter where the word the "
-            "head attends to most from a mention is more often one of its antecedents."
-        )
-        drawing = svg.heatmaps(grids, vmin=0, vmax=1, anchors=svg.MAGMA, label="accuracy",
-                               alt=alt, name="coref-heatmaps", columns=len(kinds))  # fmt: skip
-        title = "Antecedent accuracy of every head, per mention type"
-        return [Figure("coref-heatmaps", title, alt, drawing)]
+    plots = (
+        Plot("heatmaps", "Antecedent accuracy of every head, per mention type",
+             "analyses.paper:coreference_heads", page=lambda tables: heatmaps(tables),
+             needs=("coref",), width="page"),
+    )  # fmt: skip
 
     @classmethod
     def section(cls, tables: dict[str, pd.DataFrame], run: dict) -> dict:
@@ -359,6 +344,28 @@ class Coreference(Analysis):
             "fdr": FDR,
             "min_clusters": MIN_CLUSTERS,
         }
+
+
+def heatmaps(tables: dict[str, pd.DataFrame]) -> Figure | None:
+    """Layer x head heatmaps of antecedent accuracy, one per mention type, as inline SVG."""
+    coref = tables["coref"]
+    kinds = [k for k in MENTION_TYPES if k in set(coref.mention_type)]
+    if not kinds:
+        return None
+    grids = []
+    for kind in kinds:
+        rows = coref[coref.mention_type == kind]
+        top = rows.loc[rows.accuracy.idxmax()]
+        grid = rows.pivot(index="layer", columns="head", values="accuracy")
+        grids.append(svg.Grid(f"{kind} (n={top.total}): best {top.accuracy:.0%}", grid))
+    alt = (
+        "Heatmaps of layer by head, one per mention type, brighter where the word the "
+        "head attends to most from a mention is more often one of its antecedents."
+    )
+    drawing = svg.heatmaps(grids, vmin=0, vmax=1, anchors=svg.MAGMA, label="accuracy",
+                           alt=alt, name="coref-heatmaps", columns=len(kinds))  # fmt: skip
+    title = "Antecedent accuracy of every head, per mention type"
+    return Figure("coref-heatmaps", title, alt, drawing)
 
 
 def arcs(example: pd.DataFrame) -> Markup | None:

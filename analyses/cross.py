@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 from analyses import Analysis, Context, Schema, svg
-from analyses.figures import Figure
+from analyses.figures import Figure, Plot
 from probe.lazy import lazy
 from probe.numerics import entropy
 from probe.units import Either
@@ -121,27 +121,11 @@ class CrossAttention(Analysis):
         table["ov_effective_rank"] = ranks["OV"].to_numpy()
         return {"cross_attention": table}
 
-    @classmethod
-    def figures(cls, tables: dict[str, pd.DataFrame]) -> list[Figure]:
-        table = tables["cross_attention"]
-        alt = (
-            "Two decoder layer-by-head heatmaps: the share of cross-attention within one "
-            "position of the diagonal, and the normalised entropy of cross-attention."
-        )
-        drawings = [
-            svg.heatmaps(
-                [svg.Grid(f"Cross-attention: {title}",
-                          table.pivot(index="layer", columns="head", values=column))],
-                vmin=0, vmax=1, anchors=anchors, label=column.replace("_", " "), alt=alt,
-                name=f"cross-{column}", size=(300, 170),
-            )
-            for column, title, anchors in (
-                ("diagonal", "weight within one position of the diagonal", svg.MAGMA),
-                ("entropy_normalised", "normalised entropy", svg.VIRIDIS),
-            )
-        ]  # fmt: skip
-        title = "Cross-attention per decoder head"
-        return [Figure("cross-attention", title, alt, "".join(drawings))]
+    plots = (
+        Plot("heads", "Cross-attention per decoder head", "analyses.paper:cross_heads",
+             page=lambda tables: heatmaps(tables), needs=("cross_attention",),
+             panels=({"column": "diagonal"}, {"column": "entropy_normalised"}), width="page"),
+    )  # fmt: skip
 
     @classmethod
     def section(cls, tables: dict[str, pd.DataFrame], run: dict) -> dict:
@@ -153,3 +137,26 @@ class CrossAttention(Analysis):
             "best": None if best is None else best.to_dict(),
             "queries": int(table.queries.iloc[0]) if len(table) else 0,
         }
+
+
+def heatmaps(tables: dict[str, pd.DataFrame]) -> Figure:
+    """The heatmaps of cross-attention, as inline SVG."""
+    table = tables["cross_attention"]
+    alt = (
+        "Two decoder layer-by-head heatmaps: the share of cross-attention within one "
+        "position of the diagonal, and the normalised entropy of cross-attention."
+    )
+    drawings = [
+        svg.heatmaps(
+            [svg.Grid(f"Cross-attention: {title}",
+                      table.pivot(index="layer", columns="head", values=column))],
+            vmin=0, vmax=1, anchors=anchors, label=column.replace("_", " "), alt=alt,
+            name=f"cross-{column}", size=(300, 170),
+        )
+        for column, title, anchors in (
+            ("diagonal", "weight within one position of the diagonal", svg.MAGMA),
+            ("entropy_normalised", "normalised entropy", svg.VIRIDIS),
+        )
+    ]  # fmt: skip
+    title = "Cross-attention per decoder head"
+    return Figure("cross-attention", title, alt, "".join(drawings))

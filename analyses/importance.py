@@ -24,7 +24,7 @@ import math
 from typing import TYPE_CHECKING, ClassVar
 
 from analyses import Analysis, Context, Measure, Schema, svg
-from analyses.figures import Figure
+from analyses.figures import Figure, Plot
 from analyses.vocabulary import Thresholds
 from probe.lazy import lazy
 from probe.options import Option
@@ -222,38 +222,13 @@ class Importance(Analysis):
     def heads(cls, tables: dict[str, pd.DataFrame], thresholds: Thresholds) -> pd.DataFrame:
         return tables["importance"][["layer", "head", "ablation_effect"]]
 
-    @classmethod
-    def figures(cls, tables: dict[str, pd.DataFrame]) -> list[Figure]:
-        table, curve = tables["importance"], tables["importance_curve"]
-        if table.empty:
-            return []
-        measures = ["ablation_effect"] + (
-            ["gradient_importance"] if table.gradient_importance.notna().any() else []
-        )
-        gradient = " and of its gradient importance" if len(measures) > 1 else ""
-        alt = f"Layer-by-head heatmaps of the output change when the head is ablated{gradient}."
-        drawings = []
-        for measure in measures:
-            grid = table.pivot(index="layer", columns="head", values=measure)
-            name = measure.replace("_", " ")
-            drawings.append(svg.heatmaps(
-                [svg.Grid(name.capitalize(), grid)], vmin=0,
-                vmax=float(grid.max().max()) or 1.0, anchors=svg.MAGMA, label=name, alt=alt,
-                name=f"importance-{measure}", size=(300, 170),
-            ))  # fmt: skip
-        heat = Figure("importance", "Each head's importance", alt, "".join(drawings))
-        alt = ("A line chart of the output change as more heads are ablated together, least "
-               "important first.")  # fmt: skip
-        curve_chart = svg.Chart(
-            "Pruning curve",
-            [svg.Series("output change", 100 * curve.share_removed, curve.output_change)],
-            "heads removed, least important first (%)",
-            "output change",
-            integer_x=False,
-            legend=False,
-        )
-        line = Figure("pruning", "Pruning curve", alt, svg.charts([curve_chart], alt=alt))
-        return [heat, line]
+    plots = (
+        Plot("heads", "Each head's importance", "analyses.paper:importance_heads",
+             page=lambda tables: heatmaps(tables), needs=("importance",)),
+        Plot("pruning", "Pruning curve: the output change as heads are removed together",
+             "analyses.paper:pruning_curve", page=lambda tables: pruning(tables),
+             needs=("importance", "importance_curve")),
+    )  # fmt: skip
 
     @classmethod
     def section(cls, tables: dict[str, pd.DataFrame], run: dict) -> dict:
@@ -307,3 +282,39 @@ class Reference:
         if self.lm:
             return self.neg_entropy - torch.einsum("btv,btv->bt", self.p, ablated)
         return (ablated - self.out).norm(dim=-1) / self.norm
+
+
+def heatmaps(tables: dict[str, pd.DataFrame]) -> Figure:
+    """Layer x head heatmaps of each head's importance, as inline SVG."""
+    table = tables["importance"]
+    measures = ["ablation_effect"] + (
+        ["gradient_importance"] if table.gradient_importance.notna().any() else []
+    )
+    gradient = " and of its gradient importance" if len(measures) > 1 else ""
+    alt = f"Layer-by-head heatmaps of the output change when the head is ablated{gradient}."
+    drawings = []
+    for measure in measures:
+        grid = table.pivot(index="layer", columns="head", values=measure)
+        name = measure.replace("_", " ")
+        drawings.append(svg.heatmaps(
+            [svg.Grid(name.capitalize(), grid)], vmin=0,
+            vmax=float(grid.max().max()) or 1.0, anchors=svg.MAGMA, label=name, alt=alt,
+            name=f"importance-{measure}", size=(300, 170),
+        ))  # fmt: skip
+    return Figure("importance", "Each head's importance", alt, "".join(drawings))
+
+
+def pruning(tables: dict[str, pd.DataFrame]) -> Figure:
+    """The pruning curve, as inline SVG."""
+    curve = tables["importance_curve"]
+    alt = ("A line chart of the output change as more heads are ablated together, least "
+           "important first.")  # fmt: skip
+    curve_chart = svg.Chart(
+        "Pruning curve",
+        [svg.Series("output change", 100 * curve.share_removed, curve.output_change)],
+        "heads removed, least important first (%)",
+        "output change",
+        integer_x=False,
+        legend=False,
+    )
+    return Figure("pruning", "Pruning curve", alt, svg.charts([curve_chart], alt=alt))

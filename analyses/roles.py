@@ -12,7 +12,7 @@ import math
 from typing import TYPE_CHECKING, ClassVar
 
 from analyses import Analysis, Context, Measure, Schema, svg
-from analyses.figures import Figure
+from analyses.figures import Figure, Plot
 from analyses.vocabulary import Role, Thresholds
 from probe.keys import poisson, uniform
 from probe.lazy import lazy
@@ -53,11 +53,11 @@ JS_QUERY_SHARE = 1 / 32
 # ... but at most about this many numbers of sampled rows per input (64 MiB of float32): a
 # 32,768-token input of a 2 × 4-head model keeps 64 queries. Sentences are far below it.
 JS_CELLS = 2**24
-# The head map's SMACOF stops when an iteration lowers the stress by less than this share of the
-# distances' sum of squares (the stress is then within 1e-4 of its minimum, far below what a
-# figure shows), or after this many iterations.
-SMACOF_TOLERANCE = 1e-8
-SMACOF_MAX_ITER = 1000
+# The head map's SMACOF (scikit-learn's MDS) stops when an iteration lowers the stress by less
+# than this share of the distances' sum of squares (the stress is then within 1e-4 of its
+# minimum, far below what a figure shows), or after this many iterations.
+MDS_TOLERANCE = 1e-8
+MDS_MAX_ITER = 1000
 
 
 INTERVALS = {f"{m}_{end}": "float" for m in ROLE_METRICS for end in ("low", "high")}
@@ -289,9 +289,13 @@ class Roles(Analysis):
         heads["mds_x"], heads["mds_y"] = xy[:, 0], xy[:, 1]
         return heads
 
-    @classmethod
-    def figures(cls, tables: dict[str, pd.DataFrame]) -> list[Figure]:
-        return charts(tables)
+    plots = (
+        Plot("per-layer", "Where attention goes, per layer", "analyses.paper:attention_per_layer",
+             page=lambda tables: per_layer(tables), needs=("heads",)),
+        Plot("similarity", "The heads by similarity of attention (MDS of √JS)",
+             "analyses.paper:head_map", page=lambda tables: similarity(tables),
+             needs=("heads",)),
+    )  # fmt: skip
 
     @classmethod
     def section(cls, tables: dict[str, pd.DataFrame], run: dict) -> dict:
@@ -300,59 +304,53 @@ class Roles(Analysis):
 
 
 def embed(similarity: pd.DataFrame, n: int) -> np.ndarray:
-    """A 2-D MDS embedding of the heads from √JS (a metric), as in Clark et al. (2019):
-    ``smacof`` from the classical solution, deterministic, no seed needed."""
-    js = similarity.js_divergence.to_numpy().reshape(n, n)
-    distance = np.sqrt(np.maximum((js + js.T) / 2, 0))
-    np.fill_diagonal(distance, 0)
+    """A 2-D metric MDS embedding of the heads from √JS (a metric), as in Clark et al. (2019).
+
+    scikit-learn's SMACOF from the classical (Torgerson) solution: deterministic, no seed
+    needed. Each axis is signed so that its largest coordinate is positive (neither the
+    classical solution nor the stress fixes a sign).
+
+    Returns
+    -------
+    ``[n, 2]`` the heads' coordinates, in the order of ``layer * n_heads + head``
+    """
+    from sklearn.manifold import MDS  # here: it costs the command line half a second
+
+    distance = head_distances(similarity, n)
     if n < 3 or not distance.any():  # nothing to lay out (a corpus too small to sample)
         return np.zeros((n, 2))
-    return smacof(distance, classical_mds(distance))
-
-
-def classical_mds(distance: np.ndarray, dims: int = 2) -> np.ndarray:
-    """Torgerson's scaling: the points ``[n, dims]`` whose centred inner products are nearest
-    to those the distances imply, each axis signed so that its largest coordinate is positive
-    (eigenvectors have no sign of their own)."""
-    n = len(distance)
-    centring = np.eye(n) - 1 / n
-    gram = -centring @ (distance**2) @ centring / 2
-    values, vectors = np.linalg.eigh(gram)  # ascending
-    top = np.argsort(values)[::-1][:dims]
-    points = vectors[:, top] * np.sqrt(np.maximum(values[top], 0))
-    largest = points[np.abs(points).argmax(0), np.arange(dims)]
+    mds = MDS(n_components=2, metric_mds=True, metric="precomputed", init="classical_mds",
+              n_init=1, eps=MDS_TOLERANCE, max_iter=MDS_MAX_ITER)  # fmt: skip
+    points = mds.fit_transform(distance)
+    largest = points[np.abs(points).argmax(0), np.arange(2)]
     return points * np.where(largest < 0, -1, 1)
 
 
-def smacof(distance: np.ndarray, points: np.ndarray, tolerance: float = SMACOF_TOLERANCE,
-           max_iter: int = SMACOF_MAX_ITER) -> np.ndarray:  # fmt: skip
-    """Metric MDS: from ``points`` ``[n, dims]``, Guttman transforms lower the raw stress
-    Σ_{i<j} (|x_i - x_j| - distance_ij)² until a step lowers it by less than ``tolerance`` of
-    Σ_{i<j} distance_ij² (de Leeuw's SMACOF, unit weights; Borg & Groenen, 2005, ch. 8)."""
-    n = len(distance)
-    scale = (distance**2).sum() / 2
-    stress = np.inf
-    for _ in range(max_iter):
-        squares = (points**2).sum(1)
-        fitted = np.sqrt(np.maximum(squares[:, None] + squares[None] - 2 * points @ points.T, 0))
-        new_stress = ((fitted - distance) ** 2).sum() / 2
-        if stress - new_stress <= tolerance * scale:
-            break
-        stress = new_stress
-        with np.errstate(divide="ignore", invalid="ignore"):
-            b = np.where(fitted > 0, -distance / fitted, 0.0)
-        np.fill_diagonal(b, 0)
-        np.fill_diagonal(b, -b.sum(1))
-        points = b @ points / n
-    return points
+def head_distances(similarity: pd.DataFrame, n: int) -> np.ndarray:
+    """√JS between every two heads, symmetrised, ``[n, n]`` (zero on the diagonal)."""
+    js = similarity.js_divergence.to_numpy().reshape(n, n)
+    distance = np.sqrt(np.maximum((js + js.T) / 2, 0))
+    np.fill_diagonal(distance, 0)
+    return distance
 
 
-def charts(tables: dict[str, pd.DataFrame]) -> list[Figure]:
-    """Attention per layer, and the map of heads by similarity."""
+def stress(points: np.ndarray, distance: np.ndarray) -> float:
+    """The raw stress of a map: Σ_{i<j} (|x_i - x_j| - distance_ij)², what SMACOF lowers.
+
+    Parameters
+    ----------
+    points : ``[n, dims]``
+    distance : ``[n, n]`` symmetric
+    """
+    fitted = np.sqrt(((points[:, None] - points[None]) ** 2).sum(-1))
+    return float(((fitted - distance) ** 2).sum() / 2)
+
+
+def per_layer(tables: dict[str, pd.DataFrame]) -> Figure:
+    """Where attention goes and its entropy, per layer, as inline SVG."""
     heads = tables["heads"]
-    out = []
-    per_layer = heads.groupby("layer")[["cls_like", "sep_like", "punct", "self", "previous",
-                                        "next"]].mean()  # fmt: skip
+    means = heads.groupby("layer")[["cls_like", "sep_like", "punct", "self", "previous",
+                                    "next"]].mean()  # fmt: skip
     labels = {
         "cls_like": "[CLS]-like (first, special)",
         "sep_like": "[SEP]-like (other special)",
@@ -361,7 +359,7 @@ def charts(tables: dict[str, pd.DataFrame]) -> list[Figure]:
         "previous": "previous token",
         "next": "next token",
     }
-    where = [svg.Series(label, per_layer.index, per_layer[column])
+    where = [svg.Series(label, means.index, means[column])
              for column, label in labels.items()]  # fmt: skip
     entropy = heads.groupby("layer")[["entropy", "cls_entropy"]].mean()
     entropies = [svg.Series("mean over tokens", entropy.index, entropy.entropy)]
@@ -376,14 +374,16 @@ def charts(tables: dict[str, pd.DataFrame]) -> list[Figure]:
         "Line charts per layer of mean attention to the first special token ([CLS]), the other "
         "special tokens ([SEP]), punctuation, self, previous and next token, and of entropy."
     )
-    out.append(Figure("per-layer", "Attention per layer", alt, svg.charts(panels, alt=alt)))
+    return Figure("per-layer", "Attention per layer", alt, svg.charts(panels, alt=alt))
 
+
+def similarity(tables: dict[str, pd.DataFrame]) -> Figure:
+    """The map of heads by similarity, as inline SVG."""
     alt = (
         "A scatter plot of all heads placed by multidimensional scaling of the Jensen-Shannon "
         "distance between their attention, coloured by role; hovering a point names the head."
     )
-    out.append(Figure("similarity", "Head similarity map", alt, similarity_map(heads)))
-    return out
+    return Figure("similarity", "Head similarity map", alt, similarity_map(tables["heads"]))
 
 
 def similarity_map(heads: pd.DataFrame, width: int = 640, height: int = 420) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from analyses import Analysis, Measure, Schema, svg
-from analyses.figures import Figure
+from analyses.figures import Figure, Plot
 from analyses.vocabulary import Thresholds
 from probe.lazy import lazy
 
@@ -60,9 +60,15 @@ class Spectra(Analysis):
         ranks = ranks.rename(columns={"QK": "qk_effective_rank", "OV": "ov_effective_rank"})
         return ranks.reset_index().rename_axis(columns=None)
 
-    @classmethod
-    def figures(cls, tables: dict[str, pd.DataFrame]) -> list[Figure]:
-        return charts(tables["spectra"])
+    plots = (
+        Plot("effective-rank", "Effective rank of each head's QK and OV circuit",
+             "analyses.paper:effective_rank", page=lambda tables: rank_maps(tables["spectra"]),
+             needs=("spectra",), panels=({"circuit": "QK"}, {"circuit": "OV"}), width="page"),
+        Plot("singular-values", "Singular-value spectra per layer",
+             "analyses.paper:singular_values",
+             page=lambda tables: spectrum_lines(tables["spectra"]),
+             needs=("spectra",), panels=({"circuit": "QK"}, {"circuit": "OV"}), width="page"),
+    )  # fmt: skip
 
     @classmethod
     def section(cls, tables: dict[str, pd.DataFrame], run: dict) -> dict:
@@ -80,8 +86,8 @@ def singular_values(table: pd.DataFrame) -> list[np.ndarray]:
     return [np.array(s.split(), dtype=float) for s in table.singular_values]
 
 
-def charts(table: pd.DataFrame) -> list[Figure]:
-    """Effective-rank heatmaps, and the mean normalised spectrum of each layer."""
+def rank_maps(table: pd.DataFrame) -> Figure:
+    """Effective-rank heatmaps of QK and OV, as inline SVG."""
     top = float(table.d_head.iloc[0])
     grids = [
         svg.Grid(
@@ -95,6 +101,11 @@ def charts(table: pd.DataFrame) -> list[Figure]:
     alt = "Two layer-by-head heatmaps of the effective rank of W_Q W_Kᵀ and W_V W_O."
     ranks = svg.heatmaps(grids, vmin=0, vmax=top, anchors=svg.VIRIDIS, label="effective rank",
                          alt=alt, name="effective-rank", columns=2, size=(300, 170))  # fmt: skip
+    return Figure("effective-rank", "Effective rank of each head's QK and OV circuit", alt, ranks)
+
+
+def spectrum_lines(table: pd.DataFrame) -> Figure:
+    """The mean normalised spectrum of each layer, QK and OV, as inline SVG."""
     layers = sorted(table.layer.unique())
     colours = svg.spread(svg.VIRIDIS, len(layers))
     panels = []
@@ -112,8 +123,5 @@ def charts(table: pd.DataFrame) -> list[Figure]:
         panels.append(svg.Chart(f"{circuit}: σ_k / σ_1, mean over heads", series, "index k",
                                 "normalised singular value", log_y=True))  # fmt: skip
     alt_lines = "Line charts of the normalised singular values of QK and OV, one line per layer."
-    return [
-        Figure("effective-rank", "Effective rank of each head's QK and OV circuit", alt, ranks),
-        Figure("spectra", "Singular-value spectra per layer", alt_lines,
-               svg.charts(panels, alt=alt_lines)),
-    ]  # fmt: skip
+    return Figure("spectra", "Singular-value spectra per layer", alt_lines,
+                  svg.charts(panels, alt=alt_lines))  # fmt: skip

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 from analyses import Analysis, Context, Measure, Schema, svg
-from analyses.figures import Figure
+from analyses.figures import Figure, Plot
 from analyses.vocabulary import Direction, Role, Thresholds
 from probe.inference import FDR, MIN_CLUSTERS, MIN_EFFECT, benjamini_hochberg, honest, p_above
 from probe.keys import poisson
@@ -206,9 +206,13 @@ class Syntax(Analysis):
         best[str(Role.SYNTACTIC)] = best.best_relation_margin >= thresholds.syntactic
         return best
 
-    @classmethod
-    def figures(cls, tables: dict[str, pd.DataFrame]) -> list[Figure]:
-        return heatmaps(tables)
+    plots = (
+        Plot("best-heads", "The best head of each relation against its best fixed offset",
+             "analyses.paper:best_heads", needs=("syntax_best",)),
+        Plot("heatmaps", "Every head's accuracy per relation above the relation's baseline",
+             "analyses.paper:relation_heads", page=lambda tables: heatmaps(tables),
+             needs=("syntax", "syntax_best", "syntax_baselines"), width="page"),
+    )  # fmt: skip
 
     @classmethod
     def summary(cls, tables: dict[str, pd.DataFrame]) -> list[str]:
@@ -373,13 +377,13 @@ def best_relation_per_head(syntax: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def heatmaps(tables: dict[str, pd.DataFrame]) -> list[Figure]:
+def heatmaps(tables: dict[str, pd.DataFrame]) -> Figure | None:
     """For each main relation present, a layer x head heatmap of each head's accuracy (better
     direction) minus the relation's best offset baseline, with the best head marked."""
     syntax, best = tables["syntax"], tables["syntax_best"]
     relations = [r for r in (*MAIN_RELATIONS, "all") if r in set(best.relation)]
     if not relations:
-        return []
+        return None
     best_direction = (
         syntax[syntax.relation.isin(relations)]
         .groupby(["relation", "layer", "head"])
@@ -400,12 +404,10 @@ def heatmaps(tables: dict[str, pd.DataFrame]) -> list[Figure]:
     drawing = svg.heatmaps(grids, vmin=-limit, vmax=limit, anchors=svg.BLUE_RED,
                            label="accuracy − best offset baseline", alt=alt,
                            name="syntax-heatmaps")  # fmt: skip
-    return [
-        Figure(
-            "syntax-heatmaps",
-            "Accuracy of every head per relation (better of the two directions) above the "
-            "relation's best fixed-offset baseline; ★ the best head",
-            alt,
-            drawing,
-        )
-    ]
+    return Figure(
+        "syntax-heatmaps",
+        "Accuracy of every head per relation (better of the two directions) above the "
+        "relation's best fixed-offset baseline; ★ the best head",
+        alt,
+        drawing,
+    )

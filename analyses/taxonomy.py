@@ -16,7 +16,7 @@ import math
 from typing import TYPE_CHECKING, ClassVar
 
 from analyses import Analysis, Context, Measure, Schema, svg
-from analyses.figures import Figure
+from analyses.figures import Figure, Plot
 from analyses.vocabulary import Role, Thresholds
 from probe.lazy import lazy
 from probe.names import Attention
@@ -190,13 +190,12 @@ class Taxonomy(Analysis):
                              + " ".join(f"{s:.0%}" for s in shares))  # fmt: skip
         return lines
 
-    @classmethod
-    def figures(cls, tables: dict[str, pd.DataFrame]) -> list[Figure]:
-        figures = []
-        for prefix, t in _by_attention(tables["taxonomy"]):
-            name = "taxonomy" + (f"-{Attention(t.attention.iloc[0]).stack}" if prefix else "")
-            figures += _score_figures(t, prefix, name)
-        return figures
+    plots = (
+        Plot("scores", "Scores on repeated sequences, and nulls", "analyses.paper:taxonomy_scores",
+             page=lambda tables: scores(tables), needs=("taxonomy",), width="page"),
+        Plot("weights", "Copying and sinks", "analyses.paper:taxonomy_weights",
+             page=lambda tables: weights(tables), needs=("taxonomy",)),
+    )  # fmt: skip
 
     @classmethod
     def section(cls, tables: dict[str, pd.DataFrame], run: dict) -> dict:
@@ -229,32 +228,6 @@ def _by_attention(table: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     none where the model has one self-attention, ``"decoder.attn: "`` and so on where not."""
     names = list(dict.fromkeys(table.attention))
     return [(f"{a}: " if len(names) > 1 else "", table[table.attention == a]) for a in names]
-
-
-def _score_figures(t: pd.DataFrame, prefix: str, name: str) -> list[Figure]:
-    """One attention's heatmaps: each score beside its null, then copying and sink α."""
-    grids = []
-    for score in SCORES:
-        for suffix, what in (("", "repeats"), ("_null", "null")):
-            values = t.pivot(index="layer", columns="head", values=f"{score}{suffix}")
-            grids.append(svg.Grid(f"{score.replace('_', '-')}: {what}", values))
-    alt = (f"{prefix}Heatmaps of layer by head: each score on repeated sequences beside its "
-           "null (the same positions on sequences without a repeat).")  # fmt: skip
-    scores = svg.heatmaps(grids, vmin=0, vmax=1, anchors=svg.VIRIDIS, label="mean attention",
-                          alt=alt, name=f"{name}-scores", columns=2)  # fmt: skip
-    title = f"{prefix}Scores on repeated sequences, and nulls"
-    figures = [Figure(f"{name}-scores", title, alt, scores)]
-    other = [
-        svg.Grid(title, t.pivot(index="layer", columns="head", values=column))
-        for column, title in (("copying", "copying (OV eigenvalues)"), ("sink_alpha", "sink α"))
-        if t[column].notna().any()
-    ]
-    if other:
-        alt = f"{prefix}Heatmaps of layer by head: copying score (−1 to 1) and sink α (0 to 1)."
-        drawing = svg.heatmaps(other, vmin=-1, vmax=1, anchors=svg.BLUE_RED, label="score",
-                               alt=alt, name=f"{name}-weights", columns=2)  # fmt: skip
-        figures.append(Figure(f"{name}-weights", f"{prefix}Copying and sinks", alt, drawing))
-    return figures
 
 
 def sink_shares(table: pd.DataFrame) -> pd.Series:
@@ -351,3 +324,36 @@ def _card_view(part: pd.DataFrame, layer: int, head: int) -> str:
                                   ("query", "key"))], vmin=0, vmax=1, anchors=svg.MAGMA,
                         label="attention", alt=alt, name=f"taxonomy-card-{layer}-{head}",
                         columns=1, size=(160, 160))  # fmt: skip
+
+
+def scores(tables: dict[str, pd.DataFrame]) -> Figure:
+    """Layer x head heatmaps of each score on repeated sequences and its null, as inline SVG;
+    every self-attention's, each grid titled with its attention where there are several."""
+    grids = []
+    for prefix, t in _by_attention(tables["taxonomy"]):
+        for score in SCORES:
+            for suffix, what in (("", "repeats"), ("_null", "null")):
+                values = t.pivot(index="layer", columns="head", values=f"{score}{suffix}")
+                grids.append(svg.Grid(f"{prefix}{score.replace('_', '-')}: {what}", values))
+    alt = ("Heatmaps of layer by head: each score on repeated sequences beside its null "
+           "(the same positions on sequences without a repeat).")  # fmt: skip
+    drawing = svg.heatmaps(grids, vmin=0, vmax=1, anchors=svg.VIRIDIS, label="mean attention",
+                           alt=alt, name="taxonomy-scores", columns=2)  # fmt: skip
+    title = "Scores on repeated sequences, and nulls"
+    return Figure("taxonomy-scores", title, alt, drawing)
+
+
+def weights(tables: dict[str, pd.DataFrame]) -> Figure | None:
+    """Layer x head heatmaps of copying and sink α (None without either), as inline SVG."""
+    other = [
+        svg.Grid(f"{prefix}{title}", t.pivot(index="layer", columns="head", values=column))
+        for prefix, t in _by_attention(tables["taxonomy"])
+        for column, title in (("copying", "copying (OV eigenvalues)"), ("sink_alpha", "sink α"))
+        if t[column].notna().any()
+    ]
+    if not other:
+        return None
+    alt = "Heatmaps of layer by head: copying score (−1 to 1) and sink α (0 to 1)."
+    drawing = svg.heatmaps(other, vmin=-1, vmax=1, anchors=svg.BLUE_RED, label="score",
+                           alt=alt, name="taxonomy-weights", columns=2)  # fmt: skip
+    return Figure("taxonomy-weights", "Copying and sinks", alt, drawing)

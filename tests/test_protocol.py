@@ -414,7 +414,7 @@ def test_weights_only_run_reads_no_treebank_and_runs_no_forward(tmp_path, monkey
 
 # -- 5. a lean start-up ---------------------------------------------------------------------
 
-HEAVY = ("torch", "transformers", "sklearn", "matplotlib", "pandas")
+HEAVY = ("torch", "transformers", "sklearn", "matplotlib", "seaborn", "pandas")
 RUN_CLI = f"""
 import sys
 from probe.app.cli import app
@@ -430,7 +430,7 @@ print("exit", code, *sorted(set({HEAVY!r}) & set(sys.modules)))
 
 def test_importing_the_command_and_the_package_loads_nothing_heavy():
     """``import probe.app.cli`` and ``import probe`` load none of torch, transformers, sklearn,
-    matplotlib or pandas."""
+    matplotlib, seaborn or pandas."""
     code = f"import sys, probe.app.cli, probe; print(*sorted(set({HEAVY!r}) & set(sys.modules)))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == ""

@@ -467,6 +467,24 @@ def compare_command(
     typer.echo(f"comparison: {path / 'index.html'}")
 
 
+@app.command("figures")
+def figures_command(
+    folder: Path = typer.Argument(..., help="A report folder (probe analyze) or a comparison's."),
+    format: str = typer.Option("pdf", "--format", "-f", help="pdf, svg or png."),
+    out: Path = typer.Option(None, "--out", "-o", help="Output folder [default: REPORT/figures]."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace earlier figures."),
+) -> None:
+    """Draw publication figures (seaborn) from a report's tables: every analysis's figures,
+    sized for a paper's column or page, one file each."""
+    from probe.app.figures import write
+
+    try:
+        path, names = write(folder, out, format.lower(), overwrite)
+    except ProbeError as e:
+        _fail(str(e))
+    typer.echo(f"figures: {path} ({len(names)} files)")
+
+
 def main() -> None:
     """The ``probe`` command."""
     try:

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from analyses import svg
-from analyses.figures import Figure
+from analyses.figures import Figure, Plot, page_figures
 from analyses.vocabulary import Role, Thresholds
 from probe.app.folder import disagreeing
 from probe.app.output import locked, refuse_inputs, reserved, write_file
@@ -271,8 +271,7 @@ def compare(a: Path, b: Path, out: Path, overwrite: bool = False) -> Path:
 
 def render(card: dict, run_a: dict, run_b: dict, tables: dict[str, pd.DataFrame]) -> str:
     env = environment()
-    drawn = (_rank_changes(tables), _layer_roles(tables), _layer_correspondence(tables))
-    figures = [f for f in drawn if f is not None]
+    figures = page_figures(PLOTS, tables)
     changed = moved = None
     if "compare_heads" in tables:
         heads = tables["compare_heads"]
@@ -287,6 +286,23 @@ def render(card: dict, run_a: dict, run_b: dict, tables: dict[str, pd.DataFrame]
         relations=tables.get("compare_relations"), changed=changed,
         layers=tables.get("compare_layers"), attention=_attention_summary(tables), moved=moved,
     )  # fmt: skip
+
+
+# The comparison's figures, for its page and for `probe figures` (``analyses.figures``).
+PLOTS = (
+    Plot("rank-changes", "Change of each head's effective rank", "analyses.paper:rank_changes",
+         page=lambda tables: _rank_changes(tables),
+         needs=("compare_heads:qk_effective_rank_change",),
+         panels=({"circuit": "qk"}, {"circuit": "ov"}), width="page"),
+    Plot("relations", "The best head's accuracy per relation, A and B",
+         "analyses.paper:relation_changes", needs=("compare_relations",)),
+    Plot("layer-roles", "Roles per layer, matched by relative depth",
+         "analyses.paper:layer_roles", page=lambda tables: _layer_roles(tables),
+         needs=("compare_layers",)),
+    Plot("layer-correspondence", "Which layers of B attend like which layers of A",
+         "analyses.paper:layer_correspondence", page=lambda tables: _layer_correspondence(tables),
+         needs=("compare_attention",)),
+)  # fmt: skip
 
 
 def nearest_heads(pairs: pd.DataFrame) -> pd.DataFrame:

@@ -1,0 +1,98 @@
+"""``probe figures REPORT``: the figures of every analysis in a report (or of a comparison),
+drawn with seaborn for papers, into ``REPORT/figures`` by default.
+
+The figures are those each analysis declares (``Analysis.plots``; a comparison's are
+``probe.app.compare.PLOTS``), drawn from the report's tables alone: no model is loaded. The
+folder is written whole or not at all, and replaced only with ``--overwrite`` (as ``probe
+analyze`` writes a report: ``probe.app.output``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from probe.app.output import check_free, reserved
+from probe.errors import ProbeError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from analyses.figures import Plot
+
+FORMATS = ("pdf", "svg", "png")
+# Fixed metadata, so that the same tables give the same files.
+METADATA = {"pdf": {"CreationDate": None}, "svg": {"Date": None}, "png": {}}
+
+
+def declared(folder: Path) -> tuple[list[tuple[str, Plot]], dict[str, pd.DataFrame]]:
+    """The figures a report or comparison folder declares, each with its analysis's name (or
+    ``compare``), and its tables.
+
+    Raises
+    ------
+    ProbeError
+        When the folder is neither a report nor a comparison, or a table cannot be read.
+    """
+    import analyses
+
+    if (folder / "compare.json").is_file():
+        import pandas as pd
+
+        from probe.app.compare import PLOTS
+
+        tables = {}
+        for path in sorted(folder.glob("compare_*.csv")):
+            try:
+                tables[path.stem] = pd.read_csv(path)
+            except (OSError, ValueError) as e:
+                raise ProbeError(f"{path} cannot be read ({str(e).splitlines()[0]})") from None
+        return [("compare", plot) for plot in PLOTS], tables
+    from probe.app.report import read_report
+
+    run, tables, _ = read_report(folder)
+    plots = [(name, plot) for name in run["analyses"] for plot in analyses.get(name).plots]
+    return plots, tables
+
+
+def write(report: Path, out: Path | None = None, format: str = "pdf",
+          overwrite: bool = False) -> tuple[Path, list[str]]:  # fmt: skip
+    """Draw every figure of ``report`` that its tables hold into ``out`` (default
+    ``report/figures``), one ``<analysis>-<figure>.<format>`` file each.
+
+    Returns
+    -------
+    The folder, and the names of the files written.
+
+    Raises
+    ------
+    ProbeError
+        On an unknown format, a folder that is no report, nothing to draw, or an ``out`` that
+        exists without ``overwrite`` (checked before anything is drawn).
+    """
+    if format not in FORMATS:
+        raise ProbeError(f"unknown --format {format!r}; use one of {', '.join(FORMATS)}")
+    if not report.is_dir():
+        raise ProbeError(f"{report} is not a folder; give a folder written by probe analyze")
+    out = report / "figures" if out is None else out
+    check_free(out, overwrite)
+    plots, tables = declared(report)
+    drawn = [(name, plot) for name, plot in plots if plot.present(tables)]
+    if not drawn:
+        raise ProbeError(f"{report} holds no table that a figure is drawn from")
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no window, whatever the environment says
+    import matplotlib.pyplot as plt
+
+    from analyses.paper import draw_figure, theme
+
+    names = []
+    with reserved(out, overwrite) as staging:
+        for name, plot in drawn:
+            figure = draw_figure(plot, tables)
+            names.append(f"{name}-{plot.id}.{format}")
+            with theme():  # the file's settings (fonts kept as text) apply when it is saved
+                figure.savefig(staging / names[-1], format=format, metadata=METADATA[format])
+            plt.close(figure)
+    return out, names
