@@ -419,8 +419,11 @@ def test_show_refuses_text_longer_than_the_model_takes(tiny_model):
 
 def test_a_closed_terminal_leaves_no_staging_folder_or_lock(tiny_model, tmp_path):
     out = tmp_path / "r"
+    # Enough repeated sequences that the run is still going when the signal comes, however fast
+    # the machine: the staging folder is made before the model loads.
     args = [sys.executable, "-m", "probe.app.cli", "analyze", "-m", str(tiny_model), "-t",
-            "sample", "-q", "-o", str(out)]  # fmt: skip
+            "sample", "-a", "taxonomy", "--repeat-sequences", "1000000", "--repeat-length", "8",
+            "-q", "-o", str(out)]  # fmt: skip
     child = subprocess.Popen(args, stderr=subprocess.PIPE, text=True,
                              env=os.environ | {"HF_HUB_OFFLINE": "1"})  # fmt: skip
     deadline = time.monotonic() + 120
