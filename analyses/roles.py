@@ -69,6 +69,7 @@ class Roles(Analysis):
     name = "roles"
     title = "Head roles"
     captures = ("hook_pattern",)
+    imports = ("sklearn.manifold",)
     rows = True
     unit = Either("text", "sentence")  # a corpus's windows when one is given
     tables: ClassVar[dict[str, Schema]] = {
@@ -314,11 +315,11 @@ def embed(similarity: pd.DataFrame, n: int) -> np.ndarray:
     -------
     ``[n, 2]`` the heads' coordinates, in the order of ``layer * n_heads + head``
     """
-    from sklearn.manifold import MDS  # here: it costs the command line half a second
-
     distance = head_distances(similarity, n)
     if n < 3 or not distance.any():  # nothing to lay out (a corpus too small to sample)
         return np.zeros((n, 2))
+    from sklearn.manifold import MDS  # here: it costs the command line half a second
+
     mds = MDS(n_components=2, metric_mds=True, metric="precomputed", init="classical_mds",
               n_init=1, eps=MDS_TOLERANCE, max_iter=MDS_MAX_ITER)  # fmt: skip
     points = mds.fit_transform(distance)
