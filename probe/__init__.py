@@ -42,6 +42,11 @@ _EXPORTS = {
     "View": "probe.viewer",
 }
 
+# Public module -> where it lives. The notebook figures read report folders and draw what the
+# analyses declare, so they live in the app, beside ``probe figures``; nothing in the library
+# uses them, and ``probe.plot`` only names them.
+_MODULES = {"plot": "probe.app.plot"}
+
 __all__ = [
     "Cache",
     "HeadId",
@@ -62,6 +67,7 @@ __all__ = [
     "hooks",
     "load",
     "patch",
+    "plot",
     "show",
     "spectra",
     "trace",
@@ -69,19 +75,23 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    if name not in _EXPORTS:
+    if name in _MODULES:
+        value = importlib.import_module(_MODULES[name])
+    elif name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    else:
         raise AttributeError(f"module 'probe' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+    return sorted({*globals(), *_EXPORTS, *_MODULES})
 
 
 if TYPE_CHECKING:
     from probe.ablation import ablate, head_means
+    from probe.app import plot
     from probe.architectures import HeadWeights, head_weights
     from probe.attention import MultiHeadAttention
     from probe.circuits import spectra

@@ -1,4 +1,4 @@
-"""``probe figures`` and ``probe.app.plot``: the figures every analysis declares (``Plot``), drawn
+"""``probe figures`` and ``probe.plot``: the figures every analysis declares (``Plot``), drawn
 with seaborn from a real report's tables, open as PDF, SVG and PNG at a paper's sizes; the
 folder is written whole and never over something without --overwrite; the page keeps its
 inline SVG from the same declarations."""
@@ -14,7 +14,9 @@ from matplotlib.axes import Axes
 from typer.testing import CliRunner
 
 import analyses
-from probe.app import compare, plot
+import probe
+from probe import plot
+from probe.app import compare
 from probe.app.cli import app
 from probe.app.figures import declared
 
@@ -143,8 +145,14 @@ def test_probe_plot_returns_the_axes_it_drew_on(report, comparison, name):
     plt.close("all")
 
 
+def test_probe_plot_is_the_apps_module_offered_on_first_use():
+    from probe.app import plot as in_the_app
+
+    assert probe.plot is plot is in_the_app and "plot" in dir(probe)
+
+
 def test_every_declared_figure_has_its_drawing_and_notebook_function():
-    """Each Plot names a seaborn drawing that takes ``ax``, and probe.app.plot draws it; page
+    """Each Plot names a seaborn drawing that takes ``ax``, and probe.plot draws it; page
     drawings are inline SVG (the page keeps its interactive figures)."""
     declarations = [analyses.get(name).plots for name in analyses.REGISTRY] + [compare.PLOTS]
     drawn = set()

@@ -1,6 +1,6 @@
 """The figures of ``probe figures``, one panel at a time, for notebooks.
 
->>> from probe.app import plot
+>>> from probe import plot                             # probe.plot is this module
 >>> ax = plot.relation_heads("reports/minilm")        # a report folder…
 >>> ax = plot.head_map(tables, ax=axes[0])            # …or its tables, on an Axes of yours
 
