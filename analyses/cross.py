@@ -70,8 +70,9 @@ class CrossAttention(Analysis):
 
     def begin_batch(self, batch: Batch) -> None:
         keys = batch.attention_mask.bool()  # the source's real tokens
-        # The decoder's real positions: its start token, then the source shifted right by one.
-        queries = torch.cat([torch.ones_like(keys[:, :1]), keys[:, :-1]], 1)
+        # The decoder's real positions: its start token, then the source shifted right by one,
+        # one position per source token (``probe.runner.decoder_inputs``).
+        queries = keys
         n_keys = keys.sum(1, keepdim=True).expand_as(queries)
         self._real = queries.float()  # [B, T]
         self._normaliser = (queries & (n_keys > 1)) / torch.log(n_keys.float().clamp(min=2))

@@ -103,9 +103,9 @@ class Taxonomy(Analysis):
             sums = headtypes.offset_sums(block, self.n, int(decoder))
             self._offsets[a][layer] += sums.double().cpu()
         else:
+            # the decoder's real positions are the sentence's too: its start token, then the
+            # sentence without its last token (``probe.runner.decoder_inputs``)
             real = batch.attention_mask.bool()
-            if decoder:  # the start token, then the sentence without its last token
-                real = torch.cat([real[:, :1], real[:, :-1]], 1)
             sums, queries = headtypes.sink_block_sums(block, real)
             self.sink[a][layer] += sums.double().cpu()
             if layer == 0 and a == self.attention[0]:

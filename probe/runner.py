@@ -143,15 +143,19 @@ def check_finite(pattern: torch.Tensor, batch: Batch, name: str) -> None:
 def decoder_inputs(model: PreTrainedModel, inputs: dict[str, torch.Tensor]) -> dict:
     """An encoder-decoder model's inputs with the decoder's: the sentence itself, shifted right
     after the decoder's start token (teacher forcing on reconstruction, BART's pre-training
-    task), so that decoder position t reads source token t - 1 and predicts token t."""
-    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    task), so that decoder position t reads source token t - 1 and predicts token t.
+
+    The decoder has a real position for each of the sentence's tokens, its mask the sentence's:
+    the last token is predicted, never read, in a padded row as in the batch's longest one, so
+    that what the decoder sees does not depend on the batch."""
+    ids = inputs["input_ids"]
     config = model.config
     start = getattr(config, "decoder_start_token_id", None)
     start = config.pad_token_id if start is None else start  # T5 starts from its padding
     first = torch.full_like(ids[:, :1], start)
     return inputs | {
         "decoder_input_ids": torch.cat([first, ids[:, :-1]], 1),
-        "decoder_attention_mask": torch.cat([torch.ones_like(mask[:, :1]), mask[:, :-1]], 1),
+        "decoder_attention_mask": inputs["attention_mask"],
     }
 
 
