@@ -54,7 +54,9 @@ print(f"{forward:.3f}")
 """
 
 
-def peak_rss(command: list[str]) -> tuple[float, int, str]:
+def peak_rss(command: list[str]) -> tuple[float, int, str, float]:
+    """Wall seconds, peak resident bytes, stdout and CPU seconds (user and system) of a child
+    process: CPU time says less about waiting on a shared machine than wall time does."""
     start = time.perf_counter()
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out = child.stdout.read()
@@ -63,7 +65,7 @@ def peak_rss(command: list[str]) -> tuple[float, int, str]:
     elapsed = time.perf_counter() - start
     if status:
         sys.exit(f"{' '.join(command[:3])} failed:\n{err[-2000:]}")
-    return elapsed, usage.ru_maxrss * 1024, out
+    return elapsed, usage.ru_maxrss * 1024, out, usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
@@ -77,21 +79,24 @@ def main() -> None:
     probe_exe = [str(console)] if console.exists() else [sys.executable, "-m", "probe.app.cli"]
     work = Path(tempfile.mkdtemp(prefix="probe-bench-"))
 
-    def analyze(out: str, *extra: str) -> tuple[float, int]:
-        seconds, rss, _ = peak_rss([*probe_exe, "analyze", "--model", args.model, "--device",
+    def analyze(out: str, *extra: str) -> tuple[float, int, float]:
+        seconds, rss, _, cpu = peak_rss([*probe_exe, "analyze", "--model", args.model, "--device",
                                     args.device, "--dtype", "float32", "--out", str(work / out),
                                     "-q", *extra])  # fmt: skip
-        return seconds, rss
+        return seconds, rss, cpu
 
     floor, ours, forward, stage, spectra_dev, spectra_sample = [], [], [], [], [], []
+    floor_cpu, ours_cpu = [], []
     try:
         for i in range(args.rounds):
             command = [sys.executable, "-c", FLOOR, str(dev), args.model, args.device]
-            seconds, floor_rss, out = peak_rss(command)
+            seconds, floor_rss, out, cpu = peak_rss(command)
             floor.append(seconds)
+            floor_cpu.append(cpu)
             forward.append(float(out.strip().splitlines()[-1]))
-            seconds, ours_rss = analyze(f"run{i}", "--treebank", str(dev))
+            seconds, ours_rss, cpu = analyze(f"run{i}", "--treebank", str(dev))
             ours.append(seconds)
+            ours_cpu.append(cpu)
             timings = json.loads((work / f"run{i}" / "run.json").read_text())["timings_s"]
             stage.append(timings["analyses"])
             spectra_dev.append(analyze(f"sd{i}", "-a", "spectra", "-t", str(dev))[0])
@@ -113,6 +118,8 @@ def main() -> None:
           f"peak {ours_rss / 2**20:6.0f} MiB")  # fmt: skip
     print("  stages: " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
     print(f"ratio, process to process:                            {o / f:6.2f}x  (goal ≤ 1.2x)")
+    fc, oc = median(floor_cpu), median(ours_cpu)
+    print(f"  in CPU seconds: floor {fc:.1f} s, probe analyze {oc:.1f} s  {oc / fc:6.2f}x")
     print(f"ratio, analyses stage to the plain forward pass:      {st / fw:6.2f}x  (goal ≤ 1.3x)")
     print(f"ratio, whole process to the plain forward pass:       {o / fw:6.2f}x")
     print(f"--analyses spectra: EWT dev {sd:.1f} s, sample {ss:.1f} s, "
