@@ -43,6 +43,9 @@ class Batch:
     index: torch.Tensor  # [batch] the sentence's 0-based position in the treebank
     sentences: list[Sentence] = field(default_factory=list)  # in batch order
     unit: str = "sentence"  # the input unit that made it (``probe.units``)
+    # How far it moves its unit's progress bar, where not by its length (``Unit.size``): a
+    # corpus's bar counts texts, not windows.
+    progress: int | None = None
 
     @property
     def special(self) -> torch.Tensor:

@@ -184,10 +184,12 @@ def texts(spec: CorpusSpec, max_texts: int | None = None) -> IterableDataset:
 class Cutter:
     """Tokenizes texts and cuts each into consecutive windows of at most ``context`` tokens,
     the tokenizer's special tokens included (each window gets them, as a text of its own would).
-    A text with no tokens gives one window with none, so that it is counted where it falls."""
+    A text with no tokens gives one window with none, so that it is counted where it falls.
+    Each window also carries ``text``, its text's place in the corpus."""
 
     def __init__(self, tokenizer, context: int) -> None:
         self.tokenizer = tokenizer
+        self.read = 0  # texts cut so far: datasets maps a stream's batches in order
         self.prefix, self.suffix = special_tokens(tokenizer)
         self.width = context - len(self.prefix) - len(self.suffix)
         if self.width < 1:
@@ -195,13 +197,15 @@ class Cutter:
                              f"{context - self.width} special tokens; give more")  # fmt: skip
 
     def __call__(self, batch: dict[str, list]) -> dict[str, list]:
-        width, out = self.width, {"input_ids": [], "punct": [], "window": []}
+        width, out = self.width, {"input_ids": [], "punct": [], "window": [], "text": []}
         for ids, punct in tokenize(self.tokenizer, [t or "" for t in batch["text"]]):
             for w, start in enumerate(range(0, len(ids), width) if ids else [0]):
+                out["text"].append(self.read)
                 window = ids[start : start + width]
                 out["input_ids"].append([*self.prefix, *window, *self.suffix] if ids else [])
                 out["punct"].append(punct[start : start + width])
                 out["window"].append(w)
+            self.read += 1
         return out
 
 
@@ -237,6 +241,31 @@ def special_tokens(tokenizer) -> tuple[list[int], list[int]]:
     return list(built[:at]), list(built[at + len(text) :])
 
 
+def count_texts(spec: CorpusSpec) -> int | None:
+    """How many texts a local corpus holds, counted without parsing it (progress bars): the
+    lines of ``.txt`` files (universal newlines, as datasets reads them), the non-blank lines
+    of ``.jsonl`` ones and the rows of ``.parquet`` ones; None for the hub, ``.json`` (one
+    document or lines) and ``.csv`` (quoted newlines), which only parsing would tell."""
+    if spec.hub:
+        return None
+    suffixes = {Path(f).suffix.lower() for f in spec.files}
+    if suffixes == {".txt"}:
+        return sum(_lines(f, blank=True) for f in spec.files)
+    if suffixes == {".jsonl"}:
+        return sum(_lines(f, blank=False) for f in spec.files)
+    if suffixes == {".parquet"}:
+        import pyarrow.parquet as pq
+
+        return sum(pq.read_metadata(f).num_rows for f in spec.files)
+    return None
+
+
+def _lines(path: str, blank: bool) -> int:
+    """The lines of a text file, streamed; blank ones too, or not."""
+    with open(path, encoding="utf-8", errors="replace") as f:  # newline=None: universal
+        return sum(1 for line in f if blank or line.strip())
+
+
 def windows(
     spec: CorpusSpec,
     tokenizer: PreTrainedTokenizerBase,
@@ -247,8 +276,9 @@ def windows(
     shard: tuple[int, int] = (0, 1),
 ) -> Iterator[dict[str, Any]]:
     """This process's windows, streamed: dicts of ``input_ids`` (special tokens included; empty
-    for a text without tokens), ``punct`` (per text token), ``window`` (its place in its text)
-    and ``index`` (its place among every process's windows).
+    for a text without tokens), ``punct`` (per text token), ``window`` (its place in its text),
+    ``text`` (its text's place in the corpus) and ``index`` (its place among every process's
+    windows).
 
     Parameters
     ----------

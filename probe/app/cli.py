@@ -284,7 +284,7 @@ def _run(settings: Settings, quiet: bool) -> None:
             task = progress.add_task(description, total=total)
             for batch in batches:
                 yield batch
-                progress.advance(task, len(batch))
+                progress.advance(task, len(batch) if batch.progress is None else batch.progress)
 
         return wrap
 

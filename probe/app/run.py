@@ -488,7 +488,7 @@ def _stream_unit(run: Plan, name: str, readers, examples, model, tokenizer, rank
     status(f"analysing {cls.label}")
     batches = _tagged(unit.batches(run.settings.batch_size), name)
     if progress is not None:
-        batches = progress(f"analysing {cls.label}", unit.size())(batches)
+        batches = progress(f"analysing {cls.counted or cls.label}", unit.size())(batches)
     consumers = [*readers, *([examples] if examples and cls.examples else [])]
     wanted = sorted({c for a in readers for c in a.captures})
     # Patterns in blocks of rows, beside the model's sdpa kernel, when every consumer takes them

@@ -94,7 +94,8 @@ class Unit:
     """
 
     name: ClassVar[str]
-    label: ClassVar[str]  # what a progress bar counts ("sentences")
+    label: ClassVar[str]  # what it reads ("sentences"), as the run card and progress bar say
+    counted: ClassVar[str | None] = None  # what its progress bar counts, where not that
     options: ClassVar[tuple[Option, ...]] = ()
     # Whether the report's head cards take their example sentences from this unit's batches.
     examples: ClassVar[bool] = False
@@ -116,7 +117,8 @@ class Unit:
         self.settings = {o.name: o.default for o in self.options} | dict(options or {})
 
     def size(self) -> int | None:
-        """How many items this process will read, if known before reading (progress bars)."""
+        """How many items this process will read, if known before reading (progress bars); a
+        unit whose bar counts something else sets each batch's ``progress``."""
         return None
 
     def batches(self, batch_size: int) -> Iterator[Batch]:

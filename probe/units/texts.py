@@ -36,6 +36,7 @@ class Texts(Unit):
 
     name = "text"
     label = "corpus windows"
+    counted = "corpus texts"  # windows cannot be counted before the texts are tokenized
     input = "corpus"
 
     def __init__(self, *args, **kwargs) -> None:
@@ -43,8 +44,20 @@ class Texts(Unit):
         self.context = min(self.source.context or DEFAULT_CONTEXT, self.limit)
         self.texts = self.windows = self.tokens = self.empty = 0
 
+    def size(self) -> int | None:
+        """The texts to read (the progress bar counts texts, each batch its ``progress``), where
+        the corpus's files tell without parsing (``probe.texts.count_texts``): every process
+        reads every text, and keeps its share of their windows."""
+        from probe.texts import count_texts
+
+        if self.stop is not None or (texts := count_texts(self.source.corpus)) is None:
+            return None
+        limit = self.source.max_texts
+        return texts if limit is None else min(texts, limit)
+
     def batches(self, batch_size: int) -> Iterator[Batch]:
-        """Batches of windows of similar length, in an order fixed by the corpus."""
+        """Batches of windows of similar length, in an order fixed by the corpus; the first
+        batch of each chunk of windows moves the progress bar by the texts cut for the chunk."""
         from probe.corpus import _groups
         from probe.texts import special_tokens, windows
 
@@ -54,18 +67,33 @@ class Texts(Unit):
                          stop=self.stop, shard=self.shard)  # fmt: skip
         first = len(special_tokens(self.tokenizer)[0])
         cells = max(batch_size * self.context**2 // WINDOWS_PER_BATCH_SHARE, self.context**2)
-        while chunk := list(islice(stream, CHUNK_WINDOWS)):
+        total, reached, owed = self.size(), 0, 0  # texts: the progress bar's count
+        for chunk, last in _chunks(stream):
             self.texts += sum(row["window"] == 0 for row in chunk)
+            # every text is cut by the end, though this process may not see its last windows
+            cut = total if last and total is not None else chunk[-1]["text"] + 1
+            owed, reached = owed + cut - reached, cut
             kept = [row for row in chunk if row["input_ids"]]
             self.empty += len(chunk) - len(kept)
             self.windows += len(kept)
             self.tokens += sum(len(row["punct"]) for row in kept)
             for group in _groups([len(row["input_ids"]) for row in kept], batch_size, cells):
-                yield collate([kept[i] for i in group], first)
+                batch = collate([kept[i] for i in group], first)
+                batch.progress, owed = owed, 0
+                yield batch
 
     def tally(self) -> Tally:
         return Tally(texts=self.texts, windows=self.windows, tokens=self.tokens,
                      skipped=Tally({EMPTY: self.empty} if self.empty else {}))  # fmt: skip
+
+
+def _chunks(stream: Iterator[dict[str, Any]]) -> Iterator[tuple[list[dict[str, Any]], bool]]:
+    """The windows in chunks of ``CHUNK_WINDOWS``, each with whether it is the last."""
+    chunk = list(islice(stream, CHUNK_WINDOWS))
+    while chunk:
+        following = list(islice(stream, CHUNK_WINDOWS))
+        yield chunk, not following
+        chunk = following
 
 
 def collate(rows: list[dict[str, Any]], first: int) -> Batch:
