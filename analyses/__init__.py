@@ -18,6 +18,7 @@ This module imports nothing heavy: the command line reads the registry before lo
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 from collections.abc import Callable
@@ -345,16 +346,24 @@ def check_analysis(cls: type, key: str | None = None, *, full: bool = True) -> N
 def _check_template(cls: type[Analysis], fail: Callable[[str], None]) -> None:
     """The template parses and defines a ``section`` and a ``card`` macro (its filters are the
     report's, checked when the report is drawn)."""
-    from jinja2 import Environment, TemplateError, nodes
+    from jinja2 import TemplateError
 
     try:
-        tree = Environment().parse(cls.template())
+        macros = _macros(cls.template())
     except (OSError, TemplateError) as e:
         fail(f"its template cannot be read or parsed ({e})")
-    macros = {m.name for m in tree.find_all(nodes.Macro)}
     for macro in ("section", "card"):
         if macro not in macros:
             fail(f"its template has no {macro!r} macro; add one (it may be empty)")
+
+
+@functools.lru_cache(maxsize=64)
+def _macros(source: str) -> frozenset[str]:
+    """The macros a template defines: parsed once per source, since every lookup of an
+    analysis checks its template, and a run looks analyses up dozens of times."""
+    from jinja2 import Environment, nodes
+
+    return frozenset(m.name for m in Environment().parse(source).find_all(nodes.Macro))
 
 
 def _check_heads(cls: type[Analysis], fail: Callable[[str], None]) -> None:
