@@ -129,6 +129,57 @@ def test_shapes_projections_and_results(kind, attention):
             torch.testing.assert_close(cache[name + "hook_v"][:, :, head], v, atol=1e-5, rtol=0)
 
 
+def entering_encoder(model, cache) -> torch.Tensor:
+    """What enters the encoder's first block, from hook_embed, hook_pos_embed and the
+    embeddings' norm, as the model sums them."""
+    encoder = model.get_encoder()
+    x = cache["hook_embed"] * getattr(encoder, "embed_scale", 1.0)  # Marian scales outside
+    x = x + cache["hook_pos_embed"] if "hook_pos_embed" in cache else x
+    return encoder.layernorm_embedding(x) if "embed_ln.hook_scale" in cache else x
+
+
+def normed(cache, norm: str, module) -> torch.Tensor:
+    """A norm's output from its hook_normalized: times its weight, plus its bias."""
+    out = cache[f"{norm}.hook_normalized"] * module.weight
+    return out if getattr(module, "bias", None) is None else out + module.bias
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_embeddings_and_final_norms(kind):
+    """hook_embed is the encoder's token embedding (TransformerLens's meaning), hook_pos_embed
+    its positions where they are learned or sinusoidal (BART, mBART, Marian; T5 has none);
+    embed_ln and decoder_embed_ln (BART, mBART) give each stack's first hook_resid_pre, and
+    encoder_ln_final and decoder_ln_final (mBART, T5) each stack's output."""
+    model, batch = small_model(kind), seq2seq_batch()
+    with torch.no_grad(), probe.trace(model) as cache:
+        out = model(**batch)
+    encoder, decoder = model.get_encoder(), model.get_decoder()
+    assert torch.equal(cache["hook_embed"], encoder.embed_tokens(batch["input_ids"]))
+    has = {n for n in cache if not n.startswith(("encoder.", "decoder."))}
+    norms = {"bart": {"embed_ln", "decoder_embed_ln"}, "marian": set()}
+    norms["mbart"] = norms["bart"] | {"encoder_ln_final", "decoder_ln_final"}
+    expected = norms.get(kind, {"encoder_ln_final", "decoder_ln_final"})
+    positions = {"hook_pos_embed"} if kind in {"bart", "mbart", "marian"} else set()
+    assert has == {"hook_embed", *positions} | {
+        f"{n}.{p}" for n in expected for p in ("hook_scale", "hook_normalized")
+    }
+    with torch.no_grad():
+        if "embed_ln" in expected:
+            embed_ln = normed(cache, "embed_ln", encoder.layernorm_embedding)
+            torch.testing.assert_close(embed_ln, cache["encoder.0.hook_resid_pre"])
+            first = normed(cache, "decoder_embed_ln", decoder.layernorm_embedding)
+            torch.testing.assert_close(first, cache["decoder.0.hook_resid_pre"])
+        if "encoder_ln_final" in expected:
+            final = encoder.final_layer_norm if kind in {"t5", "flan-t5"} else encoder.layer_norm
+            torch.testing.assert_close(
+                normed(cache, "encoder_ln_final", final), out.encoder_last_hidden_state
+            )
+            final = decoder.final_layer_norm if kind in {"t5", "flan-t5"} else decoder.layer_norm
+            torch.testing.assert_close(
+                normed(cache, "decoder_ln_final", final), out.last_hidden_state
+            )
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_residual_stream(kind):
     """Blocks chain within each stack; hook_cross_attn_out is Σ cross results + b^O; on
@@ -136,7 +187,7 @@ def test_residual_stream(kind):
     model, batch = small_model(kind), seq2seq_batch()
     with torch.no_grad(), probe.trace(model) as cache:
         model(**batch)
-    assert torch.equal(cache["hook_embed"], cache["encoder.0.hook_resid_pre"])
+    assert torch.equal(entering_encoder(model, cache), cache["encoder.0.hook_resid_pre"])
     cross = probe.head_weights(model, "decoder.cross_attn")
     for stack in ("encoder", "decoder"):
         post, arch = cache[f"{stack}.0.hook_resid_post"], architecture(model, f"{stack}.attn")

@@ -20,6 +20,7 @@ from models import CONFIGS
 
 import probe
 from probe.architectures import architecture, blocks
+from probe.names import NORM_POINTS
 
 pytest.importorskip(
     "transformer_lens.model_bridge",
@@ -42,13 +43,7 @@ HEADS = {
 # the attention's output before its projection.
 NOT_ACTIVATIONS = {"hook_cos", "hook_sin", "hook_hidden_states"}
 # The bridge's points probe does not have yet, by architecture.
-MISSING = {
-    "qwen3": {  # the query and key norms between hook_q/hook_k and the rotation
-        "attn.hook_q_normed", "attn.hook_k_normed", "attn.q_norm.hook_scale",
-        "attn.q_norm.hook_normalized", "attn.k_norm.hook_scale", "attn.k_norm.hook_normalized",
-    },
-    "bert": {"embed_ln.hook_scale", "embed_ln.hook_normalized"},  # the embeddings' LayerNorm
-}  # fmt: skip
+MISSING: dict[str, set[str]] = {}
 
 
 def _norm(model, layer, part):
@@ -62,6 +57,10 @@ def _layer(name):
 def _at(ours, name, point):
     return ours[f"blocks.{_layer(name)}.{point}"]
 
+
+# Qwen3's query and key norms' points, after "blocks.{l}.".
+QK_NORM_POINTS = [f"attn.{norm}.{p}" for norm in ("q_norm", "k_norm") for p in NORM_POINTS]
+QK_NORM_POINTS += ["attn.hook_q_normed", "attn.hook_k_normed"]
 
 # arch -> point (the name after "blocks.{l}.", or the whole name) -> (what the bridge computes
 # instead, that tensor from probe's cache and the model).
@@ -95,6 +94,13 @@ BRIDGE_DEPARTS = {
             "LN₂(resid_post), HookedEncoder's hook_normalized_resid_post",
             lambda ours, model, name: _norm(model, _layer(name), "ln2")(ours[name]),
         ),
+    },
+    "qwen3": {
+        point: (
+            "[batch, head, pos, …]: heads before positions, unlike its hook_q and hook_rot_q",
+            lambda ours, model, name: ours[name].transpose(1, 2),
+        )
+        for point in QK_NORM_POINTS
     },
     "opt": {
         "attn.hook_attn_scores": (
@@ -265,7 +271,7 @@ if __name__ == "__main__":
             print(f"{arch:9} {point:26} {layers:6d} {diff:9.1e}  {note}")
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])  # the bridge has them for rotary models
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "gpt2", "gpt_neox", "phi3"])
 def test_per_head_inputs_equal_transformer_lens(kind):
     """hook_attn_in and hook_q_input/k_input/v_input (TransformerLens's use_attn_in and
     use_split_qkv_input): the same tensors, and the same output when one head's input is
