@@ -209,3 +209,52 @@ def test_per_head_inputs_on_fused_projections(kind):
     print(f"{kind}: the edit moves the output by {change:.1e}")
     assert change > 1e-3  # far above the tolerance below
     torch.testing.assert_close(out, by_hand, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "gemma3_text"])
+def test_query_key_norm_points(kind):
+    """Qwen3's and Gemma 3's query and key norms, [batch, pos, head, …] (Gemma 3's norms see
+    heads before positions): hook_scale is √(mean q² + ε) of hook_q, hook_normalized q / scale,
+    hook_q_normed that times the norm's weight (Gemma's 1 + weight); doubling the scale halves
+    hook_q_normed, and an edit of hook_k_normed flows on to the rotated keys."""
+    model = small_model(kind)
+    batch = padded_batch(kind)
+    attn = blocks(model)[1].self_attn
+    with torch.no_grad():  # weights other than their initial ones (1, or 0 for Gemma's 1 + w)
+        attn.q_norm.weight.normal_(generator=torch.Generator().manual_seed(0))
+    names = [f"blocks.1.attn.{p}" for p in ("hook_q", "hook_k", "hook_rot_k")]
+    names += [f"blocks.1.attn.{n}" for n in ("q_norm.hook_scale", "q_norm.hook_normalized")]
+    names += ["blocks.1.attn.hook_q_normed", "blocks.1.attn.hook_k_normed"]
+    with torch.no_grad(), probe.trace(model, names) as cache:
+        model(**batch)
+    q = cache["blocks.1.attn.hook_q"]
+    scale = (q.pow(2).mean(-1, keepdim=True) + model.config.rms_norm_eps).sqrt()
+    weight = attn.q_norm.weight + (1 if kind == "gemma3_text" else 0)
+    torch.testing.assert_close(cache["blocks.1.attn.q_norm.hook_scale"], scale)
+    torch.testing.assert_close(cache["blocks.1.attn.q_norm.hook_normalized"], q / scale)
+    torch.testing.assert_close(cache["blocks.1.attn.hook_q_normed"], q / scale * weight)
+    doubled = {"blocks.1.attn.q_norm.hook_scale": lambda x, hook: 2 * x}
+    with torch.no_grad(), probe.hooks(model, doubled), probe.trace(model, names[-2]) as edited:
+        model(**batch)
+    torch.testing.assert_close(edited[names[-2]], cache[names[-2]] / 2)
+    zero = {"blocks.1.attn.hook_k_normed": lambda x, hook: torch.zeros_like(x)}
+    with torch.no_grad(), probe.hooks(model, zero), probe.trace(model, names[2]) as edited:
+        model(**batch)
+    assert torch.equal(edited[names[2]], torch.zeros_like(edited[names[2]]))  # rotating 0 gives 0
+
+
+def test_embedding_norm_is_editable():
+    """BERT's embeddings' LayerNorm: hook_normalized · weight + bias is what enters the first
+    block, and an edit of its scale does what the same edit by hand does."""
+    model = small_model("bert")
+    batch = padded_batch("bert")
+    ln = model.embeddings.LayerNorm
+    names = ["embed_ln.hook_scale", "embed_ln.hook_normalized", "blocks.0.hook_resid_pre"]
+    with torch.no_grad(), probe.trace(model, names) as cache:
+        model(**batch)
+    normalized = cache["embed_ln.hook_normalized"]
+    torch.testing.assert_close(normalized * ln.weight + ln.bias, cache[names[2]])
+    halved = {"embed_ln.hook_scale": lambda x, hook: 2 * x}
+    with torch.no_grad(), probe.hooks(model, halved), probe.trace(model, names[2]) as edited:
+        model(**batch)
+    torch.testing.assert_close(edited[names[2]], normalized / 2 * ln.weight + ln.bias)

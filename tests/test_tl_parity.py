@@ -16,11 +16,11 @@ import copy
 import pytest
 import torch
 import transformers as tf
-from models import CONFIGS
+from models import CONFIGS, SEQ2SEQ
 
 import probe
 from probe.architectures import architecture, blocks
-from probe.names import NORM_POINTS
+from probe.names import MODEL_POINTS, NORM_POINTS
 
 pytest.importorskip(
     "transformer_lens.model_bridge",
@@ -37,6 +37,7 @@ HEADS = {
     "qwen2": tf.Qwen2ForCausalLM,
     "qwen3": tf.Qwen3ForCausalLM,
     "gemma2": tf.Gemma2ForCausalLM,
+    "gemma3_text": tf.Gemma3ForCausalLM,
     "phi3": tf.Phi3ForCausalLM,
 }
 # The bridge's points that are no activation of the model's: its rotary tables, and an alias of
@@ -95,12 +96,15 @@ BRIDGE_DEPARTS = {
             lambda ours, model, name: _norm(model, _layer(name), "ln2")(ours[name]),
         ),
     },
-    "qwen3": {
-        point: (
-            "[batch, head, pos, …]: heads before positions, unlike its hook_q and hook_rot_q",
-            lambda ours, model, name: ours[name].transpose(1, 2),
-        )
-        for point in QK_NORM_POINTS
+    **{
+        kind: {
+            point: (
+                "[batch, head, pos, …]: heads before positions, unlike its hook_q and hook_rot_q",
+                lambda ours, model, name: ours[name].transpose(1, 2),
+            )
+            for point in QK_NORM_POINTS
+        }
+        for kind in ("qwen3", "gemma3_text")
     },
     "opt": {
         "attn.hook_attn_scores": (
@@ -125,7 +129,9 @@ def pair(kind):
     from transformer_lens.model_bridge import TransformerBridge
 
     torch.manual_seed(0)
-    model = HEADS[kind](CONFIGS[kind]()).eval()
+    head = (HEADS | SEQ2SEQ_HEADS)[kind]
+    model = head((CONFIGS | SEQ2SEQ)[kind]()).eval()
+    model.config.architectures = [head.__name__]  # how the bridge finds Gemma 3's adapter
     with torch.no_grad():  # random biases, so that they count
         for name, p in model.named_parameters():
             if name.endswith("bias"):
@@ -181,12 +187,92 @@ def compare(kind):
 @pytest.mark.parametrize("kind", sorted(HEADS))
 def test_every_transformer_lens_point_exists_and_agrees(kind):
     rows = compare(kind)
-    print(f"\n{'arch':9} {'hook':26} {'layers':>6} {'max diff':>9}  bridge departs")
+    print(f"\n{'arch':11} {'hook':32} {'layers':>6} {'max diff':>9}  bridge departs")
     for arch, point, layers, diff, note in rows:
-        print(f"{arch:9} {point:26} {layers:6d} {diff:9.1e}  {note}")
+        print(f"{arch:11} {point:32} {layers:6d} {diff:9.1e}  {note}")
     assert {"attn.hook_pattern", "hook_resid_pre", "hook_embed"} <= {r[1] for r in rows}
     for _, point, _, diff, _ in rows:
         assert diff <= 1e-5, f"{kind} {point}: {diff}"
+
+
+SEQ2SEQ_HEADS = {
+    "bart": tf.BartForConditionalGeneration,
+    "mbart": tf.MBartForConditionalGeneration,
+    "marian": tf.MarianMTModel,
+    "t5": tf.T5ForConditionalGeneration,
+}
+# An encoder-decoder model's own points where the bridge departs: (what its tensor is, that
+# tensor from probe's cache).
+SEQ2SEQ_DEPARTS = {
+    ("bart", "hook_embed"): (
+        "the embeddings after their LayerNorm: encoder.0.hook_resid_pre",
+        lambda ours: ours["encoder.0.hook_resid_pre"],
+    ),
+    ("marian", "hook_pos_embed"): (
+        "[pos, d_model], without the batch axis",
+        lambda ours: ours["hook_pos_embed"][0],
+    ),
+    **{
+        ("t5", f"{stack}_ln_final.{point}"): (
+            "centred as a LayerNorm's, though T5's norm is an RMSNorm (no mean subtracted)",
+            lambda ours, stack=stack, point=point: _centred(ours, stack, point),
+        )
+        for stack in ("encoder", "decoder")
+        for point in NORM_POINTS
+    },
+}
+SEQ2SEQ_DEPARTS[("mbart", "hook_embed")] = SEQ2SEQ_DEPARTS[("bart", "hook_embed")]
+
+
+def _centred(ours, stack, point):
+    """What a LayerNorm's point would be on the input of T5's final RMSNorm of ``stack``."""
+    x = ours[f"{stack}.1.hook_resid_post"]
+    x = x - x.mean(-1, keepdim=True)
+    scale = (x.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt()  # T5Config's layer_norm_epsilon
+    return scale if point == "hook_scale" else x / scale
+
+
+def compare_seq2seq(kind):
+    """Rows as ``compare``'s over an encoder-decoder model's own points (its embeddings, their
+    and each stack's final norms, the unembedding): each of the bridge's and each of probe's."""
+    model, bridge = pair(kind)
+    ids = torch.randint(3, 99, (2, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        _, theirs = bridge.run_with_cache(ids, decoder_input=ids[:, :5])
+        with probe.trace(model) as ours:
+            model(input_ids=ids, decoder_input_ids=ids[:, :5])
+    own = [n for n in ours if n in MODEL_POINTS]
+    theirs_own = [n for n in theirs.keys() if not n.endswith(("hook_in", "hook_out"))]  # noqa: SIM118
+    theirs_own = [n for n in theirs_own if "blocks" not in n]
+    rows = []
+    for name in own:
+        note, expected = SEQ2SEQ_DEPARTS.get((kind, name), ("", lambda ours, n=name: ours[n]))
+        if name not in theirs_own:
+            rows.append((kind, name, 1, float("nan"), "not in the bridge"))
+            continue
+        a, b = expected(ours), theirs[name]
+        assert a.shape == b.shape, f"{kind} {name}: {tuple(a.shape)} != {tuple(b.shape)}"
+        rows.append((kind, name, 1, (a - b).abs().max().item(), note))
+    return rows, sorted(set(theirs_own) - set(own))
+
+
+# The bridge's T5 hook_pos_embed is the relative position bias [q_pos, k_pos, head]; probe has
+# the bias only inside hook_attn_scores.
+SEQ2SEQ_MISSING = {"t5": ["hook_pos_embed"]}
+
+
+@pytest.mark.parametrize("kind", sorted(SEQ2SEQ_HEADS))
+def test_encoder_decoder_model_points_equal_transformer_lens(kind):
+    rows, missing = compare_seq2seq(kind)
+    print(f"\n{'arch':9} {'hook':34} {'max diff':>9}  bridge departs")
+    for arch, point, _, diff, note in rows:
+        print(f"{arch:9} {point:34} {diff:9.1e}  {note}")
+    assert missing == SEQ2SEQ_MISSING.get(kind, [])
+    expected_absent = {"t5": {"hook_embed"}}.get(kind, set())  # the bridge hooks no T5 embedding
+    assert {r[1] for r in rows if r[4] == "not in the bridge"} == expected_absent
+    assert "hook_unembed" in {r[1] for r in rows}
+    for _, point, _, diff, _ in rows:
+        assert diff <= 1e-5 or point in expected_absent, f"{kind} {point}: {diff}"
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
@@ -265,10 +351,13 @@ def test_gradients_cached_under_transformer_lens_names(kind):
 
 
 if __name__ == "__main__":
-    print(f"{'arch':9} {'hook':26} {'layers':>6} {'max diff':>9}  bridge departs")
+    print(f"{'arch':11} {'hook':32} {'layers':>6} {'max diff':>9}  bridge departs")
     for kind in HEADS:
         for arch, point, layers, diff, note in compare(kind):
-            print(f"{arch:9} {point:26} {layers:6d} {diff:9.1e}  {note}")
+            print(f"{arch:11} {point:32} {layers:6d} {diff:9.1e}  {note}")
+    for kind in SEQ2SEQ_HEADS:
+        for arch, point, layers, diff, note in compare_seq2seq(kind)[0]:
+            print(f"{arch:11} {point:32} {layers:6d} {diff:9.1e}  {note}")
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "gpt2", "gpt_neox", "phi3"])
