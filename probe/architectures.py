@@ -68,6 +68,9 @@ class Architecture:
     q_norm: str = ""
     k_norm: str = ""
     qk_norm_heads_first: bool = False
+    # A decoder block's norm of its cross-attention (before it, or after its sum if post_ln). Its
+    # points are then TransformerLens's ln2, and the MLP's norm's (``ln2`` here) ln3.
+    ln_cross: str = ""
 
 
 _BERT = Architecture(
@@ -202,7 +205,9 @@ _BART_SELF = Architecture(
 )
 _BART = {
     Attention.ENCODER: _BART_SELF,
-    Attention.DECODER: replace(_BART_SELF, blocks="decoder.layers"),
+    Attention.DECODER: replace(
+        _BART_SELF, blocks="decoder.layers", ln_cross="encoder_attn_layer_norm"
+    ),
     Attention.CROSS: Architecture(
         "decoder.layers",
         "encoder_attn",
@@ -232,6 +237,7 @@ _T5 = {
         blocks="decoder.block",
         mlp="layer.2.DenseReluDense",
         ln2="layer.2.layer_norm",
+        ln_cross="layer.1.layer_norm",
         mlp_pre="layer.2.DenseReluDense.wi",
         mlp_post="layer.2.DenseReluDense.wo",
     ),

@@ -91,6 +91,17 @@ def _is_norm(module: nn.Module | None) -> bool:
     return module is not None and getattr(module, "weight", None) is not None
 
 
+def _norms(arch: Architecture, block: nn.Module) -> dict[str, nn.Module]:
+    """A block's norms by the part their points are named by (``probe.names.NORMS``): a decoder
+    block's with a cross-attention are TransformerLens's ln1, ln2 (the cross-attention's) and ln3
+    (the MLP's)."""
+    paths = {part: getattr(arch, part, "") for part in NORMS}
+    if arch.ln_cross:
+        paths |= {"ln2": arch.ln_cross, "ln3": arch.ln2}
+    found = {part: _find(block, path) for part, path in paths.items()}
+    return {part: m for part, m in found.items() if _is_norm(m)}
+
+
 def _find(root: nn.Module, path: str) -> nn.Module | None:
     try:
         return root.get_submodule(path) if path else None
@@ -179,8 +190,8 @@ class Mirror:
     def _block(self, name: Attention, arch: Architecture, layer: int, block: nn.Module) -> _Points:
         """The residual stream's, the norms' and the MLP's points of one block, which it
         returns."""
-        norms = {part: _find(block, getattr(arch, part)) for part in NORMS}
-        norms = {part: m for part, m in norms.items() if _is_norm(m)}
+        norms = _norms(arch, block)
+        mlp_norm = "ln3" if arch.ln_cross else "ln2"
         mlp = {"hook_pre": arch.mlp_pre, "hook_pre_linear": arch.mlp_pre_linear}
         mlp = {p: m for p, path in mlp.items() if (m := _find(block, path)) is not None}
         fused = _find(block, arch.mlp_pre_fused)
@@ -206,12 +217,17 @@ class Mirror:
         for part, module in norms.items():
             self._own(part, module, holder)
         if arch.post_ln:  # the stream after each sum is the input of the norm after it
-            self._own("inputs:hook_resid_mid,hook_mlp_in", norms["ln1"], holder)
-            self._own("inputs:hook_resid_post", norms["ln2"], holder)
+            cross = bool(arch.ln_cross)  # the MLP's input: after the cross-attention's sum
+            self._own(
+                "inputs:hook_resid_mid" + ("" if cross else ",hook_mlp_in"), norms["ln1"], holder
+            )
+            if cross:
+                self._own("inputs:hook_mlp_in", norms["ln2"], holder)
+            self._own("inputs:hook_resid_post", norms[mlp_norm], holder)
         else:
             self._own("hook_resid_post", block, holder)
-            if "ln2" in norms and not parallel:
-                self._own("inputs:hook_mlp_in", norms["ln2"], holder)
+            if mlp_norm in norms and not parallel:
+                self._own("inputs:hook_mlp_in", norms[mlp_norm], holder)
         if fused is not None:
             self._own("fused:mlp", fused, holder)
             mlp = {}

@@ -88,7 +88,9 @@ INPUT_POINTS = ("hook_attn_in", "hook_q_input", "hook_k_input", "hook_v_input")
 # a gated MLP's other input projection).
 NORM_POINTS = ("hook_scale", "hook_normalized")
 MLP_POINTS = ("hook_pre", "hook_pre_linear", "hook_post")
-NORMS = ("ln1", "ln2", "ln1_post", "ln2_post")  # before attention and MLP; Gemma's after each
+# Before the attention and the MLP (a decoder block's: before the self-attention, the
+# cross-attention and the MLP); Gemma's after the attention and the MLP.
+NORMS = ("ln1", "ln2", "ln3", "ln1_post", "ln2_post")
 BLOCK_PARTS = dict.fromkeys(NORMS, NORM_POINTS) | {"mlp": MLP_POINTS}
 EMBED = "hook_embed"
 POS_EMBED = "hook_pos_embed"

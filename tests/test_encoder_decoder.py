@@ -432,3 +432,32 @@ def test_the_viewer_labels_decoder_positions_with_the_decoder_tokens():
     assert view.tokens[0] == tokenizer.convert_ids_to_tokens(shifted)
     with pytest.raises(ValueError, match="cross-attention"):
         probe.show(model, tokenizer, "the cat sat", attention="decoder.cross_attn")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_decoder_norms_as_transformer_lens_names_them(kind):
+    """A decoder block's norms are TransformerLens's ln1 (before the self-attention), ln2 (the
+    cross-attention's) and ln3 (the MLP's): each hook_normalized · weight (+ bias) is its
+    module's output; hook_mlp_in is the input of the norm the MLP's input passes (post-LN: the
+    cross-attention's, pre-LN: the MLP's)."""
+    model, batch = small_model(kind), seq2seq_batch()
+    arch = architecture(model, "decoder.attn")
+    block = blocks(model, "decoder.attn")[1]
+    modules = {"ln1": arch.ln1, "ln2": arch.ln_cross, "ln3": arch.ln2}
+    modules = {part: block.get_submodule(path) for part, path in modules.items()}
+    seen, handles = {}, []
+    for part, module in modules.items():
+        hook = lambda m, args, out, part=part: seen.update({part: (args[0], out)})  # noqa: E731
+        handles.append(module.register_forward_hook(hook))
+    try:
+        with torch.no_grad(), probe.trace(model) as cache:
+            model(**batch)
+    finally:
+        for handle in handles:
+            handle.remove()
+    for part, module in modules.items():
+        normed = cache[f"decoder.1.{part}.hook_normalized"] * module.weight
+        normed = normed if getattr(module, "bias", None) is None else normed + module.bias
+        torch.testing.assert_close(normed, seen[part][1], atol=1e-5, rtol=1e-5)
+    mlp_norm = "ln2" if arch.post_ln else "ln3"
+    assert torch.equal(cache["decoder.1.hook_mlp_in"], seen[mlp_norm][0])
