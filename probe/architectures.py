@@ -71,6 +71,9 @@ class Architecture:
     # A decoder block's norm of its cross-attention (before it, or after its sum if post_ln). Its
     # points are then TransformerLens's ln2, and the MLP's norm's (``ln2`` here) ln3.
     ln_cross: str = ""
+    # A cross-attention's: the module whose input is the stream after its sum (T5's MLP sublayer),
+    # for TransformerLens's hook_resid_mid2.
+    stream_after: str = ""
 
 
 _BERT = Architecture(
@@ -248,6 +251,7 @@ _T5 = {
         "layer.1.EncDecAttention.k",
         "layer.1.EncDecAttention.v",
         "layer.1.EncDecAttention.o",
+        stream_after="layer.2",
     ),
 }
 # mBART normalises before each sublayer, as decoders do.

@@ -175,8 +175,13 @@ class Mirror:
                     self._own(norm, module, hooks)  # scale and normalized, then the output
                     self._own(point, module, hooks)
                 if name == Attention.CROSS:
-                    holder = self._holder(name.stack, i, CROSS_POINTS)
+                    points = CROSS_POINTS if arch.stream_after else CROSS_POINTS[:1]
+                    holder = self._holder(name.stack, i, points)
                     self._own("hook_cross_attn_out", block.get_submodule(arch.o), holder)
+                    if arch.stream_after:  # its input is the stream: an edit flows on
+                        self._own(
+                            "inputs:hook_resid_mid2", block.get_submodule(arch.stream_after), holder
+                        )
                 else:
                     self._block(name, arch, i, block).heads = layout[1:]
         self._model_points()

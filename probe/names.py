@@ -79,7 +79,8 @@ RESIDUAL_POINTS = (
     "hook_mlp_out",
     "hook_resid_post",
 )
-CROSS_POINTS = ("hook_cross_attn_out",)
+# A decoder block's cross-attention's output, and the stream after its sum (T5's).
+CROSS_POINTS = ("hook_cross_attn_out", "hook_resid_mid2")
 # The attention's input per head, [batch, pos, head, d_model], before ln1 (TransformerLens's
 # use_attn_in and use_split_qkv_input): an edit reaches only that head's query, key or value.
 INPUT_POINTS = ("hook_attn_in", "hook_q_input", "hook_k_input", "hook_v_input")

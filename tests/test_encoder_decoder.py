@@ -461,3 +461,24 @@ def test_decoder_norms_as_transformer_lens_names_them(kind):
         torch.testing.assert_close(normed, seen[part][1], atol=1e-5, rtol=1e-5)
     mlp_norm = "ln2" if arch.post_ln else "ln3"
     assert torch.equal(cache["decoder.1.hook_mlp_in"], seen[mlp_norm][0])
+
+
+@pytest.mark.parametrize("kind", ["t5", "flan-t5"])
+def test_resid_mid2_is_the_stream_after_the_cross_attention(kind):
+    """T5's decoder blocks: hook_resid_mid2 = resid_mid + cross_attn_out, resid_post = resid_mid2
+    + mlp_out, and a replacement of resid_mid2 is the stream the MLP adds to."""
+    model, batch = small_model(kind), seq2seq_batch()
+    names = [f"decoder.1.{p}" for p in ("hook_resid_mid", "hook_cross_attn_out")]
+    names += [f"decoder.1.{p}" for p in ("hook_resid_mid2", "hook_mlp_out", "hook_resid_post")]
+    with torch.no_grad(), probe.trace(model, names) as cache:
+        model(**batch)
+    mid, cross, mid2, mlp_out, post = (cache[n] for n in names)
+    torch.testing.assert_close(mid + cross, mid2, atol=1e-5, rtol=0)
+    torch.testing.assert_close(mid2 + mlp_out, post, atol=1e-5, rtol=0)
+    other = torch.randn(mid2.shape, generator=torch.Generator().manual_seed(0))
+    edit = {"decoder.1.hook_resid_mid2": lambda x, hook: other}
+    with torch.no_grad(), probe.hooks(model, edit), probe.trace(model, names[3:]) as edited:
+        model(**batch)
+    torch.testing.assert_close(
+        other + edited["decoder.1.hook_mlp_out"], edited["decoder.1.hook_resid_post"]
+    )

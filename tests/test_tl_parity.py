@@ -290,9 +290,8 @@ SEQ2SEQ_DEPARTS = {
     },
 }  # fmt: skip
 # The bridge's points probe has not: T5's relative position bias [q_pos, k_pos, head] (probe has
-# it only inside hook_attn_scores), and the stream after a T5 decoder block's cross-attention
-# (TransformerLens's hook_resid_mid2; probe's decoder hook_mlp_in is the same tensor, unedited).
-SEQ2SEQ_MISSING = {"t5": {"hook_pos_embed", "decoder.hook_resid_mid2"}}
+# it only inside hook_attn_scores).
+SEQ2SEQ_MISSING = {"t5": {"hook_pos_embed"}}
 
 
 def compare_seq2seq(kind):
@@ -338,6 +337,7 @@ def test_encoder_decoder_points_equal_transformer_lens(kind):
     points = {r[1] for r in rows}
     assert {"encoder.attn.hook_pattern", "decoder.cross_attn.hook_z", "hook_unembed"} <= points
     assert {"decoder.ln2.hook_scale", "decoder.ln3.hook_scale"} <= points
+    assert ("decoder.hook_resid_mid2" in points) == (kind == "t5")
     for _, point, _, diff, _ in rows:
         assert diff <= 1e-5, f"{kind} {point}: {diff}"
 
