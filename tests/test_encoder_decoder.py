@@ -482,3 +482,30 @@ def test_resid_mid2_is_the_stream_after_the_cross_attention(kind):
     torch.testing.assert_close(
         other + edited["decoder.1.hook_mlp_out"], edited["decoder.1.hook_resid_post"]
     )
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_per_head_inputs_in_each_stack(kind):
+    """hook_k_input in the encoder and the decoder: an edit of one head's input changes that
+    head's key only, to LN₁(x') W_K[h] + b_K[h] (no norm before a post-LN block's attention)."""
+    model, batch = small_model(kind), seq2seq_batch()
+    shift = torch.linspace(-1, 1, 32)
+
+    def shift_head_1(x, hook):
+        x = x.clone()
+        x[:, :, 1] += shift
+        return x
+
+    for stack in ("encoder", "decoder"):
+        arch, w = architecture(model, f"{stack}.attn"), probe.head_weights(model, f"{stack}.attn")
+        names = [f"{stack}.1.attn.hook_k", f"{stack}.1.hook_resid_pre"]
+        with torch.no_grad(), probe.trace(model, names) as plain:
+            model(**batch)
+        edit = {f"{stack}.1.hook_k_input": shift_head_1}
+        with torch.no_grad(), probe.hooks(model, edit), probe.trace(model, names[0]) as edited:
+            model(**batch)
+            x = plain[names[1]] + shift
+            x = x if arch.post_ln else blocks(model, f"{stack}.attn")[1].get_submodule(arch.ln1)(x)
+        k, k_edited = plain[names[0]], edited[names[0]]
+        torch.testing.assert_close(k_edited[:, :, 1], x @ w[1].W_K[1] + w[1].b_K[1])
+        assert torch.equal(k_edited[:, :, [0, 2, 3]], k[:, :, [0, 2, 3]])

@@ -243,18 +243,28 @@ def test_query_key_norm_points(kind):
     assert torch.equal(edited[names[2]], torch.zeros_like(edited[names[2]]))  # rotating 0 gives 0
 
 
-def test_embedding_norm_is_editable():
-    """BERT's embeddings' LayerNorm: hook_normalized · weight + bias is what enters the first
-    block, and an edit of its scale does what the same edit by hand does."""
-    model = small_model("bert")
-    batch = padded_batch("bert")
-    ln = model.embeddings.LayerNorm
-    names = ["embed_ln.hook_scale", "embed_ln.hook_normalized", "blocks.0.hook_resid_pre"]
+@pytest.mark.parametrize(
+    "kind", ["bert", "roberta", "electra", "distilbert", "albert", "modernbert"]
+)
+def test_embedding_norm_is_editable(kind):
+    """The embeddings' LayerNorm of BERT-like encoders and ModernBERT: hook_normalized · weight
+    + bias is the norm's output, and an edit of its scale does what the same edit by hand does."""
+    model = small_model(kind)
+    batch = padded_batch(kind)
+    ln = model.embeddings.norm if kind == "modernbert" else model.embeddings.LayerNorm
+    outputs = []
+
+    def run():  # the norm's output after the mirror's own hook on it, which edits it
+        handle = ln.register_forward_hook(lambda m, args, out: outputs.append(out))
+        model(**batch)
+        handle.remove()
+
+    names = ["embed_ln.hook_scale", "embed_ln.hook_normalized"]
     with torch.no_grad(), probe.trace(model, names) as cache:
-        model(**batch)
+        run()
+    with torch.no_grad(), probe.hooks(model, {names[0]: lambda x, hook: 2 * x}):
+        run()
     normalized = cache["embed_ln.hook_normalized"]
-    torch.testing.assert_close(normalized * ln.weight + ln.bias, cache[names[2]])
-    halved = {"embed_ln.hook_scale": lambda x, hook: 2 * x}
-    with torch.no_grad(), probe.hooks(model, halved), probe.trace(model, names[2]) as edited:
-        model(**batch)
-    torch.testing.assert_close(edited[names[2]], normalized / 2 * ln.weight + ln.bias)
+    bias = 0 if ln.bias is None else ln.bias
+    torch.testing.assert_close(normalized * ln.weight + bias, outputs[0])
+    torch.testing.assert_close(outputs[1], normalized / 2 * ln.weight + bias)
