@@ -63,6 +63,17 @@ class Architecture:
     # The query projection's output is scaled by 1/√d_head before the attention (OPT): hook_q
     # is then on the projection, unscaled, as TransformerLens has it.
     q_scaled: bool = False
+    # Each head's query and key normalised before the rotation (Qwen3, Gemma 3); Gemma 3's norms
+    # see them as [batch, head, pos, d_head], Qwen3's as [batch, pos, head, d_head].
+    q_norm: str = ""
+    k_norm: str = ""
+    qk_norm_heads_first: bool = False
+    # A decoder block's norm of its cross-attention (before it, or after its sum if post_ln). Its
+    # points are then TransformerLens's ln2, and the MLP's norm's (``ln2`` here) ln3.
+    ln_cross: str = ""
+    # A cross-attention's: the module whose input is the stream after its sum (T5's MLP sublayer),
+    # for TransformerLens's hook_resid_mid2.
+    stream_after: str = ""
 
 
 _BERT = Architecture(
@@ -161,10 +172,12 @@ ARCHITECTURES: dict[str, Architecture] = {
     "qwen2": _LLAMA,
     # Query and key RMSNorms sit between the projections and the rotary embedding: hook_q and
     # hook_k are before both (as TransformerLens's), hook_rot_q and hook_rot_k after both.
-    "qwen3": _LLAMA,
+    "qwen3": replace(_LLAMA, q_norm="self_attn.q_norm", k_norm="self_attn.k_norm"),
     # Logit soft-capping and sliding windows happen in the attention function (probe's too).
     "gemma2": _GEMMA,
-    "gemma3_text": _GEMMA,
+    "gemma3_text": replace(
+        _GEMMA, q_norm="self_attn.q_norm", k_norm="self_attn.k_norm", qk_norm_heads_first=True
+    ),
     "phi3": Architecture(
         "layers", "self_attn", o="self_attn.o_proj", qkv="self_attn.qkv_proj", fused="linear",
         mlp="mlp", rotary=True, ln1="input_layernorm", ln2="post_attention_layernorm",
@@ -195,7 +208,9 @@ _BART_SELF = Architecture(
 )
 _BART = {
     Attention.ENCODER: _BART_SELF,
-    Attention.DECODER: replace(_BART_SELF, blocks="decoder.layers"),
+    Attention.DECODER: replace(
+        _BART_SELF, blocks="decoder.layers", ln_cross="encoder_attn_layer_norm"
+    ),
     Attention.CROSS: Architecture(
         "decoder.layers",
         "encoder_attn",
@@ -225,6 +240,7 @@ _T5 = {
         blocks="decoder.block",
         mlp="layer.2.DenseReluDense",
         ln2="layer.2.layer_norm",
+        ln_cross="layer.1.layer_norm",
         mlp_pre="layer.2.DenseReluDense.wi",
         mlp_post="layer.2.DenseReluDense.wo",
     ),
@@ -235,6 +251,7 @@ _T5 = {
         "layer.1.EncDecAttention.k",
         "layer.1.EncDecAttention.v",
         "layer.1.EncDecAttention.o",
+        stream_after="layer.2",
     ),
 }
 # mBART normalises before each sublayer, as decoders do.
@@ -247,9 +264,16 @@ ENCODER_DECODER: dict[str, dict[Attention, Architecture]] = {
 }  # fmt: skip
 
 # The model's own modules (paths from its base model, else from the model: an LM head's norm):
-# the token and position embeddings and the final norm. Encoder-decoder models have none here:
-# their hook_embed is what enters the encoder's first block.
-_BERT_MODEL = {"embed": "embeddings.word_embeddings", "pos_embed": "embeddings.position_embeddings"}
+# the token and position embeddings, the embeddings' norm and the final norm, by the name of
+# their points (an encoder-decoder model's hook_embed and hook_pos_embed are the encoder's).
+_BERT_MODEL = {
+    "embed": "embeddings.word_embeddings", "pos_embed": "embeddings.position_embeddings",
+    "embed_ln": "embeddings.LayerNorm",
+}  # fmt: skip
+_BART_MODEL = {
+    "embed": "encoder.embed_tokens", "pos_embed": "encoder.embed_positions",
+    "embed_ln": "encoder.layernorm_embedding", "decoder_embed_ln": "decoder.layernorm_embedding",
+}  # fmt: skip
 _DECODER_MODEL = {"embed": "embed_tokens", "ln_final": "norm"}
 MODEL_PARTS: dict[str, dict[str, str]] = {
     "bert": _BERT_MODEL | {"ln_final": "cls.predictions.transform.LayerNorm"},
@@ -257,13 +281,25 @@ MODEL_PARTS: dict[str, dict[str, str]] = {
     "electra": _BERT_MODEL,
     "albert": _BERT_MODEL,
     "distilbert": _BERT_MODEL | {"ln_final": "vocab_layer_norm"},
+    "bart": _BART_MODEL,
+    "mbart": _BART_MODEL | {
+        "encoder_ln_final": "encoder.layer_norm", "decoder_ln_final": "decoder.layer_norm",
+    },
+    "marian": {"embed": "encoder.embed_tokens", "pos_embed": "encoder.embed_positions"},
+    "t5": {
+        "embed": "encoder.embed_tokens", "encoder_ln_final": "encoder.final_layer_norm",
+        "decoder_ln_final": "decoder.final_layer_norm",
+    },
     "gpt2": {"embed": "wte", "pos_embed": "wpe", "ln_final": "ln_f"},
     "gpt_neox": {"embed": "embed_in", "ln_final": "final_layer_norm"},
     "opt": {
         "embed": "decoder.embed_tokens", "pos_embed": "decoder.embed_positions",
         "ln_final": "decoder.final_layer_norm",
     },
-    "modernbert": {"embed": "embeddings.tok_embeddings", "ln_final": "final_norm"},
+    "modernbert": {
+        "embed": "embeddings.tok_embeddings", "embed_ln": "embeddings.norm",
+        "ln_final": "final_norm",
+    },
 }  # fmt: skip
 for _kind in ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3"):
     MODEL_PARTS[_kind] = _DECODER_MODEL

@@ -50,9 +50,12 @@ from probe.names import (
     EMBED,
     INPUT_POINTS,
     MLP_POINTS,
+    MODEL_NORMS,
     NORM_POINTS,
     NORMS,
     POS_EMBED,
+    QK_NORM_POINTS,
+    QK_NORMS,
     RESIDUAL_POINTS,
     ROTARY_POINTS,
     UNEMBED,
@@ -88,6 +91,17 @@ def _is_norm(module: nn.Module | None) -> bool:
     return module is not None and getattr(module, "weight", None) is not None
 
 
+def _norms(arch: Architecture, block: nn.Module) -> dict[str, nn.Module]:
+    """A block's norms by the part their points are named by (``probe.names.NORMS``): a decoder
+    block's with a cross-attention are TransformerLens's ln1, ln2 (the cross-attention's) and ln3
+    (the MLP's)."""
+    paths = {part: getattr(arch, part, "") for part in NORMS}
+    if arch.ln_cross:
+        paths |= {"ln2": arch.ln_cross, "ln3": arch.ln2}
+    found = {part: _find(block, path) for part, path in paths.items()}
+    return {part: m for part, m in found.items() if _is_norm(m)}
+
+
 def _find(root: nn.Module, path: str) -> nn.Module | None:
     try:
         return root.get_submodule(path) if path else None
@@ -110,8 +124,12 @@ class Mirror:
     edit reaches the stream through attn_out) in pre-LayerNorm blocks; in post-LayerNorm ones
     (``Architecture.post_ln``) it and ``hook_resid_post`` are the inputs of ``ln1`` and
     ``ln2``. The model's own points: ``hook_embed`` on the token embedding (an encoder-decoder
-    model's: what enters the encoder's first block), ``hook_pos_embed`` on the position
-    embedding, ``hook_unembed`` on the output embedding.
+    model's encoder's), ``hook_pos_embed`` on the position embedding, the embeddings' and final
+    norms' (per stack in an encoder-decoder model), ``hook_unembed`` on the output embedding.
+    Qwen3's and Gemma 3's query and key norms have their points as the blocks' norms do, and
+    ``hook_q_normed``/``hook_k_normed`` on their outputs. ``hook_attn_in`` and
+    ``hook_{q,k,v}_input`` are computed from the block's input; an edit recomputes the edited
+    heads of the projection's output (of its part of a fused one) from them.
     """
 
     def __init__(self, model: PreTrainedModel, point: Callable[[], Point]) -> None:
@@ -122,12 +140,14 @@ class Mirror:
         # (kind, module) lists the hook holders it serves, in call order.
         self.owners: dict[tuple[str, int], list[nn.Module]] = {}
         self.output_of: dict[int, nn.Module] = {}  # id(attention hooks) -> output projection
-        self.first_block: nn.Module | None = None
         # id(attention hooks) -> its layout: (Architecture.fused, query heads, head width)
         self.layout: dict[int, tuple[str, int, int]] = {}
         for name, arch in attentions(model).items():
             layout = (arch.fused, head_count(model, name), head_dim(model, name))
             names = ATTENTION_POINTS + (ROTARY_POINTS if arch.rotary else ())
+            qk_norms = {n: path for n in QK_NORMS if (path := getattr(arch, n))}
+            names += tuple(f"{n}.{p}" for n in qk_norms for p in NORM_POINTS)
+            names += QK_NORM_POINTS if qk_norms else ()
             for i, block in enumerate(blocks(model, name)):
                 hooks = self._holder(name, i, names)
                 # What meets in the scores: the rotated queries and keys, where there are.
@@ -149,9 +169,19 @@ class Mirror:
                     projections = {}
                 for part, path in projections.items():
                     self._own(part, block.get_submodule(path), hooks)
+                hooks.heads_first = arch.qk_norm_heads_first
+                for norm, point in zip(qk_norms, QK_NORM_POINTS, strict=False):
+                    module = block.get_submodule(qk_norms[norm])
+                    self._own(norm, module, hooks)  # scale and normalized, then the output
+                    self._own(point, module, hooks)
                 if name == Attention.CROSS:
-                    holder = self._holder(name.stack, i, CROSS_POINTS)
+                    points = CROSS_POINTS if arch.stream_after else CROSS_POINTS[:1]
+                    holder = self._holder(name.stack, i, points)
                     self._own("hook_cross_attn_out", block.get_submodule(arch.o), holder)
+                    if arch.stream_after:  # its input is the stream: an edit flows on
+                        self._own(
+                            "inputs:hook_resid_mid2", block.get_submodule(arch.stream_after), holder
+                        )
                 else:
                     self._block(name, arch, i, block).heads = layout[1:]
         self._model_points()
@@ -165,8 +195,8 @@ class Mirror:
     def _block(self, name: Attention, arch: Architecture, layer: int, block: nn.Module) -> _Points:
         """The residual stream's, the norms' and the MLP's points of one block, which it
         returns."""
-        norms = {part: _find(block, getattr(arch, part)) for part in NORMS}
-        norms = {part: m for part, m in norms.items() if _is_norm(m)}
+        norms = _norms(arch, block)
+        mlp_norm = "ln3" if arch.ln_cross else "ln2"
         mlp = {"hook_pre": arch.mlp_pre, "hook_pre_linear": arch.mlp_pre_linear}
         mlp = {p: m for p, path in mlp.items() if (m := _find(block, path)) is not None}
         fused = _find(block, arch.mlp_pre_fused)
@@ -179,27 +209,30 @@ class Mirror:
         names += tuple(f"{part}.{p}" for part in norms for p in NORM_POINTS)
         post_point = f"mlp.{MLP_POINTS[-1]}"  # hook_post, on the input of the output projection
         names += tuple(f"mlp.{p}" for p in mlp) + ((post_point,) if post else ())
-        separate = not arch.fused  # per-head inputs need the projections' own weights
-        names += INPUT_POINTS if separate else ()
-        holder = self._holder(name.stack, layer, names)
+        holder = self._holder(name.stack, layer, names + INPUT_POINTS)
         holder.post_ln = arch.post_ln
-        if separate:  # the norm the inputs pass before the projections (none if post-LN)
-            holder.ln1 = None if arch.post_ln else norms.get("ln1")
-            for part in "qkv":
-                self._own(f"in:{part}", block.get_submodule(getattr(arch, part)), holder)
-        self.first_block = self.first_block or holder
+        # The per-head inputs pass the norm before the projections (none if post-LN).
+        holder.ln1 = None if arch.post_ln else norms.get("ln1")
+        holder.fused = arch.fused
+        for part in ("qkv",) if arch.fused else "qkv":
+            self._own(f"in:{part}", block.get_submodule(getattr(arch, part)), holder)
         self._own("hook_resid_pre", block, holder)
         self._own("hook_attn_out", block.get_submodule(arch.attn_out or arch.o), holder)
         self._own("hook_mlp_out", block.get_submodule(arch.mlp), holder)
         for part, module in norms.items():
             self._own(part, module, holder)
         if arch.post_ln:  # the stream after each sum is the input of the norm after it
-            self._own("inputs:hook_resid_mid,hook_mlp_in", norms["ln1"], holder)
-            self._own("inputs:hook_resid_post", norms["ln2"], holder)
+            cross = bool(arch.ln_cross)  # the MLP's input: after the cross-attention's sum
+            self._own(
+                "inputs:hook_resid_mid" + ("" if cross else ",hook_mlp_in"), norms["ln1"], holder
+            )
+            if cross:
+                self._own("inputs:hook_mlp_in", norms["ln2"], holder)
+            self._own("inputs:hook_resid_post", norms[mlp_norm], holder)
         else:
             self._own("hook_resid_post", block, holder)
-            if "ln2" in norms and not parallel:
-                self._own("inputs:hook_mlp_in", norms["ln2"], holder)
+            if mlp_norm in norms and not parallel:
+                self._own("inputs:hook_mlp_in", norms[mlp_norm], holder)
         if fused is not None:
             self._own("fused:mlp", fused, holder)
             mlp = {}
@@ -210,24 +243,21 @@ class Mirror:
         return holder
 
     def _model_points(self) -> None:
-        """hook_embed, hook_pos_embed, ln_final's and hook_unembed, where the model has them."""
+        """hook_embed, hook_pos_embed, the embeddings' and the final norms' points and
+        hook_unembed, where the model has them (``probe.architectures.MODEL_PARTS``)."""
         model = self.model
-        modules = {part: model_part(model, part) for part in ("embed", "pos_embed", "ln_final")}
-        modules["unembed"] = model.get_output_embeddings()
-        if not _is_norm(modules["ln_final"]):
-            modules["ln_final"] = None
-        names = (EMBED,) + ((POS_EMBED,) if modules["pos_embed"] is not None else ())
-        names += tuple(f"ln_final.{p}" for p in NORM_POINTS if modules["ln_final"] is not None)
-        names += (UNEMBED,) if modules["unembed"] is not None else ()
+        modules = {EMBED: model_part(model, "embed"), POS_EMBED: model_part(model, "pos_embed")}
+        modules[UNEMBED] = model.get_output_embeddings()
+        modules = {point: m for point, m in modules.items() if m is not None}
+        norms = {part: model_part(model, part) for part in MODEL_NORMS}
+        norms = {part: m for part, m in norms.items() if _is_norm(m)}
+        names = tuple(modules) + tuple(f"{part}.{p}" for part in norms for p in NORM_POINTS)
         self.own = _Points(names, self.point)
         self.points |= self.own.points
-        self.embed = self.own.points[EMBED]
-        self.token_embedding = modules["embed"] is not None
-        for kind, point in (("embed", EMBED), ("pos_embed", POS_EMBED), ("unembed", UNEMBED)):
-            if modules[kind] is not None and modules["embed"] is not None:
-                self._own(point, modules[kind], self.own)
-        if modules["ln_final"] is not None:
-            self._own("ln_final", modules["ln_final"], self.own)
+        for point, module in modules.items():
+            self._own(point, module, self.own)
+        for part, module in norms.items():
+            self._own(part, module, self.own)
 
     def _holder(self, site: str, layer: int, names: tuple[str, ...]) -> _Points:
         """The points ``names`` of one layer of an attention or a stack, now by full name too."""
@@ -280,11 +310,8 @@ class Mirror:
         holder = self.owner(module, "hook_resid_pre")
         x = args[0] if args else kwargs["hidden_states"]
         self.positions = x.shape[:-1]  # [batch, pos]: OPT's MLP works on them flattened
-        # An encoder-decoder model's hook_embed: what enters the encoder's first block.
-        first = holder is self.first_block and self.embed.active and not self.token_embedding
-        edited = self.embed(x) if first else x
         point = holder.hook_resid_pre
-        edited = point(edited) if point.active else edited
+        edited = point(x) if point.active else x
         self.stream[id(holder)] = edited
         if edited is x:
             return None
@@ -330,14 +357,16 @@ class Mirror:
     def _norm_hook(self, kind: str):
         """A norm's hook_scale and hook_normalized, computed beside it from its input; its output
         is recomputed from them only when a hook edits one."""
-        prefix = f"{kind}." if kind != "ln_final" else "ln_final."
+        prefix = f"{kind}."
 
         def run(module, args, output):
             holder = self.owner(module, kind)
             scale_p, normalized_p = (holder.points[prefix + p] for p in NORM_POINTS)
             if not (scale_p.active or normalized_p.active):
                 return None
-            x = self._unflat(args[0]).float()
+            # Gemma 3's query and key norms see [batch, head, pos, d_head]; the points, heads 2nd.
+            heads_first = getattr(holder, "heads_first", False)
+            x = (args[0].transpose(1, 2) if heads_first else self._unflat(args[0])).float()
             centred = x - x.mean(-1, keepdim=True) if isinstance(module, nn.LayerNorm) else x
             eps = getattr(module, "eps", None) or getattr(module, "variance_epsilon", 1e-6)
             scale = (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt().to(output.dtype)
@@ -346,34 +375,64 @@ class Mirror:
             seen = normalized_p(normalized) if normalized_p.active else normalized
             if seen_scale is scale and seen is normalized:
                 return None
-            return self._flat(_affine(module, seen), output)
+            edited = _affine(module, seen)
+            return edited.transpose(1, 2) if heads_first else self._flat(edited, output)
 
         return run
 
     def _input_hook(self, part: str):
         """hook_attn_in and hook_{q,k,v}_input: the block's input repeated per head; where a hook
-        edits them, the projection's output is recomputed head by head from them (through ln1
-        first, in a pre-LayerNorm block)."""
+        edits them, the projection's output (``part``: q, k or v) is recomputed head by head from
+        them (through ln1 first, in a pre-LayerNorm block)."""
 
         def run(module, _inputs, output):
             holder = self.owner(module, f"in:{part}")
-            points = holder.points
-            own = points[f"hook_{part}_input"]
-            if not (own.active or points["hook_attn_in"].active):
-                return None
             heads = module.out_features // holder.heads[1]  # fewer for keys and values with GQA
-            source, edited = self._attn_in(holder)
-            x = source[:, :, :heads]
-            seen = own(x) if own.active else x
-            if seen is x and not edited:
+            W = module.weight.T.unflatten(-1, (heads, -1))  # [d_model, head, d_head]
+            b = None if module.bias is None else module.bias.view(heads, -1)
+            out = self._from_head_inputs(holder, part, W, b)
+            if out is None:
                 return None
-            normed = seen if holder.ln1 is None else normalise(holder.ln1, seen, affine=True)
-            W = module.weight.view(heads, -1, module.in_features)  # [head, d_head, d_model]
-            out = torch.einsum("bphm,hkm->bphk", normed, W)
-            out = out if module.bias is None else out + module.bias.view(heads, -1)
-            return out.flatten(-2)
+            merged = output.unflatten(-1, (heads, -1)).clone()
+            _replace_heads(merged, *out)
+            return merged.flatten(-2)
 
         return run
+
+    def _fused_input_hook(self, module, _inputs, output):
+        """hook_{q,k,v}_input (and hook_attn_in) on a fused projection: the parts whose inputs a
+        hook edited are recomputed from them, the others left as the projection made them."""
+        holder = self.owner(module, "in:qkv")
+        weight = module.weight if holder.fused == "gpt2" else module.weight.T  # [d_model, out]
+        Ws = split_fused(weight, holder.fused, *holder.heads)
+        bias = module.bias
+        bs = (None,) * 3 if bias is None else split_fused(bias, holder.fused, *holder.heads)
+        outs = [self._from_head_inputs(holder, *part) for part in zip("qkv", Ws, bs, strict=True)]
+        if all(out is None for out in outs):
+            return None
+        output = output.clone()  # the views of split_fused write into it
+        for view, out in zip(split_fused(output, holder.fused, *holder.heads), outs, strict=True):
+            if out is not None:
+                _replace_heads(view, *out)
+        return output
+
+    def _from_head_inputs(self, holder, part: str, W, b):
+        """One projection's output per head, ``[batch, pos, head, d_head]``, from its per-head
+        inputs (hook_attn_in, then hook_{part}_input) through ln1 and ``W`` ``[d_model, head,
+        d_head]`` + ``b`` ``[head, d_head]``, and which heads' inputs a hook changed (bool
+        ``[head]``); None where no hook is attached or none edited."""
+        own, attn_in = holder.points[f"hook_{part}_input"], holder.points["hook_attn_in"]
+        if not (own.active or attn_in.active):
+            return None
+        source, edited = self._attn_in(holder)
+        x = source[:, :, : W.shape[1]]
+        seen = own(x) if own.active else x
+        if seen is x and not edited:
+            return None
+        changed = (seen != self.stream[id(holder)].unsqueeze(2)).flatten(3).any(-1).any(1).any(0)
+        normed = seen if holder.ln1 is None else normalise(holder.ln1, seen, affine=True)
+        out = torch.einsum("bphm,mhk->bphk", normed, W)
+        return (out if b is None else out + b), changed
 
     def _attn_in(self, holder) -> tuple[torch.Tensor, bool]:
         """The block's hook_attn_in (once per forward) and whether a hook edited it."""
@@ -432,14 +491,17 @@ class Mirror:
 
     def _output_hook(self, suffix: str):
         def run(module, _inputs, output):
-            point = self.owner(module, suffix).points[suffix]
+            holder = self.owner(module, suffix)
+            point = holder.points[suffix]
             if suffix == EMBED:
                 self.positions = output.shape[:-1]
             if not point.active:
                 return None
             if isinstance(output, tuple):
                 return (point(output[0]), *output[1:])
-            if suffix == POS_EMBED and output.shape[0] != self.positions[0]:
+            if getattr(holder, "heads_first", False):
+                return point(output.transpose(1, 2)).transpose(1, 2)  # Gemma 3's hook_q_normed
+            if suffix == POS_EMBED and output.shape[:-1] != self.positions:
                 output = output.expand(*self.positions, -1)  # [1, pos, d] as [batch, pos, d]
             if output.dim() == 2:  # [batch·pos, d_model]
                 return point(output.view(*self.positions, -1)).flatten(0, -2)
@@ -462,6 +524,7 @@ class Mirror:
         for part in "qkv":
             hook = self._input_hook(part)
             handles += [m.register_forward_hook(hook) for m in self.modules(f"in:{part}")]
+        handles += [m.register_forward_hook(self._fused_input_hook) for m in self.modules("in:qkv")]
         handles += [
             m.register_forward_hook(self._projection_hook(part))
             for part in ("q", "k", "qkv")
@@ -469,7 +532,7 @@ class Mirror:
         ]
         # A norm's edits first, so that an output hook on the same module (Gemma's attn_out)
         # sees them.
-        for kind in (*NORMS, "ln_final"):
+        for kind in (*NORMS, *MODEL_NORMS, *QK_NORMS):
             handles += [m.register_forward_hook(self._norm_hook(kind)) for m in self.modules(kind)]
         handles += [m.register_forward_hook(self._attn_out) for m in self.modules("hook_attn_out")]
         handles += [m.register_forward_hook(self._fused_mlp) for m in self.modules("fused:mlp")]
@@ -478,7 +541,7 @@ class Mirror:
                 m.register_forward_pre_hook(self._inputs_hook(kind)) for m in self.modules(kind)
             ]
         outputs = ("hook_cross_attn_out", "hook_mlp_out", "hook_resid_post", EMBED, POS_EMBED)
-        outputs += (UNEMBED, *self.kinds("mlp."))
+        outputs += (UNEMBED, *QK_NORM_POINTS, *self.kinds("mlp."))
         for suffix in outputs:
             handles += [
                 m.register_forward_hook(self._output_hook(suffix)) for m in self.modules(suffix)
@@ -500,6 +563,12 @@ class Mirror:
                 _MIRRORS.pop(key, None)
             for key in configs:
                 _BY_CONFIG.pop(key, None)
+
+
+def _replace_heads(heads: torch.Tensor, recomputed: torch.Tensor, changed: torch.Tensor) -> None:
+    """Write the ``changed`` heads of ``recomputed`` into ``heads`` (both ``[batch, pos, head,
+    d_head]``): the others keep the projection's own bits."""
+    heads[:, :, changed] = recomputed[:, :, changed].to(heads.dtype)
 
 
 def normalise(norm: nn.Module, x: torch.Tensor, affine: bool) -> torch.Tensor:

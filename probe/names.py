@@ -8,8 +8,12 @@ A model's hook points are named as TransformerLens names them:
   ``decoder.1.hook_cross_attn_out``;
 - a block's layer norms' and MLP's, ``{stack}.{layer}.{part}.{point}``:
   ``blocks.3.ln1.hook_scale``, ``blocks.3.mlp.hook_post``;
+- an attention's query and key norms' (Qwen3, Gemma 3), ``{stack}.{layer}.{attn}.{norm}.{point}``:
+  ``blocks.3.attn.q_norm.hook_scale``;
 - the model's own, the point alone: ``hook_embed`` (the token embedding), ``hook_pos_embed``,
-  ``ln_final.hook_scale``, ``hook_unembed``;
+  ``embed_ln.hook_scale``, ``ln_final.hook_scale``, ``hook_unembed``; an encoder-decoder model's
+  under its stack's name where each stack has its own: ``decoder_embed_ln.hook_scale``,
+  ``encoder_ln_final.hook_scale``;
 - a bare ``probe.MultiHeadAttention``'s, the point alone: ``hook_z``.
 
 The stack is ``blocks`` for encoder-only and decoder-only models, ``encoder`` or ``decoder`` for
@@ -63,6 +67,10 @@ ATTENTION_POINTS = (
     "hook_result",
 )
 ROTARY_POINTS = ("hook_rot_q", "hook_rot_k")
+# Qwen3's and Gemma 3's norms of each head's query and key, between hook_q/hook_k and the
+# rotation: their scale and normalised input (as a block's norms'), and their output.
+QK_NORMS = ("q_norm", "k_norm")
+QK_NORM_POINTS = ("hook_q_normed", "hook_k_normed")
 RESIDUAL_POINTS = (
     "hook_resid_pre",
     "hook_attn_out",
@@ -71,7 +79,8 @@ RESIDUAL_POINTS = (
     "hook_mlp_out",
     "hook_resid_post",
 )
-CROSS_POINTS = ("hook_cross_attn_out",)
+# A decoder block's cross-attention's output, and the stream after its sum (T5's).
+CROSS_POINTS = ("hook_cross_attn_out", "hook_resid_mid2")
 # The attention's input per head, [batch, pos, head, d_model], before ln1 (TransformerLens's
 # use_attn_in and use_split_qkv_input): an edit reaches only that head's query, key or value.
 INPUT_POINTS = ("hook_attn_in", "hook_q_input", "hook_k_input", "hook_v_input")
@@ -80,16 +89,24 @@ INPUT_POINTS = ("hook_attn_in", "hook_q_input", "hook_k_input", "hook_v_input")
 # a gated MLP's other input projection).
 NORM_POINTS = ("hook_scale", "hook_normalized")
 MLP_POINTS = ("hook_pre", "hook_pre_linear", "hook_post")
-NORMS = ("ln1", "ln2", "ln1_post", "ln2_post")  # before attention and MLP; Gemma's after each
+# Before the attention and the MLP (a decoder block's: before the self-attention, the
+# cross-attention and the MLP); Gemma's after the attention and the MLP.
+NORMS = ("ln1", "ln2", "ln3", "ln1_post", "ln2_post")
 BLOCK_PARTS = dict.fromkeys(NORMS, NORM_POINTS) | {"mlp": MLP_POINTS}
 EMBED = "hook_embed"
 POS_EMBED = "hook_pos_embed"
 UNEMBED = "hook_unembed"
-MODEL_POINTS = (EMBED, POS_EMBED, "ln_final.hook_scale", "ln_final.hook_normalized", UNEMBED)
-_IN_ATTENTION = frozenset(ATTENTION_POINTS + ROTARY_POINTS)
+# The model's norms: of the embeddings (BERT's, BART's; an encoder-decoder model's decoder has its
+# own) and after the last block (per stack in an encoder-decoder model).
+MODEL_NORMS = ("embed_ln", "ln_final", "decoder_embed_ln", "encoder_ln_final", "decoder_ln_final")
+MODEL_POINTS = (EMBED, POS_EMBED, *(f"{n}.{p}" for n in MODEL_NORMS for p in NORM_POINTS), UNEMBED)
+_IN_QK_NORM = tuple(f"{norm}.{p}" for norm in QK_NORMS for p in NORM_POINTS)
+_IN_ATTENTION = frozenset(ATTENTION_POINTS + ROTARY_POINTS + QK_NORM_POINTS + _IN_QK_NORM)
 _IN_PART = frozenset(f"{part}.{p}" for part, points in BLOCK_PARTS.items() for p in points)
 _IN_BLOCK = frozenset(RESIDUAL_POINTS + CROSS_POINTS + INPUT_POINTS) | _IN_PART
-_KNOWN = (*ATTENTION_POINTS, *ROTARY_POINTS, *RESIDUAL_POINTS, *CROSS_POINTS, *INPUT_POINTS)
+_PARTS = frozenset((*BLOCK_PARTS, *QK_NORMS, *MODEL_NORMS))  # parts named in a point
+_KNOWN = (*ATTENTION_POINTS, *ROTARY_POINTS, *QK_NORM_POINTS, *_IN_QK_NORM, *RESIDUAL_POINTS)
+_KNOWN += (*CROSS_POINTS, *INPUT_POINTS)
 _KNOWN += tuple(_IN_PART)
 _KNOWN += MODEL_POINTS
 _STACKS = frozenset(s.value for s in Stack)
@@ -182,11 +199,11 @@ def parse(name: str) -> HookName:
     parts = name.split(".")
     if name in _IN_ATTENTION or name in MODEL_POINTS:
         return HookName(name)
-    if len(parts) in (3, 4) and parts[0] in _STACKS and parts[1].isdigit():
+    if len(parts) in (3, 4, 5) and parts[0] in _STACKS and parts[1].isdigit():
         stack, layer, point = Stack(parts[0]), int(parts[1]), ".".join(parts[2:])
         if point in _IN_BLOCK:
             return HookName(point, layer, stack)
-        point = parts[-1]
+        point = ".".join(parts[3:])  # "hook_z", or an attention's norm's "q_norm.hook_scale"
         if f"{stack}.{parts[2]}" in _ATTENTIONS and point in _IN_ATTENTION:
             return HookName(point, layer, stack, parts[2])
     raise ValueError(
@@ -201,7 +218,7 @@ def point_of(name: str) -> str:
     modules, whose points are named by module path."""
     rest, _, point = name.rpartition(".")
     part = rest.rpartition(".")[2]
-    return f"{part}.{point}" if part in BLOCK_PARTS or part == "ln_final" else point
+    return f"{part}.{point}" if part in _PARTS else point
 
 
 # TransformerLens's short names for a block's parts, in ``act_name``.

@@ -129,6 +129,57 @@ def test_shapes_projections_and_results(kind, attention):
             torch.testing.assert_close(cache[name + "hook_v"][:, :, head], v, atol=1e-5, rtol=0)
 
 
+def entering_encoder(model, cache) -> torch.Tensor:
+    """What enters the encoder's first block, from hook_embed, hook_pos_embed and the
+    embeddings' norm, as the model sums them."""
+    encoder = model.get_encoder()
+    x = cache["hook_embed"] * getattr(encoder, "embed_scale", 1.0)  # Marian scales outside
+    x = x + cache["hook_pos_embed"] if "hook_pos_embed" in cache else x
+    return encoder.layernorm_embedding(x) if "embed_ln.hook_scale" in cache else x
+
+
+def normed(cache, norm: str, module) -> torch.Tensor:
+    """A norm's output from its hook_normalized: times its weight, plus its bias."""
+    out = cache[f"{norm}.hook_normalized"] * module.weight
+    return out if getattr(module, "bias", None) is None else out + module.bias
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_embeddings_and_final_norms(kind):
+    """hook_embed is the encoder's token embedding (TransformerLens's meaning), hook_pos_embed
+    its positions where they are learned or sinusoidal (BART, mBART, Marian; T5 has none);
+    embed_ln and decoder_embed_ln (BART, mBART) give each stack's first hook_resid_pre, and
+    encoder_ln_final and decoder_ln_final (mBART, T5) each stack's output."""
+    model, batch = small_model(kind), seq2seq_batch()
+    with torch.no_grad(), probe.trace(model) as cache:
+        out = model(**batch)
+    encoder, decoder = model.get_encoder(), model.get_decoder()
+    assert torch.equal(cache["hook_embed"], encoder.embed_tokens(batch["input_ids"]))
+    has = {n for n in cache if not n.startswith(("encoder.", "decoder."))}
+    norms = {"bart": {"embed_ln", "decoder_embed_ln"}, "marian": set()}
+    norms["mbart"] = norms["bart"] | {"encoder_ln_final", "decoder_ln_final"}
+    expected = norms.get(kind, {"encoder_ln_final", "decoder_ln_final"})
+    positions = {"hook_pos_embed"} if kind in {"bart", "mbart", "marian"} else set()
+    assert has == {"hook_embed", *positions} | {
+        f"{n}.{p}" for n in expected for p in ("hook_scale", "hook_normalized")
+    }
+    with torch.no_grad():
+        if "embed_ln" in expected:
+            embed_ln = normed(cache, "embed_ln", encoder.layernorm_embedding)
+            torch.testing.assert_close(embed_ln, cache["encoder.0.hook_resid_pre"])
+            first = normed(cache, "decoder_embed_ln", decoder.layernorm_embedding)
+            torch.testing.assert_close(first, cache["decoder.0.hook_resid_pre"])
+        if "encoder_ln_final" in expected:
+            final = encoder.final_layer_norm if kind in {"t5", "flan-t5"} else encoder.layer_norm
+            torch.testing.assert_close(
+                normed(cache, "encoder_ln_final", final), out.encoder_last_hidden_state
+            )
+            final = decoder.final_layer_norm if kind in {"t5", "flan-t5"} else decoder.layer_norm
+            torch.testing.assert_close(
+                normed(cache, "decoder_ln_final", final), out.last_hidden_state
+            )
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_residual_stream(kind):
     """Blocks chain within each stack; hook_cross_attn_out is Σ cross results + b^O; on
@@ -136,7 +187,7 @@ def test_residual_stream(kind):
     model, batch = small_model(kind), seq2seq_batch()
     with torch.no_grad(), probe.trace(model) as cache:
         model(**batch)
-    assert torch.equal(cache["hook_embed"], cache["encoder.0.hook_resid_pre"])
+    assert torch.equal(entering_encoder(model, cache), cache["encoder.0.hook_resid_pre"])
     cross = probe.head_weights(model, "decoder.cross_attn")
     for stack in ("encoder", "decoder"):
         post, arch = cache[f"{stack}.0.hook_resid_post"], architecture(model, f"{stack}.attn")
@@ -381,3 +432,80 @@ def test_the_viewer_labels_decoder_positions_with_the_decoder_tokens():
     assert view.tokens[0] == tokenizer.convert_ids_to_tokens(shifted)
     with pytest.raises(ValueError, match="cross-attention"):
         probe.show(model, tokenizer, "the cat sat", attention="decoder.cross_attn")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_decoder_norms_as_transformer_lens_names_them(kind):
+    """A decoder block's norms are TransformerLens's ln1 (before the self-attention), ln2 (the
+    cross-attention's) and ln3 (the MLP's): each hook_normalized · weight (+ bias) is its
+    module's output; hook_mlp_in is the input of the norm the MLP's input passes (post-LN: the
+    cross-attention's, pre-LN: the MLP's)."""
+    model, batch = small_model(kind), seq2seq_batch()
+    arch = architecture(model, "decoder.attn")
+    block = blocks(model, "decoder.attn")[1]
+    modules = {"ln1": arch.ln1, "ln2": arch.ln_cross, "ln3": arch.ln2}
+    modules = {part: block.get_submodule(path) for part, path in modules.items()}
+    seen, handles = {}, []
+    for part, module in modules.items():
+        hook = lambda m, args, out, part=part: seen.update({part: (args[0], out)})  # noqa: E731
+        handles.append(module.register_forward_hook(hook))
+    try:
+        with torch.no_grad(), probe.trace(model) as cache:
+            model(**batch)
+    finally:
+        for handle in handles:
+            handle.remove()
+    for part, module in modules.items():
+        normed = cache[f"decoder.1.{part}.hook_normalized"] * module.weight
+        normed = normed if getattr(module, "bias", None) is None else normed + module.bias
+        torch.testing.assert_close(normed, seen[part][1], atol=1e-5, rtol=1e-5)
+    mlp_norm = "ln2" if arch.post_ln else "ln3"
+    assert torch.equal(cache["decoder.1.hook_mlp_in"], seen[mlp_norm][0])
+
+
+@pytest.mark.parametrize("kind", ["t5", "flan-t5"])
+def test_resid_mid2_is_the_stream_after_the_cross_attention(kind):
+    """T5's decoder blocks: hook_resid_mid2 = resid_mid + cross_attn_out, resid_post = resid_mid2
+    + mlp_out, and a replacement of resid_mid2 is the stream the MLP adds to."""
+    model, batch = small_model(kind), seq2seq_batch()
+    names = [f"decoder.1.{p}" for p in ("hook_resid_mid", "hook_cross_attn_out")]
+    names += [f"decoder.1.{p}" for p in ("hook_resid_mid2", "hook_mlp_out", "hook_resid_post")]
+    with torch.no_grad(), probe.trace(model, names) as cache:
+        model(**batch)
+    mid, cross, mid2, mlp_out, post = (cache[n] for n in names)
+    torch.testing.assert_close(mid + cross, mid2, atol=1e-5, rtol=0)
+    torch.testing.assert_close(mid2 + mlp_out, post, atol=1e-5, rtol=0)
+    other = torch.randn(mid2.shape, generator=torch.Generator().manual_seed(0))
+    edit = {"decoder.1.hook_resid_mid2": lambda x, hook: other}
+    with torch.no_grad(), probe.hooks(model, edit), probe.trace(model, names[3:]) as edited:
+        model(**batch)
+    torch.testing.assert_close(
+        other + edited["decoder.1.hook_mlp_out"], edited["decoder.1.hook_resid_post"]
+    )
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_per_head_inputs_in_each_stack(kind):
+    """hook_k_input in the encoder and the decoder: an edit of one head's input changes that
+    head's key only, to LN₁(x') W_K[h] + b_K[h] (no norm before a post-LN block's attention)."""
+    model, batch = small_model(kind), seq2seq_batch()
+    shift = torch.linspace(-1, 1, 32)
+
+    def shift_head_1(x, hook):
+        x = x.clone()
+        x[:, :, 1] += shift
+        return x
+
+    for stack in ("encoder", "decoder"):
+        arch, w = architecture(model, f"{stack}.attn"), probe.head_weights(model, f"{stack}.attn")
+        names = [f"{stack}.1.attn.hook_k", f"{stack}.1.hook_resid_pre"]
+        with torch.no_grad(), probe.trace(model, names) as plain:
+            model(**batch)
+        edit = {f"{stack}.1.hook_k_input": shift_head_1}
+        with torch.no_grad(), probe.hooks(model, edit), probe.trace(model, names[0]) as edited:
+            model(**batch)
+            x = plain[names[1]] + shift
+            x = x if arch.post_ln else blocks(model, f"{stack}.attn")[1].get_submodule(arch.ln1)(x)
+        k, k_edited = plain[names[0]], edited[names[0]]
+        torch.testing.assert_close(k_edited[:, :, 1], x @ w[1].W_K[1] + w[1].b_K[1])
+        assert torch.equal(k_edited[:, :, [0, 2, 3]], k[:, :, [0, 2, 3]])

@@ -4,6 +4,7 @@ beside it."""
 
 import pytest
 import torch
+import transformers as tf
 from models import CONFIGS, SEQ2SEQ, small_model
 
 import probe
@@ -31,6 +32,60 @@ def test_full_trace_is_bit_identical(kind, implementation):
     assert torch.equal(plain, traced)
     assert torch.equal(plain, again)
     assert model.config._attn_implementation == implementation
+
+
+# Models with their heads, and the points of theirs that a base model lacks or that only some
+# architectures have: the unembedding, the embeddings' and the final norms, Qwen3's and Gemma 3's
+# query/key norms, per-head inputs on fused projections.
+WITH_HEADS = {
+    "bert": (tf.BertForMaskedLM, ["embed_ln.hook_scale", "ln_final.hook_normalized"]),
+    "qwen3": (
+        tf.Qwen3ForCausalLM, ["blocks.1.attn.q_norm.hook_scale", "blocks.1.attn.hook_k_normed"],
+    ),
+    "gemma3_text": (
+        tf.Gemma3ForCausalLM,
+        ["blocks.0.attn.k_norm.hook_normalized", "blocks.0.attn.hook_q_normed"],
+    ),
+    "gpt2": (tf.GPT2LMHeadModel, ["blocks.1.hook_attn_in", "blocks.1.hook_v_input"]),
+    "phi3": (tf.Phi3ForCausalLM, ["blocks.0.hook_k_input", "ln_final.hook_scale"]),
+    "bart": (tf.BartForConditionalGeneration, ["hook_pos_embed", "decoder_embed_ln.hook_scale"]),
+    "mbart": (
+        tf.MBartForConditionalGeneration,
+        ["embed_ln.hook_normalized", "decoder_ln_final.hook_scale"],
+    ),
+    "marian": (tf.MarianMTModel, ["hook_pos_embed", "hook_embed"]),
+    "t5": (
+        tf.T5ForConditionalGeneration,
+        ["encoder_ln_final.hook_scale", "decoder_ln_final.hook_normalized"],
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+@pytest.mark.parametrize("kind", sorted(WITH_HEADS))
+def test_full_trace_with_head_is_bit_identical(kind, implementation):
+    """The same with the model's head: its logits keep every bit under a trace of every point,
+    the new ones included (hook_unembed is the head's output)."""
+    head, points = WITH_HEADS[kind]
+    torch.manual_seed(0)
+    config = (CONFIGS | SEQ2SEQ)[kind]()
+    model = head._from_config(config, attn_implementation=implementation).eval()
+    ids = torch.randint(3, 99, (2, 7), generator=torch.Generator().manual_seed(0))
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    inputs["attention_mask"][1, 5:] = 0
+    if kind in SEQ2SEQ:
+        inputs |= {
+            "decoder_input_ids": ids[:, :5],
+            "decoder_attention_mask": torch.ones_like(ids[:, :5]),
+        }
+    with torch.no_grad():
+        plain = model(**inputs).logits
+        with probe.trace(model) as cache:
+            traced = model(**inputs).logits
+    assert set(points) | {"hook_unembed"} <= set(cache)
+    assert torch.equal(plain, traced)
+    unembed = cache["hook_unembed"] + getattr(model, "final_logits_bias", 0)  # BART's, after it
+    assert torch.equal(unembed, plain)
 
 
 def test_an_edit_still_changes_the_output():

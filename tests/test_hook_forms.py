@@ -5,6 +5,7 @@ embeddings) are editable, and an edit flows on as the model computes."""
 
 from functools import partial
 
+import pytest
 import torch
 from models import padded_batch, small_model
 
@@ -161,3 +162,109 @@ def test_per_head_inputs_on_a_post_layernorm_encoder():
     q, q_edited = plain["blocks.1.attn.hook_q"], edited["blocks.1.attn.hook_q"]
     torch.testing.assert_close(q_edited[:, :, 2], other @ w.W_Q[2] + w.b_Q[2])
     torch.testing.assert_close(q_edited[:, :, [0, 1, 3]], q[:, :, [0, 1, 3]])
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "gpt_neox", "phi3", "modernbert", "llama"])
+def test_per_head_inputs_on_fused_projections(kind):
+    """On one fused Q/K/V projection (GPT-2, GPT-NeoX, Phi-3, ModernBERT; Llama's separate ones
+    beside them), an edit of one head's hook_k_input changes that head's key only, to
+    LN₁(x') W_K[h] + b_K[h] computed by hand: the queries, values and other keys keep every bit,
+    and the output is the output of the hand-computed key put in hook_k."""
+    model = small_model(kind)
+    with torch.no_grad():  # sharper patterns, so that an edited key moves the output
+        for name, p in model.named_parameters():
+            p.mul_(10 if p.dim() == 2 and "emb" not in name else 1)
+    batch = padded_batch(kind)
+    arch, block, w = architecture(model), blocks(model)[1], probe.head_weights(model)[1]
+    shift = torch.linspace(-1, 1, model.config.hidden_size)
+
+    def shift_head_1(x, hook):
+        x = x.clone()
+        x[:, :, 1] += shift
+        return x
+
+    qkv = [f"blocks.1.attn.hook_{p}" for p in "qkv"]
+    with torch.no_grad(), probe.trace(model, [*qkv, "blocks.1.hook_resid_pre"]) as plain:
+        before = model(**batch).last_hidden_state
+    edit = {"blocks.1.hook_k_input": shift_head_1}
+    with torch.no_grad(), probe.hooks(model, edit), probe.trace(model, qkv) as edited:
+        out = model(**batch).last_hidden_state
+    ln1 = block.get_submodule(arch.ln1)
+    expected = ln1(plain["blocks.1.hook_resid_pre"] + shift) @ w.W_K[1] + w.b_K[1]
+    k, k_edited = plain["blocks.1.attn.hook_k"], edited["blocks.1.attn.hook_k"]
+    torch.testing.assert_close(k_edited[:, :, 1], expected, atol=1e-5, rtol=1e-5)
+    others = [h for h in range(k.shape[2]) if h != 1]
+    assert torch.equal(k_edited[:, :, others], k[:, :, others])
+    for p in "qv":
+        assert torch.equal(edited[f"blocks.1.attn.hook_{p}"], plain[f"blocks.1.attn.hook_{p}"])
+
+    def hand_key(x, hook):
+        x = x.clone()
+        x[:, :, 1] = expected
+        return x
+
+    with torch.no_grad(), probe.hooks(model, {"blocks.1.attn.hook_k": hand_key}):
+        by_hand = model(**batch).last_hidden_state
+    change = (out - before).abs().max()
+    print(f"{kind}: the edit moves the output by {change:.1e}")
+    assert change > 1e-3  # far above the tolerance below
+    torch.testing.assert_close(out, by_hand, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "gemma3_text"])
+def test_query_key_norm_points(kind):
+    """Qwen3's and Gemma 3's query and key norms, [batch, pos, head, …] (Gemma 3's norms see
+    heads before positions): hook_scale is √(mean q² + ε) of hook_q, hook_normalized q / scale,
+    hook_q_normed that times the norm's weight (Gemma's 1 + weight); doubling the scale halves
+    hook_q_normed, and an edit of hook_k_normed flows on to the rotated keys."""
+    model = small_model(kind)
+    batch = padded_batch(kind)
+    attn = blocks(model)[1].self_attn
+    with torch.no_grad():  # weights other than their initial ones (1, or 0 for Gemma's 1 + w)
+        attn.q_norm.weight.normal_(generator=torch.Generator().manual_seed(0))
+    names = [f"blocks.1.attn.{p}" for p in ("hook_q", "hook_k", "hook_rot_k")]
+    names += [f"blocks.1.attn.{n}" for n in ("q_norm.hook_scale", "q_norm.hook_normalized")]
+    names += ["blocks.1.attn.hook_q_normed", "blocks.1.attn.hook_k_normed"]
+    with torch.no_grad(), probe.trace(model, names) as cache:
+        model(**batch)
+    q = cache["blocks.1.attn.hook_q"]
+    scale = (q.pow(2).mean(-1, keepdim=True) + model.config.rms_norm_eps).sqrt()
+    weight = attn.q_norm.weight + (1 if kind == "gemma3_text" else 0)
+    torch.testing.assert_close(cache["blocks.1.attn.q_norm.hook_scale"], scale)
+    torch.testing.assert_close(cache["blocks.1.attn.q_norm.hook_normalized"], q / scale)
+    torch.testing.assert_close(cache["blocks.1.attn.hook_q_normed"], q / scale * weight)
+    doubled = {"blocks.1.attn.q_norm.hook_scale": lambda x, hook: 2 * x}
+    with torch.no_grad(), probe.hooks(model, doubled), probe.trace(model, names[-2]) as edited:
+        model(**batch)
+    torch.testing.assert_close(edited[names[-2]], cache[names[-2]] / 2)
+    zero = {"blocks.1.attn.hook_k_normed": lambda x, hook: torch.zeros_like(x)}
+    with torch.no_grad(), probe.hooks(model, zero), probe.trace(model, names[2]) as edited:
+        model(**batch)
+    assert torch.equal(edited[names[2]], torch.zeros_like(edited[names[2]]))  # rotating 0 gives 0
+
+
+@pytest.mark.parametrize(
+    "kind", ["bert", "roberta", "electra", "distilbert", "albert", "modernbert"]
+)
+def test_embedding_norm_is_editable(kind):
+    """The embeddings' LayerNorm of BERT-like encoders and ModernBERT: hook_normalized · weight
+    + bias is the norm's output, and an edit of its scale does what the same edit by hand does."""
+    model = small_model(kind)
+    batch = padded_batch(kind)
+    ln = model.embeddings.norm if kind == "modernbert" else model.embeddings.LayerNorm
+    outputs = []
+
+    def run():  # the norm's output after the mirror's own hook on it, which edits it
+        handle = ln.register_forward_hook(lambda m, args, out: outputs.append(out))
+        model(**batch)
+        handle.remove()
+
+    names = ["embed_ln.hook_scale", "embed_ln.hook_normalized"]
+    with torch.no_grad(), probe.trace(model, names) as cache:
+        run()
+    with torch.no_grad(), probe.hooks(model, {names[0]: lambda x, hook: 2 * x}):
+        run()
+    normalized = cache["embed_ln.hook_normalized"]
+    bias = 0 if ln.bias is None else ln.bias
+    torch.testing.assert_close(normalized * ln.weight + bias, outputs[0])
+    torch.testing.assert_close(outputs[1], normalized / 2 * ln.weight + bias)
