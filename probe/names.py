@@ -239,7 +239,8 @@ def act_name(name: str, layer: int | None = None, part: str | None = None) -> st
         0-based layer; None for the model's own points: ``act_name("scale")`` is
         ``"ln_final.hook_scale"``.
     part : str, optional
-        ``"ln1"`` or ``"ln2"`` for ``scale`` and ``normalized``; ``"attn"``, ``"mlp"`` or the
+        ``"ln1"``, ``"ln2"`` (``"ln3"`` in a decoder block with cross-attention, Gemma's
+        ``"ln1_post"``…) for ``scale`` and ``normalized``; ``"attn"``, ``"mlp"`` or the
         block (``"b"``) where the name does not say (TransformerLens's aliases: a, m, b).
 
     Returns
@@ -256,7 +257,7 @@ def act_name(name: str, layer: int | None = None, part: str | None = None) -> st
     if point in NORM_POINTS and layer is None:
         return f"ln_final.{point}"
     if point in NORM_POINTS:
-        if part not in ("ln1", "ln2"):
+        if part not in NORMS:
             raise ValueError(f"{name} of layer {layer}: say which norm, e.g. ({name!r}, 0, 'ln1')")
         return hook_name(f"{part}.{point}", layer)
     if point in MLP_POINTS and layer is not None:

@@ -162,3 +162,14 @@ def test_patching_a_rotated_point_of_a_model_without_rotation_is_a_clear_error()
     batch = {"input_ids": torch.tensor([[5, 6, 7]])}
     with pytest.raises(probe.ProbeError, match="only rotary models"):
         probe.patch(model, batch, batch, lambda out: out.last_hidden_state.sum(), hook="hook_rot_q")
+
+
+def test_act_name_takes_every_norm_a_block_has():
+    from probe.names import act_name
+
+    assert act_name("scale", 2, "ln1") == "blocks.2.ln1.hook_scale"
+    assert act_name("normalized", 0, "ln3") == "blocks.0.ln3.hook_normalized"
+    assert act_name("scale", 1, "ln1_post") == "blocks.1.ln1_post.hook_scale"
+    assert act_name("scale") == "ln_final.hook_scale"
+    with pytest.raises(ValueError, match="say which norm"):
+        act_name("scale", 0, "ln9")
