@@ -286,8 +286,10 @@ MODEL_PARTS: dict[str, dict[str, str]] = {
         "encoder_ln_final": "encoder.layer_norm", "decoder_ln_final": "decoder.layer_norm",
     },
     "marian": {"embed": "encoder.embed_tokens", "pos_embed": "encoder.embed_positions"},
-    "t5": {
-        "embed": "encoder.embed_tokens", "encoder_ln_final": "encoder.final_layer_norm",
+    "t5": {  # its positions are a learned bias per head and relative distance (bucketed)
+        "embed": "encoder.embed_tokens",
+        "pos_embed": "encoder.block.0.layer.0.SelfAttention.relative_attention_bias",
+        "encoder_ln_final": "encoder.final_layer_norm",
         "decoder_ln_final": "decoder.final_layer_norm",
     },
     "gpt2": {"embed": "wte", "pos_embed": "wpe", "ln_final": "ln_f"},

@@ -501,7 +501,7 @@ class Mirror:
                 return (point(output[0]), *output[1:])
             if getattr(holder, "heads_first", False):
                 return point(output.transpose(1, 2)).transpose(1, 2)  # Gemma 3's hook_q_normed
-            if suffix == POS_EMBED and output.shape[:-1] != self.positions:
+            if suffix == POS_EMBED and _spreads(output.shape[:-1], self.positions):
                 output = output.expand(*self.positions, -1)  # [1, pos, d] as [batch, pos, d]
             if output.dim() == 2:  # [batch·pos, d_model]
                 return point(output.view(*self.positions, -1)).flatten(0, -2)
@@ -615,6 +615,15 @@ def mirrored(model: PreTrainedModel, point: Callable[[], Point]) -> Iterator[dic
             yield mirror.points
     finally:
         del _ACTIVE[id(model)]
+
+
+def _spreads(shape: torch.Size, positions: torch.Size) -> bool:
+    """Whether position embeddings of ``shape`` are shared by the batch's rows (``[1, pos]`` or
+    ``[pos]``), to be shown ``[batch, pos]``; T5's relative bias, ``[q_pos, k_pos]``, is not."""
+    try:
+        return shape != positions and torch.broadcast_shapes(shape, positions) == positions
+    except RuntimeError:
+        return False
 
 
 def probe_attention(

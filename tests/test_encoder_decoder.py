@@ -147,7 +147,8 @@ def normed(cache, norm: str, module) -> torch.Tensor:
 @pytest.mark.parametrize("kind", KINDS)
 def test_embeddings_and_final_norms(kind):
     """hook_embed is the encoder's token embedding (TransformerLens's meaning), hook_pos_embed
-    its positions where they are learned or sinusoidal (BART, mBART, Marian; T5 has none);
+    its positions where they are learned or sinusoidal (BART, mBART, Marian; on T5, as the
+    bridge's, the encoder's relative position bias [q_pos, k_pos, head]);
     embed_ln and decoder_embed_ln (BART, mBART) give each stack's first hook_resid_pre, and
     encoder_ln_final and decoder_ln_final (mBART, T5) each stack's output."""
     model, batch = small_model(kind), seq2seq_batch()
@@ -159,8 +160,7 @@ def test_embeddings_and_final_norms(kind):
     norms = {"bart": {"embed_ln", "decoder_embed_ln"}, "marian": set()}
     norms["mbart"] = norms["bart"] | {"encoder_ln_final", "decoder_ln_final"}
     expected = norms.get(kind, {"encoder_ln_final", "decoder_ln_final"})
-    positions = {"hook_pos_embed"} if kind in {"bart", "mbart", "marian"} else set()
-    assert has == {"hook_embed", *positions} | {
+    assert has == {"hook_embed", "hook_pos_embed"} | {
         f"{n}.{p}" for n in expected for p in ("hook_scale", "hook_normalized")
     }
     with torch.no_grad():
@@ -178,6 +178,30 @@ def test_embeddings_and_final_norms(kind):
             torch.testing.assert_close(
                 normed(cache, "decoder_ln_final", final), out.last_hidden_state
             )
+
+
+@pytest.mark.parametrize("kind", ["t5", "flan-t5"])
+def test_t5_positions_are_the_relative_bias_the_scores_add(kind):
+    """T5's hook_pos_embed is the encoder's bias per (query, key) distance and head: each layer's
+    scores are q·k plus it on the real keys (T5 does not scale), and an edit moves them."""
+    model, batch = small_model(kind), seq2seq_batch()
+    names = ["hook_pos_embed", "encoder.0.attn.hook_q", "encoder.0.attn.hook_k",
+             "encoder.0.attn.hook_attn_scores"]  # fmt: skip
+    with torch.no_grad(), probe.trace(model, names) as cache:
+        model(**batch)
+    bias = cache["hook_pos_embed"]
+    T = batch["input_ids"].shape[1]
+    assert bias.shape == (T, T, model.config.num_heads)
+    q, k = cache["encoder.0.attn.hook_q"], cache["encoder.0.attn.hook_k"]
+    plain = torch.einsum("bqhd,bkhd->bhqk", q, k)
+    real = batch["attention_mask"].bool()[:, None, None, :].expand_as(plain)
+    scores = cache["encoder.0.attn.hook_attn_scores"]
+    added = (scores - plain)[real]
+    torch.testing.assert_close(added, bias.permute(2, 0, 1).expand_as(plain)[real])
+    zero = {"hook_pos_embed": lambda bias, hook: torch.zeros_like(bias)}
+    with torch.no_grad(), probe.hooks(model, zero), probe.trace(model, names) as edited:
+        model(**batch)
+    torch.testing.assert_close(edited["encoder.0.attn.hook_attn_scores"][real], plain[real])
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -289,9 +289,8 @@ SEQ2SEQ_DEPARTS = {
         for p in NORM_POINTS
     },
 }  # fmt: skip
-# The bridge's points probe has not: T5's relative position bias [q_pos, k_pos, head] (probe has
-# it only inside hook_attn_scores).
-SEQ2SEQ_MISSING = {"t5": {"hook_pos_embed"}}
+# The bridge's points probe has not.
+SEQ2SEQ_MISSING: dict[str, set[str]] = {}
 
 
 def compare_seq2seq(kind):
