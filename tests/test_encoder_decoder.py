@@ -131,10 +131,10 @@ def test_shapes_projections_and_results(kind, attention):
 
 def entering_encoder(model, cache) -> torch.Tensor:
     """What enters the encoder's first block, from hook_embed, hook_pos_embed and the
-    embeddings' norm, as the model sums them."""
+    embeddings' norm, as the model sums them (T5's positions are a bias on the scores)."""
     encoder = model.get_encoder()
     x = cache["hook_embed"] * getattr(encoder, "embed_scale", 1.0)  # Marian scales outside
-    x = x + cache["hook_pos_embed"] if "hook_pos_embed" in cache else x
+    x = x if model.config.model_type == "t5" else x + cache["hook_pos_embed"]
     return encoder.layernorm_embedding(x) if "embed_ln.hook_scale" in cache else x
 
 
