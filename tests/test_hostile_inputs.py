@@ -6,14 +6,16 @@ nothing behind."""
 import gzip
 import hashlib
 import http.server
+import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import tracemalloc
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pytest
@@ -22,7 +24,7 @@ import torch
 from probe.app.output import WriteError, write_file
 from probe.download import fetch
 from probe.errors import ProbeError
-from probe.treebank import SAMPLE, check_conllu, download_url, read_conllu
+from probe.treebank import SAMPLE, check_conllu, download_url, read_conllu, treebank_paths
 
 GOOD = SAMPLE.read_bytes()
 
@@ -114,11 +116,109 @@ def test_options_and_environment_are_checked_before_torch(tmp_path, args, env, m
     assert done.stderr.count("\n") == 1 and list(tmp_path.iterdir()) == []
 
 
-def test_a_pipe_is_named_a_pipe(tmp_path):
-    fifo = tmp_path / "treebank.conllu"
+def feed(fifo: Path, data: bytes, pause: threading.Event | None = None) -> threading.Thread:
+    """A writer thread that gives ``data`` to the FIFO (as ``zcat`` would a process
+    substitution), halfway waiting for ``pause`` to be set when it is given."""
+
+    def write():
+        with open(fifo, "wb") as pipe:
+            pipe.write(data[: len(data) // 2])
+            pipe.flush()
+            if pause is not None:
+                pause.wait(60)
+            with suppress(BrokenPipeError):  # its reader was killed
+                pipe.write(data[len(data) // 2 :])
+
+    thread = threading.Thread(target=write, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_pipe_gives_the_tables_of_the_same_file_and_leaves_nothing(tiny_model, tmp_path):
+    """A FIFO fed a gzip treebank (``<(cat x.conllu.gz)``) is read once, into a copy: the
+    tables equal, byte for byte, those of the same treebank given as a file, the run card names
+    the pipe, and the temporary folder is left as it was."""
+    data = gzip.compress(GOOD)
+    (tmp_path / "t.conllu.gz").write_bytes(data)
+    fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
-    one_line(cli("analyze", "-m", "x", "-t", str(fifo), "-o", str(tmp_path / "r")),
-             "is a pipe or a device, not a file", "save it to a file first")  # fmt: skip
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {"TMPDIR": str(scratch)}
+    args = ["analyze", "-m", str(tiny_model), "-q", "-t"]
+    done = cli(*args, str(tmp_path / "t.conllu.gz"), "-o", str(tmp_path / "file"), env=env)
+    assert done.returncode == 0, done.stderr
+    writer = feed(fifo, data)
+    done = cli(*args, str(fifo), "-o", str(tmp_path / "pipe-run"), env=env)
+    writer.join(10)
+    assert done.returncode == 0, done.stderr
+    tables = sorted(p.relative_to(tmp_path / "file") for p in (tmp_path / "file").rglob("*.csv"))
+    assert len(tables) >= 3 and tables == sorted(
+        p.relative_to(tmp_path / "pipe-run") for p in (tmp_path / "pipe-run").rglob("*.csv")
+    )
+    for table in tables:
+        piped, filed = tmp_path / "pipe-run" / table, tmp_path / "file" / table
+        assert piped.read_bytes() == filed.read_bytes(), table
+    card = json.loads((tmp_path / "pipe-run" / "run.json").read_text())
+    assert card["treebank"] == [str(fifo)]
+    assert card["sentences_analysed"] == len(read_conllu(SAMPLE))
+    assert list(scratch.iterdir()) == []
+
+
+def test_a_run_killed_while_it_reads_a_pipe_leaves_no_copy(tmp_path):
+    """SIGKILL halfway through the pipe: the copy had no name, and none is left."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    pause = threading.Event()
+    writer = feed(fifo, GOOD * 50, pause)
+    run = subprocess.Popen([sys.executable, "-m", "probe.app.cli", "analyze", "-m", "x", "-t",
+                            str(fifo), "-o", str(tmp_path / "r")], env=os.environ | {
+                            "TMPDIR": str(scratch), "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not _reading(run.pid, fifo):
+        time.sleep(0.05)
+    time.sleep(0.5)  # the first half is in the copy, a file without a name
+    copies = [os.readlink(f"/proc/{run.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{run.pid}/fd")]
+    assert any("probe-pipe-" in c and c.endswith("(deleted)") for c in copies), copies
+    run.kill()
+    run.wait(30)
+    pause.set()
+    writer.join(1)
+    assert list(scratch.iterdir()) == [] and not (tmp_path / "r").exists()
+
+
+def _reading(pid: int, fifo: Path) -> bool:
+    """Whether process ``pid`` has the FIFO open."""
+    try:
+        return any(os.path.samefile(os.path.join(f"/proc/{pid}/fd", fd), fifo)
+                   for fd in os.listdir(f"/proc/{pid}/fd"))  # fmt: skip
+    except OSError:
+        return False
+
+
+def test_a_pipe_s_copy_is_removed_where_it_cannot_be_nameless(tmp_path, monkeypatch):
+    """Without /proc/self/fd the copy is a named file of probe's, removed when dropped (at exit
+    for a run); reads of the pipe's name read the copy, messages name the pipe."""
+    from probe import pipes
+
+    monkeypatch.setattr(pipes, "SELF_FD", str(tmp_path / "no-proc" / "{}"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    bad = GOOD + b"1\tx\tx\tX\t_\t_\t7\tdep\t_\t_\n\n"
+    feed(fifo, bad)
+    try:
+        (path,) = treebank_paths([str(fifo)])
+        (copy,) = (tmp_path / "tmp").iterdir()
+        assert path == fifo and copy.read_bytes() == bad and pipes.read_from(fifo) == copy
+        with pytest.raises(ProbeError, match=rf"{fifo}:\d+: head 7 out of range"):
+            read_conllu(path)
+    finally:
+        pipes.forget(fifo)
+    assert list((tmp_path / "tmp").iterdir()) == []
 
 
 def test_out_may_not_hold_the_treebank(tmp_path):
