@@ -103,6 +103,8 @@ assert "torch" not in sys.modules, "torch was imported"
         ([], {"PROBE_HTTP_TIMEOUT": "-1"}, "PROBE_HTTP_TIMEOUT='-1' is not a number of seconds"),
         ([], {"PROBE_HTTP_TIMEOUT": "0"}, "PROBE_HTTP_TIMEOUT='0' is not a number of seconds"),
         ([], {"PROBE_HTTP_DEADLINE": "nan"}, "PROBE_HTTP_DEADLINE='nan' is not a number"),
+        ([], {"PROBE_HTTP_MIN_RATE": "0"}, "PROBE_HTTP_MIN_RATE='0' is not a number of bytes a"),
+        ([], {"PROBE_HTTP_MIN_RATE": "1e400"}, "PROBE_HTTP_MIN_RATE='1e400' is not a number"),
     ],
 )
 def test_options_and_environment_are_checked_before_torch(tmp_path, args, env, message):
@@ -314,10 +316,53 @@ def test_a_trickling_server_meets_the_deadline(tmp_path, monkeypatch):
     monkeypatch.setenv("PROBE_HTTP_TIMEOUT", "5")
     monkeypatch.setenv("PROBE_HTTP_DEADLINE", "1.5")
     start = time.monotonic()
-    late = pytest.raises(ProbeError, match=r"not done after 1\.5 s")
+    late = pytest.raises(
+        ProbeError, match=r"too slow, cut after \d+\.\d s .*PROBE_HTTP_DEADLINE=1\.5 s"
+    )
     with serving({"/t.conllu": "trickle"}) as base, late:
         fetch(f"{base}/t.conllu", tmp_path / "c" / "t.conllu", validate=check_conllu)
     assert time.monotonic() - start < 10 and not list((tmp_path / "c").iterdir())
+
+
+def paced(monkeypatch, stretch: str, rate: str, wait: str):
+    """A ``Pace`` with these settings and a clock the test moves (``clock[0]``, seconds)."""
+    from probe import download
+
+    clock = [0.0]
+    monkeypatch.setattr(download.time, "monotonic", lambda: clock[0])
+    env = {"PROBE_HTTP_DEADLINE": stretch, "PROBE_HTTP_MIN_RATE": rate, "PROBE_HTTP_TIMEOUT": wait}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return download.Pace("x", "hint"), clock
+
+
+def run(pace, clock, pieces) -> float | None:
+    """Feed ``(seconds later, bytes)`` pieces; the clock when the pace cut, or None."""
+    for later, size in pieces:
+        clock[0] += later
+        try:
+            pace.add(size)
+        except ProbeError:
+            return clock[0]
+    return None
+
+
+def test_a_pace_cuts_a_slow_or_stalled_download_and_never_a_steady_one(monkeypatch):
+    """Stretches of 100 s at 1,000 bytes a second, waits of at most 10 s: a steady 1,000 B/s
+    for a day is never cut; 999 B/s is cut at the end of the first stretch; a byte a second
+    after a fast start is cut within two stretches; ten minutes of the caller's own work
+    between two requests (longer than any network wait) does not count."""
+    steady = [(1, 1000)] * 86_400
+    assert run(*paced(monkeypatch, "100", "1000", "10"), steady) is None
+    assert run(*paced(monkeypatch, "100", "1000", "10"), [(1, 999)] * 1000) == 100
+    stall = [(1, 10**6)] * 50 + [(1, 1)] * 1000
+    assert 100 <= run(*paced(monkeypatch, "100", "1000", "10"), stall) <= 250
+    work = [(1, 2000)] * 50 + [(600, 0)] + [(1, 2000)] * 500
+    assert run(*paced(monkeypatch, "100", "1000", "10"), work) is None
+    pace, clock = paced(monkeypatch, "100", "1000", "10")
+    assert run(pace, clock, [(5, 0)] * 30) == 100  # requests without bytes: the network's time
+    with pytest.raises(ProbeError, match=r"x: too slow, cut after 100\.0 s \(0 bytes in the"):
+        pace.add(10**9)  # and once cut, cut
 
 
 @pytest.mark.parametrize(

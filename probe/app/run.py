@@ -225,9 +225,9 @@ LARGEST = 2**63 - 1
 def _check_values(settings: Settings) -> None:
     """The options torch would reject only once imported (seconds later), and the settings
     the environment gives, checked now."""
-    from probe.download import deadline, timeout
+    from probe.download import deadline, min_rate, timeout
 
-    timeout(), deadline()
+    timeout(), deadline(), min_rate()
     if not DEVICE.fullmatch(settings.device):
         known = "cpu, cuda, cuda:N, mps or auto"
         raise ProbeError(f"unknown --device {settings.device!r}; use {known}")
