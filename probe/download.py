@@ -85,10 +85,10 @@ class Pace:
 
     A server that trickles, or stalls after a good start, is cut within one or two stretches;
     a link that keeps the rate is never cut, however large the download. Only time on the
-    network counts: a silence longer than ``PROBE_HTTP_TIMEOUT`` between two requests or pieces
-    cannot be a wait on the network (that wait would have timed out), so it is the caller's own
-    work (loading the weights between two files) and is left out. Safe to use from several
-    threads (the hub client may download files in parallel).
+    network counts: a silence between two requests or pieces longer than twice the longest wait
+    cannot be a wait on the network (that wait would have timed out, and a retry begun), so it
+    is the caller's own work (loading the weights between two files) and is left out. Safe to
+    use from several threads (the hub client may download files in parallel).
 
     Parameters
     ----------
@@ -96,11 +96,13 @@ class Pace:
         Names the download in the message (``model 'acme/bert'``, a URL).
     hint : str
         What to do instead, at the message's end.
+    wait : float, optional
+        The longest one network wait may last; default ``PROBE_HTTP_TIMEOUT``.
     """
 
-    def __init__(self, what: str, hint: str) -> None:
+    def __init__(self, what: str, hint: str, wait: float | None = None) -> None:
         self.what, self.hint = what, hint
-        self.stretch, self.rate, self.idle = deadline(), min_rate(), timeout()
+        self.stretch, self.rate, self.idle = deadline(), min_rate(), 2 * (wait or timeout())
         self.start = self.since = self.last = time.monotonic()
         self.got = 0  # bytes since ``since``
         self.late: str | None = None  # the message, once cut

@@ -7,7 +7,9 @@ itself the hub client retries for a minute and reports each of these as "offline
 downloads that follow wait at most as long on each read (``HF_HUB_DOWNLOAD_TIMEOUT``,
 ``HF_HUB_ETAG_TIMEOUT``, set by ``bound_waits`` before the hub client is imported), and the whole
 download of a model, every file and every call to the hub, keeps the pace a treebank download
-keeps (``paced``; ``probe.download.Pace``).
+keeps (``paced``; ``probe.download.Pace``). Files the hub serves through ``hf_xet`` (its chunked
+storage) bypass that client: ``hf_xet`` times them itself (``HF_HUB_DISABLE_XET=1`` brings them
+under the pace, as plain HTTP downloads).
 """
 
 from __future__ import annotations
@@ -62,13 +64,14 @@ def paced(name: str) -> Iterator[Pace]:
         the interruption).
     """
     global _pace
-    from huggingface_hub import get_session
+    from huggingface_hub import constants, get_session
 
     hooks = get_session().event_hooks  # the client every hub call goes through (xet aside)
     if _count_request not in hooks["request"]:
         hooks["request"].append(_count_request)
         hooks["response"].append(_count_body)
-    pace = Pace(f"model {name!r}", f"try again later, {LOCAL_HINT}")
+    wait = max(timeout(), constants.HF_HUB_DOWNLOAD_TIMEOUT, constants.HF_HUB_ETAG_TIMEOUT)
+    pace = Pace(f"model {name!r}", f"try again later, {LOCAL_HINT}", wait)
     _pace = pace
     try:
         yield pace

@@ -351,7 +351,8 @@ def test_a_pace_cuts_a_slow_or_stalled_download_and_never_a_steady_one(monkeypat
     """Stretches of 100 s at 1,000 bytes a second, waits of at most 10 s: a steady 1,000 B/s
     for a day is never cut; 999 B/s is cut at the end of the first stretch; a byte a second
     after a fast start is cut within two stretches; ten minutes of the caller's own work
-    between two requests (longer than any network wait) does not count."""
+    between two requests (longer than any network wait and its retry) does not count, and the
+    15 s silences of waits that time out and are retried do."""
     steady = [(1, 1000)] * 86_400
     assert run(*paced(monkeypatch, "100", "1000", "10"), steady) is None
     assert run(*paced(monkeypatch, "100", "1000", "10"), [(1, 999)] * 1000) == 100
@@ -359,6 +360,8 @@ def test_a_pace_cuts_a_slow_or_stalled_download_and_never_a_steady_one(monkeypat
     assert 100 <= run(*paced(monkeypatch, "100", "1000", "10"), stall) <= 250
     work = [(1, 2000)] * 50 + [(600, 0)] + [(1, 2000)] * 500
     assert run(*paced(monkeypatch, "100", "1000", "10"), work) is None
+    retries = [(15, 1000)] * 100  # a wait times out (10 s), the retry gets a little, and so on
+    assert run(*paced(monkeypatch, "100", "1000", "10"), retries) == 105
     pace, clock = paced(monkeypatch, "100", "1000", "10")
     assert run(pace, clock, [(5, 0)] * 30) == 100  # requests without bytes: the network's time
     with pytest.raises(ProbeError, match=r"x: too slow, cut after 100\.0 s \(0 bytes in the"):
