@@ -22,6 +22,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import BinaryIO
 
+from probe.distributed import Ranks
 from probe.errors import ProbeError
 
 CHUNK = 1 << 20
@@ -49,11 +50,15 @@ def copy_pipe(path: Path) -> Path:
     ------
     ProbeError
         When the pipe cannot be read, or the copy cannot be written (a full disk: ``TMPDIR``
-        names where it goes).
+        names where it goes), or under torchrun (several processes cannot share one pipe).
     """
     path = Path(path)
     if path in _copies:
         return path
+    processes = Ranks.from_environment().size
+    if processes > 1:  # each would read a part of it, and none the whole
+        raise ProbeError(f"treebank {path} is a pipe, which only one of the run's {processes} "
+                         "processes could read; under torchrun give a file")  # fmt: skip
     try:
         fd, name = tempfile.mkstemp(prefix="probe-pipe-")
     except OSError as e:

@@ -223,6 +223,16 @@ def test_a_pipe_s_copy_is_removed_where_it_cannot_be_nameless(tmp_path, monkeypa
     assert list((tmp_path / "tmp").iterdir()) == []
 
 
+def test_a_pipe_under_torchrun_is_refused(tmp_path, monkeypatch):
+    """Several processes reading one pipe would each get a part of it: refused, before any is
+    read."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ProbeError, match="only one of the run's 2 processes could read"):
+        treebank_paths([str(fifo)])
+
+
 def test_out_may_not_hold_the_treebank(tmp_path):
     from probe.app.output import MARKER
 
