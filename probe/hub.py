@@ -60,8 +60,9 @@ def paced(name: str) -> Iterator[Pace]:
     Raises
     ------
     ProbeError
-        When the download fell below its pace (whatever the hub client or transformers made of
-        the interruption).
+        When the download fell below its pace, or the hub stopped answering or cut the
+        connection while a file came, and the hub client's retries did not help (whatever the
+        hub client or transformers made of the interruption: they call it an unknown model).
     """
     global _pace
     from huggingface_hub import constants, get_session
@@ -75,12 +76,33 @@ def paced(name: str) -> Iterator[Pace]:
     _pace = pace
     try:
         yield pace
-    except BaseException:
-        if pace.late is None:
+    except BaseException as e:
+        if pace.late is not None:
+            raise ProbeError(pace.late) from None
+        broken = _broken(e, wait)
+        if broken is None:
             raise
-        raise ProbeError(pace.late) from None
+        raise ProbeError(f"cannot download model {name!r}: {broken}; try again later, "
+                         f"{LOCAL_HINT}") from None  # fmt: skip
     finally:
         _pace = None
+
+
+def _broken(error: BaseException, wait: float) -> str | None:
+    """What went wrong on the network, if that is what ``error`` (or an error it came from) was:
+    a wait that timed out, or a connection cut short."""
+    from httpx2 import NetworkError, RemoteProtocolError, TimeoutException
+
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, TimeoutException | TimeoutError):
+            return (f"the hub stopped answering while it was downloaded (no answer within "
+                    f"{wait:g} s, PROBE_HTTP_TIMEOUT, and again when retried)")  # fmt: skip
+        if isinstance(error, NetworkError | RemoteProtocolError):
+            return f"the connection to the hub broke while it was downloaded ({error})"
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def _count_request(request) -> None:

@@ -80,6 +80,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 if body and file.name in self.server.trickle:
                     self.trickle(data, headers)
                     return
+                if body and file.name in self.server.silent:
+                    self.send(200, b"", length=len(data), body=False, headers=headers)
+                    self.wfile.write(data[:10])  # and then nothing
+                    self.wfile.flush()
+                    time.sleep(30)
+                    return
                 self.send(200, data, body=body, headers=headers)
                 return
             self.send(404, b"", body=body, headers={"X-Error-Code": "EntryNotFound"})
@@ -108,12 +114,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
 
 @contextmanager
-def serving(routes=None, repos=None, trickle=()):
+def serving(routes=None, repos=None, trickle=(), silent=()):
     """A server on 127.0.0.1 for the block; yields its base URL. The hub's files named in
-    ``trickle`` come a byte a second."""
+    ``trickle`` come a byte a second; of those named in ``silent``, ten bytes come."""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
-    server.routes, server.repos, server.trickle = routes or {}, repos or {}, set(trickle)
+    server.routes, server.repos = routes or {}, repos or {}
+    server.trickle, server.silent = set(trickle), set(silent)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -244,6 +251,22 @@ def test_a_trickling_hub_is_cut_and_the_next_run_fetches_the_model_whole(hub_rep
     assert done.returncode == 0, done.stderr
     (cached,) = hf.rglob("model.safetensors")
     assert cached.read_bytes() == weights and (tmp_path / "r" / "index.html").exists()
+
+
+def test_a_hub_that_falls_silent_mid_file_is_one_line(hub_repos, tmp_path):
+    """The weights' first ten bytes, then silence: after the hub client's retries, one line that
+    says the hub stopped answering (not "unknown model", as transformers has it), and no part
+    of the file in the cache."""
+    hf = tmp_path / "hf"
+    env = {"HF_HUB_OFFLINE": "0", "HF_HOME": str(hf), "PROBE_HTTP_TIMEOUT": "1"}
+    args = ["analyze", "-m", "acme/tiny-bert", "-a", "spectra", "-q", "-o", str(tmp_path / "r")]
+    with serving(repos=hub_repos, silent={"model.safetensors"}) as base:
+        done, seconds = probe_cli(env | {"HF_ENDPOINT": base}, *args)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert "cannot download model 'acme/tiny-bert': the hub stopped answering" in done.stderr
+    assert seconds < 90, seconds
+    files = [p for p in hf.rglob("*") if p.is_file() or p.is_symlink()]
+    assert not [p for p in files if p.name == "model.safetensors" or "incomplete" in p.name]
 
 
 def test_hub_address_follows_the_endpoint_and_proxies(monkeypatch):
