@@ -9,7 +9,8 @@ and the sentences' sources still name the pipe.
 The copy never outlives the process. Where a process can reopen its own open files
 (``/proc/self/fd``, Linux), the copy is unlinked as soon as it is made: it has no name, and the
 system frees it however the process ends, SIGKILL included. Elsewhere it is removed at exit (the
-command line turns SIGTERM and SIGHUP into an exit).
+command line turns SIGTERM and SIGHUP into an exit), and in any case when the run that read it
+ends (``forget_copies``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import atexit
 import os
 import shutil
 import tempfile
+from collections.abc import Iterable
 from contextlib import suppress
 from pathlib import Path
 from typing import BinaryIO
@@ -105,6 +107,14 @@ def _cannot_copy(path: Path, error: OSError) -> str:
     return (f"cannot copy treebank {path} (a pipe, read once) into {tempfile.gettempdir()} "
             f"({error.strerror}); set TMPDIR to a writable folder with room, or save the "
             "treebank to a file")  # fmt: skip
+
+
+def forget_copies(paths: Iterable[Path]) -> None:
+    """Drop the copies of those of ``paths`` that are pipes: a run forgets its own when it ends,
+    so that a later run in the same process, given a new pipe of the same name (``/dev/fd/63``
+    again), reads that pipe, not this copy."""
+    for path in paths:
+        forget(path)
 
 
 def forget(path: Path) -> None:

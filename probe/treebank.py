@@ -343,7 +343,7 @@ def treebank_paths(specs: str | Path | Iterable[str | Path] | None = None) -> li
         for path in found:
             if path.is_dir():
                 raise ProbeError(f"treebank {path} is a folder; give its .conllu file(s)")
-            if is_pipe(path):  # read once, into a copy that later reads read
+            if is_pipe(path) or read_from(path) != path:  # read once, into a copy
                 path = copy_pipe(path)
             elif path.exists() and not path.is_file():
                 raise ProbeError(

@@ -118,9 +118,11 @@ def test_options_and_environment_are_checked_before_torch(tmp_path, args, env, m
     assert done.stderr.count("\n") == 1 and list(tmp_path.iterdir()) == []
 
 
-def feed(fifo: Path, data: bytes, pause: threading.Event | None = None) -> threading.Thread:
+def feed(fifo: Path, data: bytes, pause: threading.Event | None = None,
+         remove: bool = False) -> threading.Thread:  # fmt: skip
     """A writer thread that gives ``data`` to the FIFO (as ``zcat`` would a process
-    substitution), halfway waiting for ``pause`` to be set when it is given."""
+    substitution), halfway waiting for ``pause`` to be set when it is given; and then, with
+    ``remove``, removes the FIFO."""
 
     def write():
         with open(fifo, "wb") as pipe:
@@ -130,6 +132,8 @@ def feed(fifo: Path, data: bytes, pause: threading.Event | None = None) -> threa
                 pause.wait(60)
             with suppress(BrokenPipeError):  # its reader was killed
                 pipe.write(data[len(data) // 2 :])
+        if remove:
+            fifo.unlink()
 
     thread = threading.Thread(target=write, daemon=True)
     thread.start()
@@ -165,6 +169,34 @@ def test_a_pipe_gives_the_tables_of_the_same_file_and_leaves_nothing(tiny_model,
     assert card["treebank"] == [str(fifo)]
     assert card["sentences_analysed"] == len(read_conllu(SAMPLE))
     assert list(scratch.iterdir()) == []
+
+
+def test_two_runs_in_one_process_read_their_own_pipes(tiny_model, tmp_path):
+    """Two commands in one process, each given a new pipe of the same name, which its writer
+    removes once written: each run reads its own pipe whole (the sample, then a part of it)."""
+    from typer.testing import CliRunner
+
+    from probe.app.cli import app
+
+    fifo = tmp_path / "pipe"
+    first_ten = b"\n\n".join(GOOD.split(b"\n\n")[:10]) + b"\n\n"
+    for number, data in enumerate([GOOD, first_ten]):
+        os.mkfifo(fifo)
+        writer = feed(fifo, data, remove=True)
+        out = tmp_path / str(number)
+        args = ["analyze", "-m", str(tiny_model), "-t", str(fifo), "-q", "-o", str(out)]
+        result = CliRunner().invoke(app, args)
+        writer.join(10)
+        assert result.exit_code == 0, result.output
+        card = json.loads((out / "run.json").read_text())
+        assert card["sentences_read"] == len(read_conllu(io_path(tmp_path, data)))
+
+
+def io_path(folder: Path, data: bytes) -> Path:
+    """``data`` as a file (to count its sentences with the reader a file gets)."""
+    path = folder / "expected.conllu"
+    path.write_bytes(data)
+    return path
 
 
 def test_a_run_killed_while_it_reads_a_pipe_leaves_no_copy(tmp_path):

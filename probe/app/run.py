@@ -355,6 +355,7 @@ def analyze(
     """
     run = plan(settings)
     from probe.distributed import Ranks
+    from probe.pipes import forget_copies
 
     ranks = Ranks.from_environment()
     paused = not gc.isenabled()  # see _freeze
@@ -368,6 +369,7 @@ def analyze(
             publish(run, outcome, folder, status)
         return run.output
     finally:
+        forget_copies(run.source.treebank)  # a pipe's copy is this run's alone
         if paused:  # as the caller left it, and what _freeze froze can be freed again
             gc.unfreeze()
             gc.disable()
