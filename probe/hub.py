@@ -85,7 +85,8 @@ def paced(name: str) -> Iterator[Pace]:
         raise ProbeError(f"cannot download model {name!r}: {broken}; try again later, "
                          f"{LOCAL_HINT}") from None  # fmt: skip
     finally:
-        _pace = None
+        if _pace is pace:  # not another thread's, begun since
+            _pace = None
 
 
 def _broken(error: BaseException, wait: float) -> str | None:
