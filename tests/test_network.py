@@ -240,7 +240,7 @@ def test_a_trickling_hub_is_cut_and_the_next_run_fetches_the_model_whole(hub_rep
         done, seconds = probe_cli(env | {"HF_ENDPOINT": base}, *args)
     print(f"\n{seconds:.1f} s for the whole command: {done.stderr.strip()}")
     assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
-    assert "cannot download model 'acme/tiny-bert': too slow, cut after" in done.stderr
+    assert "cannot download model 'acme/tiny-bert': too slow, cut after" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and seconds < 60, seconds
     files = [p for p in hf.rglob("*") if p.is_file() or p.is_symlink()]
     assert not [p for p in files if p.name == "model.safetensors" or "incomplete" in p.name]
@@ -258,13 +258,13 @@ def test_a_hub_that_falls_silent_mid_file_is_one_line(hub_repos, tmp_path):
     says the hub stopped answering (not "unknown model", as transformers has it), and no part
     of the file in the cache."""
     hf = tmp_path / "hf"
-    env = {"HF_HUB_OFFLINE": "0", "HF_HOME": str(hf), "PROBE_HTTP_TIMEOUT": "1"}
+    env = {"HF_HUB_OFFLINE": "0", "HF_HOME": str(hf), "PROBE_HTTP_TIMEOUT": "3"}
     args = ["analyze", "-m", "acme/tiny-bert", "-a", "spectra", "-q", "-o", str(tmp_path / "r")]
     with serving(repos=hub_repos, silent={"model.safetensors"}) as base:
         done, seconds = probe_cli(env | {"HF_ENDPOINT": base}, *args)
     assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
-    assert "cannot download model 'acme/tiny-bert': the hub stopped answering" in done.stderr
-    assert seconds < 90, seconds
+    assert "model 'acme/tiny-bert': the hub stopped answering" in done.stderr, done.stderr
+    assert seconds < 120, seconds
     files = [p for p in hf.rglob("*") if p.is_file() or p.is_symlink()]
     assert not [p for p in files if p.name == "model.safetensors" or "incomplete" in p.name]
 
