@@ -2,11 +2,14 @@
 
 Proxies come from the environment (``HTTPS_PROXY``, ``NO_PROXY``…), as for any urllib client.
 Each connection and read waits at most ``PROBE_HTTP_TIMEOUT`` seconds (default 30), so a server
-that accepts and never answers fails in seconds, not minutes; and the whole transfer ends by
-``PROBE_HTTP_DEADLINE`` seconds (default 1800), so a server that trickles a byte a second ends
-too. The body is streamed to a temporary file beside the cache entry, hashed on the way, checked
-(``validate`` reads it as it would any local file), then renamed into place (``write_file``):
-memory stays flat whatever the file's size, and the cache never holds a part of a file.
+that accepts and never answers fails in seconds, not minutes. The whole transfer keeps a pace
+(``Pace``, for treebanks here and for models in ``probe.hub``): each stretch of
+``PROBE_HTTP_DEADLINE`` seconds (default 1800) must bring ``PROBE_HTTP_MIN_RATE`` bytes a second
+on average (default 100,000), so a server that trickles a byte a second is cut after half an
+hour, while an honest slow link (100 kB/s brings 16 GB in two days) is never cut. The body is
+streamed to a temporary file beside the cache entry, hashed on the way, checked (``validate``
+reads it as it would any local file), then renamed into place (``write_file``): memory stays
+flat whatever the file's size, and the cache never holds a part of a file.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import http.client
 import math
 import os
 import socket
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -28,17 +32,20 @@ from probe.files import WriteError, write_file
 
 TIMEOUT_S = 30.0
 DEADLINE_S = 1800.0
+# Below 100 kB/s (0.8 Mbit/s) a model of 500 MB takes over an hour and a half; a link that slow
+# is told so, and told how to wait longer, rather than left to look hung.
+MIN_RATE = 100_000.0
 CHUNK = 1 << 16
 OFFLINE_HINT = "pass a local .conllu file with --treebank, or leave it out for the bundled EWT dev"
 
 
-def seconds(variable: str, default: float) -> float:
-    """A duration from the environment, checked.
+def seconds(variable: str, default: float, unit: str = "seconds") -> float:
+    """A duration (or another ``unit``) from the environment, checked.
 
     Raises
     ------
     ProbeError
-        For a value that is not a finite number of seconds above 0.
+        For a value that is not a finite number above 0.
     """
     text = os.environ.get(variable, "").strip()
     if not text:
@@ -48,7 +55,7 @@ def seconds(variable: str, default: float) -> float:
     except ValueError:
         value = math.nan
     if not (math.isfinite(value) and value > 0):
-        raise ProbeError(f"{variable}={text!r} is not a number of seconds above 0; give one "
+        raise ProbeError(f"{variable}={text!r} is not a number of {unit} above 0; give one "
                          f"(e.g. {variable}={default:g}) or unset it")  # fmt: skip
     return value
 
@@ -59,8 +66,75 @@ def timeout() -> float:
 
 
 def deadline() -> float:
-    """How long one whole download may last (``PROBE_HTTP_DEADLINE``)."""
+    """How long a download may go at any pace (``PROBE_HTTP_DEADLINE``): ``Pace``'s stretch."""
     return seconds("PROBE_HTTP_DEADLINE", DEADLINE_S)
+
+
+def min_rate() -> float:
+    """The slowest a download may be, in bytes a second over a stretch (``PROBE_HTTP_MIN_RATE``)."""
+    return seconds("PROBE_HTTP_MIN_RATE", MIN_RATE, unit="bytes a second")
+
+
+class TooSlowError(ProbeError):
+    """A download fell below its pace: cut."""
+
+
+class Pace:
+    """The pace a whole download keeps, over all its requests: each stretch of ``deadline()``
+    seconds brings at least ``min_rate()`` bytes a second on average, or the download is cut.
+
+    A server that trickles, or stalls after a good start, is cut within one or two stretches;
+    a link that keeps the rate is never cut, however large the download. Only time on the
+    network counts: a silence between two requests or pieces longer than twice the longest wait
+    cannot be a wait on the network (that wait would have timed out, and a retry begun), so it
+    is the caller's own work (loading the weights between two files) and is left out. Safe to
+    use from several threads (the hub client may download files in parallel).
+
+    Parameters
+    ----------
+    what : str
+        Names the download in the message (``model 'acme/bert'``, a URL).
+    hint : str
+        What to do instead, at the message's end.
+    wait : float, optional
+        The longest one network wait may last; default ``PROBE_HTTP_TIMEOUT``.
+    """
+
+    def __init__(self, what: str, hint: str, wait: float | None = None) -> None:
+        self.what, self.hint = what, hint
+        self.stretch, self.rate, self.idle = deadline(), min_rate(), 2 * (wait or timeout())
+        self.start = self.since = self.last = time.monotonic()
+        self.got = 0  # bytes since ``since``
+        self.late: str | None = None  # the message, once cut
+        self._lock = threading.Lock()
+
+    def add(self, size: int) -> None:
+        """Count ``size`` bytes received (0: a new request), and check the pace.
+
+        Raises
+        ------
+        TooSlowError
+            Once the pace is broken (and at every later call).
+        """
+        with self._lock:
+            now = time.monotonic()
+            if now - self.last > self.idle:  # not the network's time
+                self.since += now - self.last
+            self.last = now
+            self.got += size
+            if self.late is None and now - self.since >= self.stretch:
+                if self.got < self.rate * (now - self.since):
+                    self.late = self._message(now)
+                self.since, self.got = now, 0
+            if self.late is not None:
+                raise TooSlowError(self.late)
+
+    def _message(self, now: float) -> str:
+        return (f"cannot download {self.what}: too slow, cut after {now - self.start:.1f} s "
+                f"({self.got:,} bytes in the last {now - self.since:.1f} s: under "
+                f"PROBE_HTTP_MIN_RATE={self.rate:g} bytes a second over a stretch of "
+                f"PROBE_HTTP_DEADLINE={self.stretch:g} s; set PROBE_HTTP_MIN_RATE lower to wait "
+                f"for a slow link); {self.hint}")  # fmt: skip
 
 
 def fetch(
@@ -86,7 +160,7 @@ def fetch(
     """
     if target.exists():
         return target
-    wait, limit = timeout(), deadline()
+    wait = timeout()
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -98,7 +172,7 @@ def fetch(
 
     def fill(part: Path) -> None:
         with open(part, "wb") as file:
-            digest = _download(url, file, name, wait, limit)
+            digest = _download(url, file, name, wait, Pace(name, OFFLINE_HINT))
         if sha256 is not None and digest != sha256.lower():
             raise ProbeError(
                 f"{name} does not match its pinned SHA-256 (a changed or truncated download); "
@@ -115,11 +189,11 @@ def fetch(
         ) from None
 
 
-def _download(url: str, file, name: str, wait: float, limit: float) -> str:
+def _download(url: str, file, name: str, wait: float, pace: Pace) -> str:
     """Stream ``url``'s body into ``file``; its SHA-256. Every wait lasts at most ``wait``
-    seconds, the whole transfer at most ``limit`` (and one more wait)."""
+    seconds, and the whole transfer keeps ``pace``."""
     request = urllib.request.Request(url, headers={"User-Agent": "probe"})
-    digest, end = hashlib.sha256(), time.monotonic() + limit
+    digest = hashlib.sha256()
     try:
         with urllib.request.urlopen(request, timeout=wait) as response:
             first = True
@@ -133,11 +207,7 @@ def _download(url: str, file, name: str, wait: float, limit: float) -> str:
                 first = False
                 digest.update(chunk)
                 _write(file, chunk, name)
-                if time.monotonic() > end:
-                    raise ProbeError(
-                        f"cannot download {name}: not done after {limit:g} s (the server is too "
-                        f"slow; PROBE_HTTP_DEADLINE sets the limit); {OFFLINE_HINT}"
-                    )
+                pace.add(len(chunk))
             if response.length:  # the connection closed before the promised length
                 raise http.client.IncompleteRead(b"", response.length)
     except urllib.error.HTTPError as e:

@@ -5,18 +5,25 @@ seconds: "not found" (404: a mistyped id), "no permission" (401, 403: private or
 error" (5xx: try later), or "does not answer" (a hub that accepts and never replies). Left to
 itself the hub client retries for a minute and reports each of these as "offline". The
 downloads that follow wait at most as long on each read (``HF_HUB_DOWNLOAD_TIMEOUT``,
-``HF_HUB_ETAG_TIMEOUT``, set by ``bound_waits`` before the hub client is imported).
+``HF_HUB_ETAG_TIMEOUT``, set by ``bound_waits`` before the hub client is imported), and the whole
+download of a model, every file and every call to the hub, keeps the pace a treebank download
+keeps (``paced``; ``probe.download.Pace``). Files the hub serves through ``hf_xet`` (its chunked
+storage) bypass that client: ``hf_xet`` times them itself (``HF_HUB_DISABLE_XET=1`` brings them
+under the pace, as plain HTTP downloads).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-from probe.download import timeout
+from probe.download import Pace, timeout
 from probe.errors import ProbeError
 
 LOCAL_HINT = "or give a local model folder"
@@ -38,6 +45,96 @@ def bound_waits() -> None:
             constants = sys.modules.get("huggingface_hub.constants")
             if constants is not None:  # imported already: it read the environment once
                 setattr(constants, name, seconds)
+
+
+_pace: Pace | None = None  # the model download under way, if any
+
+
+@contextmanager
+def paced(name: str) -> Iterator[Pace]:
+    """Hold every request the hub client makes in the block, and every byte it receives, to one
+    ``Pace``: a hub or mirror that trickles is cut, and the block raises one line naming the model
+    and the time. The file being fetched was the hub client's own temporary file, which it
+    removes: its cache never holds a part of a file, and a later run fetches it anew.
+
+    Raises
+    ------
+    ProbeError
+        When the download fell below its pace, or the hub stopped answering or cut the
+        connection while a file came, and the hub client's retries did not help (whatever the
+        hub client or transformers made of the interruption: they call it an unknown model).
+    """
+    global _pace
+    from huggingface_hub import constants, get_session
+
+    hooks = get_session().event_hooks  # the client every hub call goes through (xet aside)
+    if _count_request not in hooks["request"]:
+        hooks["request"].append(_count_request)
+        hooks["response"].append(_count_body)
+    wait = max(timeout(), constants.HF_HUB_DOWNLOAD_TIMEOUT, constants.HF_HUB_ETAG_TIMEOUT)
+    pace = Pace(f"model {name!r}", f"try again later, {LOCAL_HINT}", wait)
+    _pace = pace
+    try:
+        yield pace
+    except BaseException as e:
+        if pace.late is not None:
+            raise ProbeError(pace.late) from None
+        broken = _broken(e, wait)
+        if broken is None:
+            raise
+        raise ProbeError(f"cannot download model {name!r}: {broken}; try again later, "
+                         f"{LOCAL_HINT}") from None  # fmt: skip
+    finally:
+        if _pace is pace:  # not another thread's, begun since
+            _pace = None
+
+
+def _broken(error: BaseException, wait: float) -> str | None:
+    """What went wrong on the network, if that is what ``error`` (or an error it came from) was:
+    a wait that timed out, or a connection cut short."""
+    from httpx2 import NetworkError, RemoteProtocolError, TimeoutException
+
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, TimeoutException | TimeoutError):
+            return (f"the hub stopped answering while it was downloaded (no answer within "
+                    f"{wait:g} s, PROBE_HTTP_TIMEOUT, and again when retried)")  # fmt: skip
+        if isinstance(error, NetworkError | RemoteProtocolError):
+            return f"the connection to the hub broke while it was downloaded ({error})"
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def _count_request(request) -> None:
+    if _pace is not None:
+        _pace.add(0)
+
+
+def _count_body(response) -> None:
+    if _pace is not None:
+        response.stream = _counted()(response.stream, _pace)
+
+
+@functools.cache
+def _counted() -> type:
+    """The class of a response body whose pieces ``pace`` counts as they arrive (made when first
+    needed: the hub client's HTTP library is not imported before)."""
+    from httpx2 import SyncByteStream
+
+    class Counted(SyncByteStream):
+        def __init__(self, stream, pace: Pace) -> None:
+            self.stream, self.pace = stream, pace
+
+        def __iter__(self) -> Iterator[bytes]:
+            for piece in self.stream:
+                self.pace.add(len(piece))
+                yield piece
+
+        def close(self) -> None:
+            self.stream.close()
+
+    return Counted
 
 
 def ask(name: str, repo: str, revision: str | None = None) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -135,13 +136,15 @@ def load(
     if device_map is not None:
         placement = {"device_map": device_map, "max_memory": max_memory,
                      "offload_folder": offload_folder}  # fmt: skip
+    paced = hub.paced(name_or_path) if unreached is None and not Path(source).exists() else None
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-        dtype = dtype or torch.float32
-        if lm_head:
-            model = _with_lm_head(name_or_path, source, dtype, kwargs, placement)
-        else:
-            model = AutoModel.from_pretrained(source, dtype=dtype, **kwargs, **placement)
+        with paced or nullcontext():  # a download from the hub keeps its pace
+            tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+            dtype = dtype or torch.float32
+            if lm_head:
+                model = _with_lm_head(name_or_path, source, dtype, kwargs, placement)
+            else:
+                model = AutoModel.from_pretrained(source, dtype=dtype, **kwargs, **placement)
     except SafetensorError as e:  # a file in the hub's cache, cut or damaged
         raise ProbeError(f"{name_or_path}: a weight file cannot be read ({e}); it is cut or "
                          "damaged: download it again") from None  # fmt: skip

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from probe.download import fetch
 from probe.errors import ProbeError
+from probe.pipes import copy_pipe, is_pipe, read_from
 
 SAMPLE = Path(__file__).parent / "data" / "sample.conllu"  # hand-written: `--treebank sample`
 # The default corpus: UD English EWT dev (r2.15, 2,001 sentences), CC BY-SA 4.0, "Universal
@@ -166,7 +167,7 @@ def iter_conllu(path: str | Path, name: str | None = None) -> Iterator[Sentence]
 def _text(path: Path, errors: str = "strict") -> io.TextIOWrapper:
     """The file's lines, ungzipped when it is gzip (by its first bytes: a pipe or a download's
     temporary file has no telling name); a byte-order mark is no column."""
-    raw = open(path, "rb")  # noqa: SIM115 (closed by the wrapper returned)
+    raw = open(read_from(path), "rb")  # noqa: SIM115 (closed by the wrapper returned)
     try:
         binary = gzip.GzipFile(fileobj=raw) if raw.peek(2)[:2] == b"\x1f\x8b" else raw
         return io.TextIOWrapper(binary, encoding="utf-8-sig", errors=errors)
@@ -320,8 +321,9 @@ def download_url(spec: str) -> list[Path]:
 
 def treebank_paths(specs: str | Path | Iterable[str | Path] | None = None) -> list[Path]:
     """The local files of ``.conllu`` paths (``.conllu.gz`` too), ``ud:`` names and
-    ``http(s)://`` URLs (downloaded once), and the bundled ``sample`` and ``ewt-dev``; None is
-    ``ewt-dev``. Checks that each exists, so a run fails before any compute starts."""
+    ``http(s)://`` URLs (downloaded once), pipes (``<(zcat x.conllu.gz)``: read once, into a
+    copy, ``probe.pipes``), and the bundled ``sample`` and ``ewt-dev``; None is ``ewt-dev``.
+    Checks that each exists, so a run fails before any compute starts."""
     if specs is None:
         specs = [EWT_DEV]
     elif isinstance(specs, str | Path):
@@ -341,13 +343,14 @@ def treebank_paths(specs: str | Path | Iterable[str | Path] | None = None) -> li
         for path in found:
             if path.is_dir():
                 raise ProbeError(f"treebank {path} is a folder; give its .conllu file(s)")
-            if path.exists() and not path.is_file():
+            if is_pipe(path) or read_from(path) != path:  # read once, into a copy
+                path = copy_pipe(path)
+            elif path.exists() and not path.is_file():
                 raise ProbeError(
-                    f"treebank {path} is a pipe or a device, not a file: probe reads a treebank "
-                    "twice (to count it, then to analyse it); save it to a file first (a "
-                    ".conllu.gz is read as it is)"
+                    f"treebank {path} is a device, not a file or a pipe; give a .conllu file "
+                    "(a .conllu.gz is read as it is)"
                 )
-            if not path.is_file():
+            elif not path.is_file():
                 raise ProbeError(
                     f"treebank {path} does not exist (give a .conllu file or ud:en_ewt)"
                 )

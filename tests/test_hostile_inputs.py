@@ -6,14 +6,16 @@ nothing behind."""
 import gzip
 import hashlib
 import http.server
+import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import tracemalloc
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pytest
@@ -22,7 +24,7 @@ import torch
 from probe.app.output import WriteError, write_file
 from probe.download import fetch
 from probe.errors import ProbeError
-from probe.treebank import SAMPLE, check_conllu, download_url, read_conllu
+from probe.treebank import SAMPLE, check_conllu, download_url, read_conllu, treebank_paths
 
 GOOD = SAMPLE.read_bytes()
 
@@ -101,6 +103,8 @@ assert "torch" not in sys.modules, "torch was imported"
         ([], {"PROBE_HTTP_TIMEOUT": "-1"}, "PROBE_HTTP_TIMEOUT='-1' is not a number of seconds"),
         ([], {"PROBE_HTTP_TIMEOUT": "0"}, "PROBE_HTTP_TIMEOUT='0' is not a number of seconds"),
         ([], {"PROBE_HTTP_DEADLINE": "nan"}, "PROBE_HTTP_DEADLINE='nan' is not a number"),
+        ([], {"PROBE_HTTP_MIN_RATE": "0"}, "PROBE_HTTP_MIN_RATE='0' is not a number of bytes a"),
+        ([], {"PROBE_HTTP_MIN_RATE": "1e400"}, "PROBE_HTTP_MIN_RATE='1e400' is not a number"),
     ],
 )
 def test_options_and_environment_are_checked_before_torch(tmp_path, args, env, message):
@@ -114,11 +118,151 @@ def test_options_and_environment_are_checked_before_torch(tmp_path, args, env, m
     assert done.stderr.count("\n") == 1 and list(tmp_path.iterdir()) == []
 
 
-def test_a_pipe_is_named_a_pipe(tmp_path):
-    fifo = tmp_path / "treebank.conllu"
+def feed(fifo: Path, data: bytes, pause: threading.Event | None = None,
+         remove: bool = False) -> threading.Thread:  # fmt: skip
+    """A writer thread that gives ``data`` to the FIFO (as ``zcat`` would a process
+    substitution), halfway waiting for ``pause`` to be set when it is given; and then, with
+    ``remove``, removes the FIFO."""
+
+    def write():
+        with open(fifo, "wb") as pipe:
+            pipe.write(data[: len(data) // 2])
+            pipe.flush()
+            if pause is not None:
+                pause.wait(60)
+            with suppress(BrokenPipeError):  # its reader was killed
+                pipe.write(data[len(data) // 2 :])
+        if remove:
+            fifo.unlink()
+
+    thread = threading.Thread(target=write, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_pipe_gives_the_tables_of_the_same_file_and_leaves_nothing(tiny_model, tmp_path):
+    """A FIFO fed a gzip treebank (``<(cat x.conllu.gz)``) is read once, into a copy: the
+    tables equal, byte for byte, those of the same treebank given as a file, the run card names
+    the pipe, and the temporary folder is left as it was."""
+    data = gzip.compress(GOOD)
+    (tmp_path / "t.conllu.gz").write_bytes(data)
+    fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
-    one_line(cli("analyze", "-m", "x", "-t", str(fifo), "-o", str(tmp_path / "r")),
-             "is a pipe or a device, not a file", "save it to a file first")  # fmt: skip
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {"TMPDIR": str(scratch)}
+    args = ["analyze", "-m", str(tiny_model), "-q", "-t"]
+    done = cli(*args, str(tmp_path / "t.conllu.gz"), "-o", str(tmp_path / "file"), env=env)
+    assert done.returncode == 0, done.stderr
+    writer = feed(fifo, data)
+    done = cli(*args, str(fifo), "-o", str(tmp_path / "pipe-run"), env=env)
+    writer.join(10)
+    assert done.returncode == 0, done.stderr
+    tables = sorted(p.relative_to(tmp_path / "file") for p in (tmp_path / "file").rglob("*.csv"))
+    assert len(tables) >= 3 and tables == sorted(
+        p.relative_to(tmp_path / "pipe-run") for p in (tmp_path / "pipe-run").rglob("*.csv")
+    )
+    for table in tables:
+        piped, filed = tmp_path / "pipe-run" / table, tmp_path / "file" / table
+        assert piped.read_bytes() == filed.read_bytes(), table
+    card = json.loads((tmp_path / "pipe-run" / "run.json").read_text())
+    assert card["treebank"] == [str(fifo)]
+    assert card["sentences_analysed"] == len(read_conllu(SAMPLE))
+    assert list(scratch.iterdir()) == []
+
+
+def test_two_runs_in_one_process_read_their_own_pipes(tiny_model, tmp_path):
+    """Two commands in one process, each given a new pipe of the same name, which its writer
+    removes once written: each run reads its own pipe whole (the sample, then a part of it)."""
+    from typer.testing import CliRunner
+
+    from probe.app.cli import app
+
+    fifo = tmp_path / "pipe"
+    first_ten = b"\n\n".join(GOOD.split(b"\n\n")[:10]) + b"\n\n"
+    for number, data in enumerate([GOOD, first_ten]):
+        os.mkfifo(fifo)
+        writer = feed(fifo, data, remove=True)
+        out = tmp_path / str(number)
+        args = ["analyze", "-m", str(tiny_model), "-t", str(fifo), "-q", "-o", str(out)]
+        result = CliRunner().invoke(app, args)
+        writer.join(10)
+        assert result.exit_code == 0, result.output
+        card = json.loads((out / "run.json").read_text())
+        assert card["sentences_read"] == len(read_conllu(io_path(tmp_path, data)))
+
+
+def io_path(folder: Path, data: bytes) -> Path:
+    """``data`` as a file (to count its sentences with the reader a file gets)."""
+    path = folder / "expected.conllu"
+    path.write_bytes(data)
+    return path
+
+
+def test_a_run_killed_while_it_reads_a_pipe_leaves_no_copy(tmp_path):
+    """SIGKILL halfway through the pipe: the copy had no name, and none is left."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    pause = threading.Event()
+    writer = feed(fifo, GOOD * 50, pause)
+    run = subprocess.Popen([sys.executable, "-m", "probe.app.cli", "analyze", "-m", "x", "-t",
+                            str(fifo), "-o", str(tmp_path / "r")], env=os.environ | {
+                            "TMPDIR": str(scratch), "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not _reading(run.pid, fifo):
+        time.sleep(0.05)
+    time.sleep(0.5)  # the first half is in the copy, a file without a name
+    copies = [os.readlink(f"/proc/{run.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{run.pid}/fd")]
+    assert any("probe-pipe-" in c and c.endswith("(deleted)") for c in copies), copies
+    run.kill()
+    run.wait(30)
+    pause.set()
+    writer.join(1)
+    assert list(scratch.iterdir()) == [] and not (tmp_path / "r").exists()
+
+
+def _reading(pid: int, fifo: Path) -> bool:
+    """Whether process ``pid`` has the FIFO open."""
+    try:
+        return any(os.path.samefile(os.path.join(f"/proc/{pid}/fd", fd), fifo)
+                   for fd in os.listdir(f"/proc/{pid}/fd"))  # fmt: skip
+    except OSError:
+        return False
+
+
+def test_a_pipe_s_copy_is_removed_where_it_cannot_be_nameless(tmp_path, monkeypatch):
+    """Without /proc/self/fd the copy is a named file of probe's, removed when dropped (at exit
+    for a run); reads of the pipe's name read the copy, messages name the pipe."""
+    from probe import pipes
+
+    monkeypatch.setattr(pipes, "SELF_FD", str(tmp_path / "no-proc" / "{}"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    bad = GOOD + b"1\tx\tx\tX\t_\t_\t7\tdep\t_\t_\n\n"
+    feed(fifo, bad)
+    try:
+        (path,) = treebank_paths([str(fifo)])
+        (copy,) = (tmp_path / "tmp").iterdir()
+        assert path == fifo and copy.read_bytes() == bad and pipes.read_from(fifo) == copy
+        with pytest.raises(ProbeError, match=rf"{fifo}:\d+: head 7 out of range"):
+            read_conllu(path)
+    finally:
+        pipes.forget(fifo)
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_a_pipe_under_torchrun_is_refused(tmp_path, monkeypatch):
+    """Several processes reading one pipe would each get a part of it: refused, before any is
+    read."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ProbeError, match="only one of the run's 2 processes could read"):
+        treebank_paths([str(fifo)])
 
 
 def test_out_may_not_hold_the_treebank(tmp_path):
@@ -214,10 +358,56 @@ def test_a_trickling_server_meets_the_deadline(tmp_path, monkeypatch):
     monkeypatch.setenv("PROBE_HTTP_TIMEOUT", "5")
     monkeypatch.setenv("PROBE_HTTP_DEADLINE", "1.5")
     start = time.monotonic()
-    late = pytest.raises(ProbeError, match=r"not done after 1\.5 s")
+    late = pytest.raises(
+        ProbeError, match=r"too slow, cut after \d+\.\d s .*PROBE_HTTP_DEADLINE=1\.5 s"
+    )
     with serving({"/t.conllu": "trickle"}) as base, late:
         fetch(f"{base}/t.conllu", tmp_path / "c" / "t.conllu", validate=check_conllu)
     assert time.monotonic() - start < 10 and not list((tmp_path / "c").iterdir())
+
+
+def paced(monkeypatch, stretch: str, rate: str, wait: str):
+    """A ``Pace`` with these settings and a clock the test moves (``clock[0]``, seconds)."""
+    from probe import download
+
+    clock = [0.0]
+    monkeypatch.setattr(download.time, "monotonic", lambda: clock[0])
+    env = {"PROBE_HTTP_DEADLINE": stretch, "PROBE_HTTP_MIN_RATE": rate, "PROBE_HTTP_TIMEOUT": wait}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return download.Pace("x", "hint"), clock
+
+
+def run(pace, clock, pieces) -> float | None:
+    """Feed ``(seconds later, bytes)`` pieces; the clock when the pace cut, or None."""
+    for later, size in pieces:
+        clock[0] += later
+        try:
+            pace.add(size)
+        except ProbeError:
+            return clock[0]
+    return None
+
+
+def test_a_pace_cuts_a_slow_or_stalled_download_and_never_a_steady_one(monkeypatch):
+    """Stretches of 100 s at 1,000 bytes a second, waits of at most 10 s: a steady 1,000 B/s
+    for a day is never cut; 999 B/s is cut at the end of the first stretch; a byte a second
+    after a fast start is cut within two stretches; ten minutes of the caller's own work
+    between two requests (longer than any network wait and its retry) does not count, and the
+    15 s silences of waits that time out and are retried do."""
+    steady = [(1, 1000)] * 86_400
+    assert run(*paced(monkeypatch, "100", "1000", "10"), steady) is None
+    assert run(*paced(monkeypatch, "100", "1000", "10"), [(1, 999)] * 1000) == 100
+    stall = [(1, 10**6)] * 50 + [(1, 1)] * 1000
+    assert 100 <= run(*paced(monkeypatch, "100", "1000", "10"), stall) <= 250
+    work = [(1, 2000)] * 50 + [(600, 0)] + [(1, 2000)] * 500
+    assert run(*paced(monkeypatch, "100", "1000", "10"), work) is None
+    retries = [(15, 1000)] * 100  # a wait times out (10 s), the retry gets a little, and so on
+    assert run(*paced(monkeypatch, "100", "1000", "10"), retries) == 105
+    pace, clock = paced(monkeypatch, "100", "1000", "10")
+    assert run(pace, clock, [(5, 0)] * 30) == 100  # requests without bytes: the network's time
+    with pytest.raises(ProbeError, match=r"x: too slow, cut after 100\.0 s \(0 bytes in the"):
+        pace.add(10**9)  # and once cut, cut
 
 
 @pytest.mark.parametrize(

@@ -77,11 +77,31 @@ class Handler(http.server.BaseHTTPRequestHandler):
             if file.is_file():
                 data = file.read_bytes()
                 headers = {"ETag": f'"{hashlib.sha256(data).hexdigest()}"', "X-Repo-Commit": COMMIT}
+                if body and file.name in self.server.trickle:
+                    self.trickle(data, headers)
+                    return
+                if body and file.name in self.server.silent:
+                    self.send(200, b"", length=len(data), body=False, headers=headers)
+                    self.wfile.write(data[:10])  # and then nothing
+                    self.wfile.flush()
+                    time.sleep(30)
+                    return
                 self.send(200, data, body=body, headers=headers)
                 return
             self.send(404, b"", body=body, headers={"X-Error-Code": "EntryNotFound"})
             return
         self.send(404, b"not found", body=body, headers={"X-Error-Code": "RepoNotFound"})
+
+    def trickle(self, data, headers):
+        """The whole file promised, then sent a byte a second (until the client hangs up)."""
+        self.send(200, b"", length=len(data), body=False, headers=headers)
+        try:
+            for byte in data:
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+                time.sleep(1)
+        except OSError:
+            pass
 
     def send(self, status, data, *, body, length=None, headers=None):
         self.send_response(status)
@@ -94,11 +114,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
 
 @contextmanager
-def serving(routes=None, repos=None):
-    """A server on 127.0.0.1 for the block; yields its base URL."""
+def serving(routes=None, repos=None, trickle=(), silent=()):
+    """A server on 127.0.0.1 for the block; yields its base URL. The hub's files named in
+    ``trickle`` come a byte a second; of those named in ``silent``, ten bytes come."""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     server.routes, server.repos = routes or {}, repos or {}
+    server.trickle, server.silent = set(trickle), set(silent)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -203,6 +225,48 @@ def test_an_unreachable_hub_is_one_line_in_seconds(tmp_path):
     )
     assert done.returncode == 1 and "the Hugging Face hub cannot be reached" in done.stderr
     assert "Traceback" not in done.stderr and seconds < 20
+
+
+def test_a_trickling_hub_is_cut_and_the_next_run_fetches_the_model_whole(hub_repos, tmp_path):
+    """A hub that sends the weights a byte a second is cut after one stretch of
+    PROBE_HTTP_DEADLINE (here 2 s, at PROBE_HTTP_MIN_RATE 1000 bytes a second), in one line naming
+    the model and the time; the hub's cache holds no part of the weights; and the next run, on a
+    hub that answers, downloads them whole and writes its report."""
+    hf = tmp_path / "hf"
+    env = {"HF_HUB_OFFLINE": "0", "HF_HOME": str(hf), "PROBE_HTTP_TIMEOUT": "5",
+           "PROBE_HTTP_DEADLINE": "2", "PROBE_HTTP_MIN_RATE": "1000"}  # fmt: skip
+    args = ["analyze", "-m", "acme/tiny-bert", "-a", "spectra", "-q", "-o", str(tmp_path / "r")]
+    with serving(repos=hub_repos, trickle={"model.safetensors"}) as base:
+        done, seconds = probe_cli(env | {"HF_ENDPOINT": base}, *args)
+    print(f"\n{seconds:.1f} s for the whole command: {done.stderr.strip()}")
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert "cannot download model 'acme/tiny-bert': too slow, cut after" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and seconds < 60, seconds
+    files = [p for p in hf.rglob("*") if p.is_file() or p.is_symlink()]
+    assert not [p for p in files if p.name == "model.safetensors" or "incomplete" in p.name]
+    assert not (tmp_path / "r").exists()
+    weights = (hub_repos["acme/tiny-bert"] / "model.safetensors").read_bytes()
+    with serving(repos=hub_repos) as base:
+        done, _ = probe_cli(env | {"HF_ENDPOINT": base}, *args)
+    assert done.returncode == 0, done.stderr
+    (cached,) = hf.rglob("model.safetensors")
+    assert cached.read_bytes() == weights and (tmp_path / "r" / "index.html").exists()
+
+
+def test_a_hub_that_falls_silent_mid_file_is_one_line(hub_repos, tmp_path):
+    """The weights' first ten bytes, then silence: after the hub client's retries, one line that
+    says the hub stopped answering (not "unknown model", as transformers has it), and no part
+    of the file in the cache."""
+    hf = tmp_path / "hf"
+    env = {"HF_HUB_OFFLINE": "0", "HF_HOME": str(hf), "PROBE_HTTP_TIMEOUT": "3"}
+    args = ["analyze", "-m", "acme/tiny-bert", "-a", "spectra", "-q", "-o", str(tmp_path / "r")]
+    with serving(repos=hub_repos, silent={"model.safetensors"}) as base:
+        done, seconds = probe_cli(env | {"HF_ENDPOINT": base}, *args)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert "model 'acme/tiny-bert': the hub stopped answering" in done.stderr, done.stderr
+    assert seconds < 120, seconds
+    files = [p for p in hf.rglob("*") if p.is_file() or p.is_symlink()]
+    assert not [p for p in files if p.name == "model.safetensors" or "incomplete" in p.name]
 
 
 def test_hub_address_follows_the_endpoint_and_proxies(monkeypatch):

@@ -219,6 +219,8 @@ def analyze(
         check(settings)  # before torch is imported: a mistake is answered at once
     except (ProbeError, ContractError) as e:
         _fail(str(e))
+    except KeyboardInterrupt:  # while a pipe given as --treebank is read, say
+        _fail("interrupted; no report was written")
     _run(settings, quiet or not Ranks.from_environment().leader)  # under torchrun, rank 0 speaks
 
 

@@ -227,9 +227,9 @@ LARGEST = 2**63 - 1
 def _check_values(settings: Settings) -> None:
     """The options torch would reject only once imported (seconds later), and the settings
     the environment gives, checked now."""
-    from probe.download import deadline, timeout
+    from probe.download import deadline, min_rate, timeout
 
-    timeout(), deadline()
+    timeout(), deadline(), min_rate()
     if not DEVICE.fullmatch(settings.device):
         known = "cpu, cuda, cuda:N, mps or auto"
         raise ProbeError(f"unknown --device {settings.device!r}; use {known}")
@@ -357,6 +357,7 @@ def analyze(
     """
     run = plan(settings)
     from probe.distributed import Ranks
+    from probe.pipes import forget_copies
 
     ranks = Ranks.from_environment()
     paused = not gc.isenabled()  # see _freeze
@@ -370,6 +371,7 @@ def analyze(
             publish(run, outcome, folder, status)
         return run.output
     finally:
+        forget_copies(run.source.treebank)  # a pipe's copy is this run's alone
         if paused:  # as the caller left it, and what _freeze froze can be freed again
             gc.unfreeze()
             gc.disable()
