@@ -7,9 +7,10 @@ itself the hub client retries for a minute and reports each of these as "offline
 downloads that follow wait at most as long on each read (``HF_HUB_DOWNLOAD_TIMEOUT``,
 ``HF_HUB_ETAG_TIMEOUT``, set by ``bound_waits`` before the hub client is imported), and the whole
 download of a model, every file and every call to the hub, keeps the pace a treebank download
-keeps (``paced``; ``probe.download.Pace``). Files the hub serves through ``hf_xet`` (its chunked
-storage) bypass that client: ``hf_xet`` times them itself (``HF_HUB_DISABLE_XET=1`` brings them
-under the pace, as plain HTTP downloads).
+keeps (``paced``; ``probe.download.Pace``). Files the hub keeps in its chunked storage come as
+plain HTTP downloads through that client, paced too: ``bound_waits`` sets
+``HF_HUB_DISABLE_XET=1`` unless the user set it, since ``hf_xet``'s own transfers bypass the
+client and its deadlines (``HF_HUB_DISABLE_XET=0`` for its speed, without the pace).
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ LOCAL_HINT = "or give a local model folder"
 
 
 def bound_waits() -> None:
-    """Let the hub client wait on each read no longer than probe does (unless set already);
-    ``probe.load`` calls it, and the command line before the client is imported.
+    """Let the hub client wait on each read no longer than probe does, and fetch every file
+    through its own HTTP client, where the pace sees it (unless set already); ``probe.load``
+    calls it, and the command line before the client is imported.
 
     Raises
     ------
@@ -39,12 +41,14 @@ def bound_waits() -> None:
         For a ``PROBE_HTTP_TIMEOUT`` that is not a number of seconds.
     """
     seconds = max(1, round(timeout()))
-    for name in ("HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT"):
+    settings = {"HF_HUB_ETAG_TIMEOUT": seconds, "HF_HUB_DOWNLOAD_TIMEOUT": seconds,
+                "HF_HUB_DISABLE_XET": True}  # fmt: skip
+    for name, value in settings.items():
         if name not in os.environ:
-            os.environ[name] = str(seconds)
+            os.environ[name] = str(int(value))
             constants = sys.modules.get("huggingface_hub.constants")
             if constants is not None:  # imported already: it read the environment once
-                setattr(constants, name, seconds)
+                setattr(constants, name, value)
 
 
 _pace: Pace | None = None  # the model download under way, if any

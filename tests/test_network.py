@@ -318,3 +318,25 @@ def test_download_failures_are_one_line_and_cache_nothing(
         fetch(f"{base}/t.conllu", target, sha256=pin, validate=read_conllu)
     assert time.monotonic() - start < 5
     assert not list((tmp_path / "cache").iterdir())  # nothing cached, no part file
+
+
+BOUND = """
+import os, sys
+import huggingface_hub.constants as constants
+from probe.hub import bound_waits
+bound_waits()
+xet = os.environ["HF_HUB_DISABLE_XET"]
+print(constants.HF_HUB_DISABLE_XET, constants.HF_HUB_DOWNLOAD_TIMEOUT, xet)
+"""
+
+
+@pytest.mark.parametrize(("given", "expected"), [(None, "True 7 1"), ("0", "False 7 0")])
+def test_every_hub_file_comes_through_the_paced_client_unless_the_user_says(given, expected):
+    """hf_xet's transfers bypass the hub client that the pace watches: probe turns them off,
+    even when the client was imported first, and leaves the user's own setting alone."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_HUB_")}
+    env |= {"PROBE_HTTP_TIMEOUT": "7"} | ({"HF_HUB_DISABLE_XET": given} if given else {})
+    done = subprocess.run([sys.executable, "-c", BOUND], capture_output=True, text=True, env=env,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == expected.split()
