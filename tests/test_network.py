@@ -161,10 +161,16 @@ def hub_repos(tmp_path_factory):
     }
 
 
+# What probe.hub.bound_waits sets in a process's environment: earlier tests that ran the command
+# line in this process left them here, and a child given them would not derive its own.
+BOUND = ("HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT", "HF_HUB_DISABLE_XET")
+
+
 def probe_cli(env: dict, *args: str, cwd=None) -> tuple[subprocess.CompletedProcess, float]:
     start = time.monotonic()
+    inherited = {k: v for k, v in os.environ.items() if k not in BOUND}
     done = subprocess.run([sys.executable, "-m", "probe.app.cli", *args], capture_output=True,
-                          text=True, env=os.environ | env, cwd=cwd, timeout=300)  # fmt: skip
+                          text=True, env=inherited | env, cwd=cwd, timeout=300)  # fmt: skip
     return done, time.monotonic() - start
 
 
@@ -320,7 +326,7 @@ def test_download_failures_are_one_line_and_cache_nothing(
     assert not list((tmp_path / "cache").iterdir())  # nothing cached, no part file
 
 
-BOUND = """
+BOUND_SCRIPT = """
 import os, sys
 import huggingface_hub.constants as constants
 from probe.hub import bound_waits
@@ -336,7 +342,7 @@ def test_every_hub_file_comes_through_the_paced_client_unless_the_user_says(give
     even when the client was imported first, and leaves the user's own setting alone."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_HUB_")}
     env |= {"PROBE_HTTP_TIMEOUT": "7"} | ({"HF_HUB_DISABLE_XET": given} if given else {})
-    done = subprocess.run([sys.executable, "-c", BOUND], capture_output=True, text=True, env=env,
-                          timeout=120)  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", BOUND_SCRIPT], capture_output=True, text=True,
+                          env=env, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == expected.split()
