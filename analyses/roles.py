@@ -16,7 +16,7 @@ from analyses.figures import Figure, Plot
 from analyses.vocabulary import Role, Thresholds
 from probe.keys import poisson, uniform
 from probe.lazy import lazy
-from probe.numerics import entropy, pairwise_js
+from probe.numerics import pairwise_js
 from probe.units import Either
 
 if TYPE_CHECKING:
@@ -137,7 +137,6 @@ class Roles(Analysis):
         first = torch.arange(T, device=real.device)[None] == real.float().argmax(1, keepdim=True)
         kinds = [batch.special, punct, batch.special & first, batch.special & ~first]
         self._key_kinds = torch.stack(kinds, -1).float()  # [B, T, 4]
-        self._offsets = torch.arange(T, device=real.device) + MAX_OFFSETS[0]
         self._has_cls = batch.special[:, 0] & (not self.context.causal)
         self.queries += int(real.sum())
         self.normalisable += int((real & (keys > 1)).sum())
@@ -166,8 +165,7 @@ class Roles(Analysis):
         p, rows, keys = block.pattern, block.rows, block.keys  # p: [B, H, rows, keys]
         B, H, b, _ = p.shape
         real = self._real[:, rows]  # [B, rows]
-        entropies = entropy(p)  # [B, H, rows]
-        confidence, argmax = p.max(-1)
+        entropies, confidence = block.summary  # [B, H, rows] each
         # Per sentence and head: the attention the real queries give each kind of key (special,
         # punct, cls_like, sep_like), then the sums over real queries of self, entropy,
         # normalised entropy and confidence.
@@ -186,8 +184,7 @@ class Roles(Analysis):
         # Where each query's maximum lies, relative to the query: offsets -2…+2 counted at once
         # (anything else, and padding queries, in one more bin).
         n = len(MAX_OFFSETS)
-        offset = argmax + keys.start - self._offsets[rows]  # 0 for the first offset
-        offset.masked_fill_((offset < 0) | (offset >= n) | (real[:, None] == 0), n)
+        offset = block.max_at(MAX_OFFSETS).masked_fill_(real[:, None] == 0, n)
         at_each = p.new_zeros(B, H, n + 1).scatter_add_(2, offset, p.new_ones(()).expand(B, H, b))
         at_each = at_each[..., :n]
         at = at_each.sum(0)  # [H, offset]
