@@ -53,6 +53,7 @@ JS_QUERY_SHARE = 1 / 32
 # ... but at most about this many numbers of sampled rows per input (64 MiB of float32): a
 # 32,768-token input of a 2 × 4-head model keeps 64 queries. Sentences are far below it.
 JS_CELLS = 2**24
+JS_GROUPS = 8  # of a causal model's sampled queries, each measured over the keys it sees
 # The head map's SMACOF (scikit-learn's MDS) stops when an iteration lowers the stress by less
 # than this share of the distances' sum of squares (the stress is then within 1e-4 of its
 # minimum, far below what a figure shows), or after this many iterations.
@@ -215,7 +216,16 @@ class Roles(Analysis):
             self._rows[layer, :, here, block.keys] = picked.transpose(0, 1)
 
     def end_batch(self, batch: Batch) -> None:
-        self._add_js(self._rows.flatten(0, 1))
+        rows = self._rows.flatten(0, 1)  # [L·H, sampled, T]
+        if not self.context.causal:
+            return self._add_js(rows)
+        # A causal query sees no key after itself, and zero weights add nothing: the sampled
+        # queries, by position, in groups measured over the keys their last one sees (half the
+        # work of a long input's full rows)
+        position = self._sample[1]
+        for group in position.argsort(stable=True).tensor_split(JS_GROUPS):
+            if len(group):
+                self._add_js(rows[:, group, : int(position[group].max()) + 1])
 
     def _add_js(self, q: torch.Tensor) -> None:
         """Add Σ over sampled queries of JS(head a, head b), from each head's attention on the
