@@ -167,25 +167,26 @@ class Roles(Analysis):
         B, H, b, _ = p.shape
         real = self._real[:, rows]  # [B, rows]
         entropies, confidence = block.summary  # [B, H, rows] each
+        near = block.at_offsets(MAX_OFFSETS)  # [B, H, rows, offset]: weights on keys -2…+2
         # Per sentence and head: the attention the real queries give each kind of key (special,
         # punct, cls_like, sep_like), then the sums over real queries of self, entropy,
         # normalised entropy and confidence.
         received = (real[:, None, None] @ p).squeeze(2)  # [B, H, keys]: each key's share
+        normalised = entropies * self._normaliser[:, None, rows]
         per_query = torch.stack(
-            [block.at_offset(0), entropies, entropies * self._normaliser[:, None, rows],
-             confidence], 2
+            [near[..., MAX_OFFSETS.index(0)], entropies, normalised, confidence], 2
         )  # fmt: skip
         per_sentence = torch.cat(
             [received @ self._key_kinds[:, keys], (per_query @ real[:, None, :, None]).squeeze(-1)],
             -1,
         )  # [B, H, 8]
         sums = per_sentence.sum(0).T
-        previous = (block.at_offset(-1) * real[:, None]).sum((0, 2))  # q -> q-1
-        following = (block.at_offset(1) * self._next[:, None, rows]).sum((0, 2))  # q -> q+1
+        previous = (near[..., MAX_OFFSETS.index(-1)] * real[:, None]).sum((0, 2))  # q -> q-1
+        following = (near[..., MAX_OFFSETS.index(1)] * self._next[:, None, rows]).sum((0, 2))
         # Where each query's maximum lies, relative to the query: offsets -2…+2 counted at once
         # (anything else, and padding queries, in one more bin).
         n = len(MAX_OFFSETS)
-        offset = block.max_at(MAX_OFFSETS).masked_fill_(real[:, None] == 0, n)
+        offset = block.max_at(MAX_OFFSETS, near).masked_fill_(real[:, None] == 0, n)
         at_each = p.new_zeros(B, H, n + 1).scatter_add_(2, offset, p.new_ones(()).expand(B, H, b))
         at_each = at_each[..., :n]
         at = at_each.sum(0)  # [H, offset]

@@ -88,10 +88,11 @@ class RowBlock:
         s.sub_(s.amax(-1, keepdim=True))
         return top.log().neg_().sub_(s.mul_(p).sum(-1)), top
 
-    def max_at(self, offsets: Sequence[int]) -> torch.Tensor:
+    def max_at(self, offsets: Sequence[int], near: torch.Tensor | None = None) -> torch.Tensor:
         """Which of ``offsets`` (relative to each query, consecutive and ascending) holds the
         query's first largest weight, the key ``p.max(-1)`` names: ``[batch, head, rows]``
-        long, with ``len(offsets)`` for a key outside them.
+        long, with ``len(offsets)`` for a key outside them. ``near``: ``at_offsets(offsets)``,
+        when the caller has it.
 
         The first largest weight lies at the first offset that holds ``top``, unless a key
         before the offsets holds it too; that is read from each row's largest weight before its
@@ -110,7 +111,8 @@ class RowBlock:
             before = corner.masked_fill(column >= start[:, None], -1).amax(-1)
         if edge:
             before = torch.maximum(before, p[..., :edge].amax(-1))
-        held = torch.stack([self.at_offset(o) for o in offsets], -1) == top[..., None]
+        near = self.at_offsets(offsets) if near is None else near
+        held = near == top[..., None]
         held &= (before < top)[..., None]
         return torch.where(held.any(-1), held.byte().argmax(-1), len(offsets))
 
@@ -126,12 +128,17 @@ class RowBlock:
     def at_offset(self, offset: int) -> torch.Tensor:
         """Each query's weight on the key ``offset`` after it (before it, when negative),
         ``[batch, head, rows]``: 0 where that key is not among ``keys``."""
+        return self.at_offsets((offset,))[..., 0]
+
+    def at_offsets(self, offsets: Sequence[int]) -> torch.Tensor:
+        """``at_offset`` of each of ``offsets`` at once: ``[batch, head, rows, offset]``."""
         B, H, b, K = self.pattern.shape
-        query = torch.arange(self.rows.start, self.rows.start + b, device=self.pattern.device)
-        column = query + offset - self.keys.start
+        device = self.pattern.device
+        query = torch.arange(self.rows.start, self.rows.start + b, device=device)
+        column = query[:, None] + torch.tensor(offsets, device=device) - self.keys.start
         inside = (column >= 0) & (column < K)
-        index = column.clamp(0, max(K - 1, 0)).expand(B, H, b)[..., None]
-        return self.pattern.gather(-1, index).squeeze(-1) * inside
+        index = column.clamp(0, max(K - 1, 0)).expand(B, H, b, len(offsets))
+        return self.pattern.gather(-1, index) * inside
 
 
 @dataclass(frozen=True)
