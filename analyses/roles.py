@@ -166,8 +166,12 @@ class Roles(Analysis):
         p, rows, keys = block.pattern, block.rows, block.keys  # p: [B, H, rows, keys]
         B, H, b, _ = p.shape
         real = self._real[:, rows]  # [B, rows]
-        entropies, confidence = block.summary  # [B, H, rows] each
         near = block.at_offsets(MAX_OFFSETS)  # [B, H, rows, offset]: weights on keys -2…+2
+        # Which offset holds each query's largest weight (first: it reads the row's maximum
+        # beside the maximum before the offsets, in one pass)
+        n = len(MAX_OFFSETS)
+        offset = block.max_at(MAX_OFFSETS, near).masked_fill_(real[:, None] == 0, n)
+        entropies, confidence = block.summary  # [B, H, rows] each
         # Per sentence and head: the attention the real queries give each kind of key (special,
         # punct, cls_like, sep_like), then the sums over real queries of self, entropy,
         # normalised entropy and confidence.
@@ -185,8 +189,6 @@ class Roles(Analysis):
         following = (near[..., MAX_OFFSETS.index(1)] * self._next[:, None, rows]).sum((0, 2))
         # Where each query's maximum lies, relative to the query: offsets -2…+2 counted at once
         # (anything else, and padding queries, in one more bin).
-        n = len(MAX_OFFSETS)
-        offset = block.max_at(MAX_OFFSETS, near).masked_fill_(real[:, None] == 0, n)
         at_each = p.new_zeros(B, H, n + 1).scatter_add_(2, offset, p.new_ones(()).expand(B, H, b))
         at_each = at_each[..., :n]
         at = at_each.sum(0)  # [H, offset]

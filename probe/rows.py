@@ -74,6 +74,11 @@ class RowBlock:
         return cls(rows, keys, pattern.float(), attention)
 
     @cached_property
+    def top(self) -> torch.Tensor:
+        """Each query's largest weight, ``[batch, head, rows]``."""
+        return self.pattern.amax(-1)
+
+    @cached_property
     def summary(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Each query's entropy -Σ p log p (nats) and largest weight, ``[batch, head, rows]``.
 
@@ -81,8 +86,7 @@ class RowBlock:
         log Σ exp s' - Σ p s', and log Σ exp s' = -log max p (the softmax's largest weight is
         1 / Σ exp s'), which spares a logarithm of every weight.
         """
-        p, s = self.pattern, self.scores
-        top = p.amax(-1)
+        p, s, top = self.pattern, self.scores, self.top
         if s is None:
             return entropy(p), top
         s.sub_(s.amax(-1, keepdim=True))
@@ -99,18 +103,23 @@ class RowBlock:
         offsets (one vectorised maximum, and a b × b corner), for ``max`` with indices reads a
         row one number at a time.
         """
-        p, top = self.pattern, self.summary[1]
+        p = self.pattern
         b, K = p.shape[-2:]
         query = torch.arange(self.rows.start, self.rows.start + b, device=p.device)
         start = query + offsets[0] - self.keys.start  # each row's first offset, as a column
         edge = min(max(int(start[0]), 0), K)  # keys before it come before every row's offsets
+        first = p[..., :edge].amax(-1) if edge else None
+        if first is not None and "top" not in self.__dict__:  # the rest of the row, for ``top``
+            rest = p[..., edge:].amax(-1) if edge < K else first  # (a maximum is exact)
+            self.__dict__["top"] = torch.maximum(first, rest)
+        top = self.top
         corner = p[..., edge : edge + b]
         column = torch.arange(edge, edge + corner.shape[-1], device=p.device)
         before = p.new_full(p.shape[:-1], -1.0)
         if corner.shape[-1]:
             before = corner.masked_fill(column >= start[:, None], -1).amax(-1)
-        if edge:
-            before = torch.maximum(before, p[..., :edge].amax(-1))
+        if first is not None:
+            before = torch.maximum(before, first)
         near = self.at_offsets(offsets) if near is None else near
         held = near == top[..., None]
         held &= (before < top)[..., None]

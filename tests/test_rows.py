@@ -147,11 +147,16 @@ def test_each_querys_summary_is_its_rows(kind):
                 query = torch.arange(block.rows.start, block.rows.stop)
                 offset = index + block.keys.start - query + 2
                 offset[(offset < 0) | (offset > 4)] = 5
-                for made in (block, RowBlock(block.rows, block.keys, p)):
+                # with the scores or without, where the maximum lies asked after or before
+                again = s.block(block.rows)
+                for made in (block, RowBlock(block.rows, block.keys, p), again):
+                    where = made.max_at((-2, -1, 0, 1, 2)) if made is again else None
                     entropies, largest = made.summary
                     torch.testing.assert_close(entropies, want, atol=2e-6, rtol=1e-5)
-                    assert torch.equal(largest, top)
-                    assert torch.equal(made.max_at((-2, -1, 0, 1, 2)), offset)
+                    assert torch.equal(largest, top) and torch.equal(made.top, top)
+                    if where is None:
+                        where = made.max_at((-2, -1, 0, 1, 2))
+                    assert torch.equal(where, offset)
 
 
 def test_the_first_of_tied_maxima_is_found():
