@@ -16,7 +16,7 @@ from analyses.figures import Figure, Plot
 from analyses.vocabulary import Role, Thresholds
 from probe.keys import poisson, uniform
 from probe.lazy import lazy
-from probe.numerics import entropy, pairwise_js
+from probe.numerics import pairwise_js
 from probe.units import Either
 
 if TYPE_CHECKING:
@@ -53,6 +53,7 @@ JS_QUERY_SHARE = 1 / 32
 # ... but at most about this many numbers of sampled rows per input (64 MiB of float32): a
 # 32,768-token input of a 2 × 4-head model keeps 64 queries. Sentences are far below it.
 JS_CELLS = 2**24
+JS_GROUPS = 8  # of a causal model's sampled queries, each measured over the keys it sees
 # The head map's SMACOF (scikit-learn's MDS) stops when an iteration lowers the stress by less
 # than this share of the distances' sum of squares (the stress is then within 1e-4 of its
 # minimum, far below what a figure shows), or after this many iterations.
@@ -138,7 +139,6 @@ class Roles(Analysis):
         first = torch.arange(T, device=real.device)[None] == real.float().argmax(1, keepdim=True)
         kinds = [batch.special, punct, batch.special & first, batch.special & ~first]
         self._key_kinds = torch.stack(kinds, -1).float()  # [B, T, 4]
-        self._offsets = torch.arange(T, device=real.device) + MAX_OFFSETS[0]
         self._has_cls = batch.special[:, 0] & (not self.context.causal)
         self.queries += int(real.sum())
         self.normalisable += int((real & (keys > 1)).sum())
@@ -167,28 +167,29 @@ class Roles(Analysis):
         p, rows, keys = block.pattern, block.rows, block.keys  # p: [B, H, rows, keys]
         B, H, b, _ = p.shape
         real = self._real[:, rows]  # [B, rows]
-        entropies = entropy(p)  # [B, H, rows]
-        confidence, argmax = p.max(-1)
+        near = block.at_offsets(MAX_OFFSETS)  # [B, H, rows, offset]: weights on keys -2…+2
+        # Which offset holds each query's largest weight (first: it reads the row's maximum
+        # beside the maximum before the offsets, in one pass)
+        n = len(MAX_OFFSETS)
+        offset = block.max_at(MAX_OFFSETS, near).masked_fill_(real[:, None] == 0, n)
+        entropies, confidence = block.summary  # [B, H, rows] each
         # Per sentence and head: the attention the real queries give each kind of key (special,
         # punct, cls_like, sep_like), then the sums over real queries of self, entropy,
         # normalised entropy and confidence.
         received = (real[:, None, None] @ p).squeeze(2)  # [B, H, keys]: each key's share
+        normalised = entropies * self._normaliser[:, None, rows]
         per_query = torch.stack(
-            [block.at_offset(0), entropies, entropies * self._normaliser[:, None, rows],
-             confidence], 2
+            [near[..., MAX_OFFSETS.index(0)], entropies, normalised, confidence], 2
         )  # fmt: skip
         per_sentence = torch.cat(
             [received @ self._key_kinds[:, keys], (per_query @ real[:, None, :, None]).squeeze(-1)],
             -1,
         )  # [B, H, 8]
         sums = per_sentence.sum(0).T
-        previous = (block.at_offset(-1) * real[:, None]).sum((0, 2))  # q -> q-1
-        following = (block.at_offset(1) * self._next[:, None, rows]).sum((0, 2))  # q -> q+1
+        previous = (near[..., MAX_OFFSETS.index(-1)] * real[:, None]).sum((0, 2))  # q -> q-1
+        following = (near[..., MAX_OFFSETS.index(1)] * self._next[:, None, rows]).sum((0, 2))
         # Where each query's maximum lies, relative to the query: offsets -2…+2 counted at once
         # (anything else, and padding queries, in one more bin).
-        n = len(MAX_OFFSETS)
-        offset = argmax + keys.start - self._offsets[rows]  # 0 for the first offset
-        offset.masked_fill_((offset < 0) | (offset >= n) | (real[:, None] == 0), n)
         at_each = p.new_zeros(B, H, n + 1).scatter_add_(2, offset, p.new_ones(()).expand(B, H, b))
         at_each = at_each[..., :n]
         at = at_each.sum(0)  # [H, offset]
@@ -219,7 +220,16 @@ class Roles(Analysis):
             self._rows[layer, :, here, block.keys] = picked.transpose(0, 1)
 
     def end_batch(self, batch: Batch) -> None:
-        self._add_js(self._rows.flatten(0, 1))
+        rows = self._rows.flatten(0, 1)  # [L·H, sampled, T]
+        if not self.context.causal:
+            return self._add_js(rows)
+        # A causal query sees no key after itself, and zero weights add nothing: the sampled
+        # queries, by position, in groups measured over the keys their last one sees (half the
+        # work of a long input's full rows)
+        position = self._sample[1]
+        for group in position.argsort(stable=True).tensor_split(JS_GROUPS):
+            if len(group):
+                self._add_js(rows[:, group, : int(position[group].max()) + 1])
 
     def _add_js(self, q: torch.Tensor) -> None:
         """Add Σ over sampled queries of JS(head a, head b), from each head's attention on the

@@ -1,14 +1,26 @@
 """Memory and time of the roles and taxonomy analyses on one long text, in blocks of query rows.
 
     python benchmarks/long_context.py [--lengths 4096,8192,16384,32768] [--budget 256MiB]
+                                      [--rounds 3]
 
 A random tiny Llama (2 layers, 4 query heads, 2 key/value heads, d_head 16, RoPE) reads one text
 of T tokens: EWT dev's sentences, joined into one sentence of T MiniLM tokens. For each T, two
 fresh processes: the floor, the model's plain sdpa forward over the tokens; and the analysis,
 the same forward with the roles and taxonomy analyses fed row blocks (``probe.runner.
 stream_rows``), alternating with the floor. Each prints its peak resident memory (ru_maxrss);
-times are CPU seconds (all threads), the floor's and the analysis's from the same process.
+times are CPU seconds (all threads), the floor's and the analysis's from the same process, the
+median of ``--rounds``; the load average beside them says how busy a shared machine was. On a
+busy machine, OpenMP threads that wait for a core spin, and the analysis (thousands of small
+operations per layer, where the floor has one sdpa call) pays for it many times: run with
+OMP_NUM_THREADS=1, or OMP_WAIT_POLICY=PASSIVE, to measure work rather than waiting.
 Goals (issue #29): peak under 2.5 GiB at 32k, growing linearly; time at most 2x the floor.
+
+Where the time goes (32,768 tokens, one thread, CPU seconds, a busy machine): the floor 5.4;
+the blocks alone (the forward up to the last layer's attention, then each layer's scores and
+softmax) 7.9, for a layer's scores and softmax cost about what its sdpa call does; roles adds
+3.8: each query's entropy, largest weight and where it lies 2.5 (five passes over each block),
+the attention each key receives 0.85, the weights on keys -2…+2 0.06, head similarity 0.07,
+the rest (per-block sums, bootstrap) 0.3; taxonomy's sink α nothing measurable.
 """
 
 from __future__ import annotations
@@ -24,8 +36,6 @@ import time
 from pathlib import Path
 
 from _common import ewt_dev
-
-ROUNDS = 1  # timed passes of each over the text per process, after a warm-up on 512 tokens
 
 
 def long_text(tokens: int, tokenizer, path: Path) -> Path:
@@ -49,7 +59,7 @@ def long_text(tokens: int, tokenizer, path: Path) -> Path:
     return path
 
 
-def child(tokens: int, mode: str, budget: str) -> dict:
+def child(tokens: int, mode: str, budget: str, rounds: int) -> dict:
     import torch
     import transformers as tf
 
@@ -88,7 +98,7 @@ def child(tokens: int, mode: str, budget: str) -> dict:
     times: dict[str, list[float]] = {f.__name__: [] for f in passes}
     for f in passes:
         f(batches[0])  # warm-up
-    for _ in range(ROUNDS):
+    for _ in range(rounds):
         for f in passes:
             start = time.process_time()
             f(batches[1])
@@ -98,8 +108,9 @@ def child(tokens: int, mode: str, budget: str) -> dict:
     return {"tokens": batches[1].input_ids.shape[1], "peak_mib": peak, **median}
 
 
-def run(tokens: int, mode: str, budget: str) -> dict:
-    args = [sys.executable, __file__, "--child", str(tokens), mode, "--budget", budget]
+def run(tokens: int, mode: str, budget: str, rounds: int) -> dict:
+    args = [sys.executable, __file__, "--child", str(tokens), mode, "--budget", budget,
+            "--rounds", str(rounds)]  # fmt: skip
     out = subprocess.run(args, capture_output=True, text=True, env=os.environ)
     if out.returncode:
         sys.exit(f"{mode} at {tokens} failed:\n{out.stderr[-3000:]}")
@@ -110,21 +121,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lengths", default="4096,8192,16384,32768")
     parser.add_argument("--budget", default="256MiB", help="--attention-budget of the analysis")
+    parser.add_argument("--rounds", type=int, default=3, help="timed passes of each")
     parser.add_argument("--child", nargs=2, metavar=("TOKENS", "MODE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(int(args.child[0]), args.child[1], args.budget)))
+        print(json.dumps(child(int(args.child[0]), args.child[1], args.budget, args.rounds)))
         return
     print(f"threads {os.environ.get('OMP_NUM_THREADS', 'default')}, budget {args.budget}; "
-          "CPU seconds, median of the rounds")  # fmt: skip
+          f"CPU seconds, median of {args.rounds} rounds; load: 1-minute load average, "
+          f"{os.cpu_count()} cores")  # fmt: skip
     print(f"{'tokens':>7} {'floor s':>8} {'analysis s':>10} {'time x':>7} "
-          f"{'floor MiB':>9} {'analysis MiB':>12}")  # fmt: skip
+          f"{'floor MiB':>9} {'analysis MiB':>12} {'load':>5}")  # fmt: skip
     for tokens in map(int, args.lengths.split(",")):
-        floor, rows = run(tokens, "floor", args.budget), run(tokens, "rows", args.budget)
+        floor = run(tokens, "floor", args.budget, args.rounds)
+        rows = run(tokens, "rows", args.budget, args.rounds)
         ratio = rows["analysis"] / rows["floor"]
         print(f"{rows['tokens']:>7} {rows['floor']:>8.2f} {rows['analysis']:>10.2f} "
-              f"{ratio:>7.2f} {floor['peak_mib']:>9.0f} {rows['peak_mib']:>12.0f}",
-              flush=True)  # fmt: skip
+              f"{ratio:>7.2f} {floor['peak_mib']:>9.0f} {rows['peak_mib']:>12.0f} "
+              f"{os.getloadavg()[0]:>5.1f}", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ from torch import nn
 
 from probe.architectures import blocks
 from probe.errors import ProbeError
-from probe.numerics import entropy
 from probe.rows import RowBlock, Scored, scored
 from probe.sizes import ATTENTION_BUDGET, parse_size
 
@@ -137,7 +136,8 @@ def _sums(block: RowBlock, real: torch.Tensor) -> torch.Tensor:
     key = torch.arange(block.keys.start, block.keys.stop, device=p.device)
     first = p[..., 0] if block.keys.start == 0 else torch.zeros_like(p[..., 0])
     distance = (p * (query[:, None] - key[None]).abs().to(p.dtype)).sum(-1)  # [B, H, rows]
-    per_query = torch.stack([entropy(p), p.max(-1).values, first, block.at_offset(0),
-                             block.at_offset(-1), distance])  # fmt: skip
+    entropies, top = block.summary
+    per_query = torch.stack([entropies, top, first, block.at_offset(0), block.at_offset(-1),
+                             distance])  # fmt: skip
     weights = real[:, block.rows].to(p.dtype)  # [B, rows]
     return (per_query * weights[None, :, None]).sum((1, 3))

@@ -14,12 +14,12 @@ size follows a memory budget (``parse_size``, ``block_rows``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -27,35 +27,104 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from probe.architectures import architecture, blocks, is_encoder_decoder
 from probe.errors import ProbeError
+from probe.numerics import entropy
 from probe.sizes import parse_size  # noqa: F401 (where users of rows find it)
 
 IMPLEMENTATION = "probe_rows"
 # A block holds about this many [batch, head, rows, keys] float32 tensors at once: the scores,
-# the pattern, and a consumer's temporaries (entropy's p·log p, a product with a mask).
+# the pattern, and a consumer's temporaries (a comparison, a product with a mask).
 TENSORS_PER_BLOCK = 4
+# Within the budget, a block of one layer's rows takes about this many bytes: each pass over it
+# (softmax, the row sums and maxima of the statistics) then reads the processor's cache rather
+# than main memory: a 4k-token input's blocks and entropies took a third of the time they took
+# in blocks of 64 MiB. But never fewer than MIN_ROWS rows: each block costs a few dozen
+# operations whatever its size, and at 32k tokens a row of 4 heads is already 512 KiB.
+CACHE_BYTES = 8 * 2**20
+MIN_ROWS = 16
 
 
 def block_rows(budget: int, batch: int, heads: int, keys: int) -> int:
-    """How many query rows a block may hold within ``budget`` bytes (at least one)."""
-    per_row = TENSORS_PER_BLOCK * 4 * batch * heads * max(keys, 1)
-    return max(1, budget // per_row)
+    """How many query rows a block may hold within ``budget`` bytes (at least one), at most
+    about ``CACHE_BYTES`` of them a tensor."""
+    row = 4 * batch * heads * max(keys, 1)
+    return max(1, min(budget // (TENSORS_PER_BLOCK * row), max(MIN_ROWS, CACHE_BYTES // row)))
 
 
 @dataclass(frozen=True)
 class RowBlock:
     """One block of a layer's attention pattern: queries ``rows``, keys ``keys`` (every key
-    outside ``keys`` has weight 0 for these queries)."""
+    outside ``keys`` has weight 0 for these queries).
+
+    A block made by ``Scored.blocks`` lives in memory the next block reuses: read it before
+    asking for the next, and copy what must outlast it.
+    """
 
     rows: slice
     keys: slice
     pattern: torch.Tensor  # [batch, head, rows, keys], float32
     attention: str = "blocks.attn"  # which of the model's attentions (``attentions``)
+    # The scores the pattern is the softmax of, [batch, head, rows, keys] (masked keys at the
+    # lowest float), when they came with it; ``summary`` overwrites them.
+    scores: torch.Tensor | None = field(default=None, repr=False)
 
     @classmethod
     def whole(cls, pattern: torch.Tensor, attention: str = "blocks.attn") -> RowBlock:
         """A whole pattern ``[batch, head, q_pos, k_pos]`` as one block."""
         rows, keys = slice(0, pattern.shape[-2]), slice(0, pattern.shape[-1])
         return cls(rows, keys, pattern.float(), attention)
+
+    @cached_property
+    def top(self) -> torch.Tensor:
+        """Each query's largest weight, ``[batch, head, rows]``."""
+        return self.pattern.amax(-1)
+
+    @cached_property
+    def summary(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each query's entropy -Σ p log p (nats) and largest weight, ``[batch, head, rows]``.
+
+        From the scores, when the block has them: with s' = s - max s, -Σ p log p =
+        log Σ exp s' - Σ p s', and log Σ exp s' = -log max p (the softmax's largest weight is
+        1 / Σ exp s'), which spares a logarithm of every weight.
+        """
+        p, s, top = self.pattern, self.scores, self.top
+        if s is None:
+            return entropy(p), top
+        s.sub_(s.amax(-1, keepdim=True))
+        return top.log().neg_().sub_(s.mul_(p).sum(-1)), top
+
+    def max_at(self, offsets: Sequence[int], near: torch.Tensor | None = None) -> torch.Tensor:
+        """Which of ``offsets`` (relative to each query, consecutive and ascending) holds the
+        query's first largest weight, the key ``p.max(-1)`` names: ``[batch, head, rows]``
+        long, with ``len(offsets)`` for a key outside them. ``near``: ``at_offsets(offsets)``,
+        when the caller has it.
+
+        The first largest weight lies at the first offset that holds ``top``, unless a key
+        before the offsets holds it too; that is read from each row's largest weight before its
+        offsets (one vectorised maximum, and a b × b corner), for ``max`` with indices reads a
+        row one number at a time.
+        """
+        p = self.pattern
+        b, K = p.shape[-2:]
+        query = torch.arange(self.rows.start, self.rows.start + b, device=p.device)
+        start = query + offsets[0] - self.keys.start  # each row's first offset, as a column
+        # the keys before the first row's first offset come before every row's offsets
+        edge = min(max(self.rows.start + offsets[0] - self.keys.start, 0), K)
+        first = p[..., :edge].amax(-1) if edge else None
+        if first is not None and "top" not in self.__dict__:  # the rest of the row, for ``top``
+            rest = p[..., edge:].amax(-1) if edge < K else first  # (a maximum is exact)
+            self.__dict__["top"] = torch.maximum(first, rest)
+        top = self.top
+        corner = p[..., edge : edge + b]
+        column = torch.arange(edge, edge + corner.shape[-1], device=p.device)
+        before = p.new_full(p.shape[:-1], -1.0)
+        if corner.shape[-1]:
+            before = corner.masked_fill(column >= start[:, None], -1).amax(-1)
+        if first is not None:
+            before = torch.maximum(before, first)
+        near = self.at_offsets(offsets) if near is None else near
+        held = near == top[..., None]
+        held &= (before < top)[..., None]
+        return torch.where(held.any(-1), held.byte().argmax(-1), len(offsets))
 
     def full(self, length: int) -> torch.Tensor:
         """The block's rows over all ``length`` keys ``[batch, head, rows, length]`` (zeros
@@ -69,12 +138,17 @@ class RowBlock:
     def at_offset(self, offset: int) -> torch.Tensor:
         """Each query's weight on the key ``offset`` after it (before it, when negative),
         ``[batch, head, rows]``: 0 where that key is not among ``keys``."""
+        return self.at_offsets((offset,))[..., 0]
+
+    def at_offsets(self, offsets: Sequence[int]) -> torch.Tensor:
+        """``at_offset`` of each of ``offsets`` at once: ``[batch, head, rows, offset]``."""
         B, H, b, K = self.pattern.shape
-        query = torch.arange(self.rows.start, self.rows.start + b, device=self.pattern.device)
-        column = query + offset - self.keys.start
+        device = self.pattern.device
+        query = torch.arange(self.rows.start, self.rows.start + b, device=device)
+        column = query[:, None] + torch.tensor(offsets, device=device) - self.keys.start
         inside = (column >= 0) & (column < K)
-        index = column.clamp(0, max(K - 1, 0)).expand(B, H, b)[..., None]
-        return self.pattern.gather(-1, index).squeeze(-1) * inside
+        index = column.clamp(0, max(K - 1, 0)).expand(B, H, b, len(offsets))
+        return self.pattern.gather(-1, index) * inside
 
 
 @dataclass(frozen=True)
@@ -96,32 +170,46 @@ class Scored:
         start = 0 if self.window is None else max(0, rows.start - self.window)
         return slice(start, min(rows.stop, T))
 
-    def block(self, rows: slice) -> RowBlock:
-        """The pattern of the queries ``rows``: ``[batch, head, rows, keys]`` in float32."""
+    def block(self, rows: slice, work: torch.Tensor | None = None) -> RowBlock:
+        """The pattern of the queries ``rows``: ``[batch, head, rows, keys]`` in float32, with
+        its scores; in ``work`` (two such blocks' numbers, float32) when given."""
         keys = self.keys_of(rows)
         q, k = self.query[:, :, rows], self.key[:, :, keys]
         B, H, b, d = q.shape
-        group = H // k.shape[1]  # query heads per key head: h reads key head h // group
-        scores = q.reshape(B, k.shape[1], group * b, d) @ k.transpose(-1, -2)
-        scores = scores.view(B, H, b, -1).float().mul_(self.scaling)
+        G, K = k.shape[1], k.shape[2]  # query head h reads key head h // (H // G)
+        n = B * H * b * K
+        if work is None:
+            work = torch.empty(2, n, device=q.device, dtype=torch.float32)
+        scores, pattern = work[0, :n].view(B, H, b, K), work[1, :n].view(B, H, b, K)
+        q, k = q.reshape(B * G, H // G * b, d), k.reshape(B * G, K, d).transpose(-1, -2)
+        if q.dtype == torch.float32:  # scaled inside the product, into the block's memory
+            torch.baddbmm(scores.view(B * G, -1, K), q, k, beta=0, alpha=self.scaling,
+                          out=scores.view(B * G, -1, K))  # fmt: skip
+        else:  # as the eager attention: the product in the model's dtype
+            scores.view(B * G, -1, K).copy_(q @ k).mul_(self.scaling)
+        lowest = torch.finfo(scores.dtype).min
         if self.mask is not None:
             mask = self.mask[:, :, rows, keys]
             if mask.dtype == torch.bool:  # as the eager mask: the lowest float, not -inf
-                scores.masked_fill_(~mask, torch.finfo(scores.dtype).min)
-            else:
-                scores.add_(mask)
-        elif self.causal:
+                scores.masked_fill_(~mask, lowest)
+            else:  # no -inf, whose product with a weight of 0 is NaN (``RowBlock.summary``)
+                scores.add_(mask).clamp_(min=lowest)
+        elif self.causal:  # only the keys from the block's first query on lie after a query
             query = torch.arange(rows.start, rows.start + b, device=q.device)[:, None]
-            key = torch.arange(keys.start, keys.stop, device=q.device)[None]
-            scores.masked_fill_(key > query, torch.finfo(scores.dtype).min)
-        return RowBlock(rows, keys, F.softmax(scores, dim=-1))
+            key = torch.arange(rows.start, keys.stop, device=q.device)[None]
+            scores[..., rows.start - keys.start :].masked_fill_(key > query, lowest)
+        torch.softmax(scores, -1, out=pattern)
+        return RowBlock(rows, keys, pattern, scores=scores)
 
     def blocks(self, budget: int) -> Iterator[RowBlock]:
-        """The whole pattern in blocks of rows that fit in ``budget`` bytes, in order."""
+        """The whole pattern in blocks of rows that fit in ``budget`` bytes, in order, each in
+        the memory of the one before."""
         B, H, T, _ = self.query.shape
-        size = block_rows(budget, B, H, self.key.shape[-2])
+        size = min(block_rows(budget, B, H, self.key.shape[-2]), T)
+        work = torch.empty(2, B * H * size * self.key.shape[-2], device=self.query.device,
+                           dtype=torch.float32)  # fmt: skip
         for start in range(0, T, size):
-            yield self.block(slice(start, min(start + size, T)))
+            yield self.block(slice(start, min(start + size, T)), work)
 
 
 def rows_unsupported(model: nn.Module) -> str | None:

@@ -251,7 +251,8 @@ def stream_rows(
         A model ``probe.rows.rows_unsupported`` accepts; its first attention is read.
     batches : iterable of Batch
     consumers : sequence of Consumer
-        Each with ``update_rows(batch, layer, block)``.
+        Each that declares ``rows`` has ``update_rows(batch, layer, block)`` called; the others
+        (an analysis that reads no captures) see only the batches.
     budget : int
         Bytes a block of rows may take (``probe.rows.block_rows``).
     """
@@ -261,10 +262,11 @@ def stream_rows(
     device = main_device(model)
     last = len(blocks(model)) - 1
     batch: Batch
+    takers = [c for c in consumers if getattr(c, "rows", False)]
 
     def receive(layer: int, what) -> None:
         for block in what.blocks(budget):
-            for consumer in consumers:
+            for consumer in takers:
                 consumer.update_rows(batch, layer, block)
         if layer == last:  # the last block's MLP feeds no consumer
             raise _AllSeen

@@ -233,3 +233,33 @@ def test_importance_is_not_run_by_default():
     from analyses import REGISTRY, defaults
 
     assert "importance" in REGISTRY and "importance" not in defaults()
+
+
+def test_ablated_passes_run_the_models_sdpa_kernel(monkeypatch):
+    """Ablation reads z alone: importance's forward passes (means, effects, curve, gradient)
+    run the model's own sdpa kernel and never compute a pattern, and give the tables the eager
+    attention gives."""
+    from transformers import AttentionInterface
+
+    import probe.mirror
+
+    tokenizer = byte_level_bpe()
+    model = gpt2_lm()
+    assert model.config._attn_implementation == "sdpa"
+    calls = []
+    sdpa = AttentionInterface._global_mapping["sdpa"]
+    monkeypatch.setitem(AttentionInterface._global_mapping, "sdpa",
+                        lambda *a, **k: calls.append(1) or sdpa(*a, **k))  # fmt: skip
+
+    def no_pattern(*args):
+        raise AssertionError("a pattern was computed")
+
+    monkeypatch.setattr(probe.mirror, "_pattern_beside", no_pattern)
+    fast = importance(model, tokenizer, "mean")[0].finish()
+    # two layers of: the means, the reference, 8 heads, 9 shares of the curve, the gradient
+    assert len(calls) == 2 * (1 + 1 + 8 + 9 + 1)
+    monkeypatch.undo()
+    model.set_attn_implementation("eager")
+    slow = importance(model, tokenizer, "mean")[0].finish()
+    for name, table in slow.items():
+        pd.testing.assert_frame_equal(fast[name], table, check_exact=False, rtol=1e-4, atol=1e-6)

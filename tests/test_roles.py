@@ -178,3 +178,25 @@ def test_memory_does_not_grow_with_the_corpus(analysed):
     for _ in range(20):
         feed(analysis, batch, patterns)
     assert state_bytes() == once
+
+
+def test_js_divergence_of_a_causal_model_against_scipy():
+    """A causal model's sampled queries are measured in groups over the keys they can see: the
+    divergences are those of the whole rows."""
+    tokenizer = wordpiece()
+    batch = next(Corpus([sentence(w) for w in WORDS], tokenizer, max_length=64).batches(3))
+    real = batch.attention_mask.bool()
+    B, T = real.shape
+    torch.manual_seed(2)
+    scores = torch.randn(B, 2, 3, T, T).masked_fill(~torch.ones(T, T).tril().bool(), -1e9)
+    p = torch.softmax(scores, -1)  # [batch, layer, head, q, k], causal
+    analysis = Roles(context(2, 3, causal=True), js_query_share=1.0)
+    feed(analysis, batch, p)
+    expected = np.zeros((6, 6))
+    heads = p.permute(0, 3, 1, 2, 4).reshape(B, T, 6, T)  # [batch, q, layer·head, k]
+    for b, q in real.nonzero().tolist():
+        for x in range(6):
+            for y in range(6):
+                expected[x, y] += jensenshannon(heads[b, q, x], heads[b, q, y]) ** 2
+    assert analysis.js_queries == int(real.sum()) > 3 * 8  # more queries than groups
+    np.testing.assert_allclose(analysis.js.numpy(), expected, atol=1e-5)

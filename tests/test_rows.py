@@ -61,14 +61,15 @@ def test_unpadded_long_input_skips_the_keys_it_cannot_see(kind):
     if kind == "llama":
         assert got[0].mask is None and got[0].causal
     for layer, s in got.items():
-        blocks = list(s.blocks(4 * 4 * 4 * 40 * 7))  # 4 heads, 40 keys: 7 rows a block
-        assert [b.rows.stop - b.rows.start for b in blocks] == [7] * 5 + [5]
-        for block in blocks:
+        sizes = []  # each block is read before the next, which reuses its memory
+        for block in s.blocks(4 * 4 * 4 * 40 * 7):  # 4 heads, 40 keys: 7 rows a block
+            sizes.append(block.rows.stop - block.rows.start)
             assert block.keys.stop == block.rows.stop
             if kind == "mistral":
                 assert block.keys.start == max(0, block.rows.start - 4)
             torch.testing.assert_close(block.full(40), reference[layer][:, :, block.rows],
                                        atol=2e-7, rtol=0)  # fmt: skip
+        assert sizes == [7] * 5 + [5]
 
 
 @pytest.mark.parametrize("kind", ["llama", "bert", "mistral"])
@@ -128,3 +129,40 @@ def test_the_command_line_refuses_a_bad_budget_before_loading(tmp_path):
     assert "--attention-budget takes a size such as 512MiB, 4GiB or 2GB, not 'lots'" in (
         result.output
     )
+
+
+@pytest.mark.parametrize("kind", ["llama", "mistral", "bert", "gpt2"])
+def test_each_querys_summary_is_its_rows(kind):
+    """Entropy and largest weight, from the scores beside the pattern, equal -Σ p log p and
+    ``max`` of the block's rows; and which of the offsets -2…2 holds the first largest weight
+    is where ``max`` puts it. Of a whole pattern, which has no scores, too."""
+    model, inputs = small_model(kind), padded_batch(kind)
+    got, _ = captured(model, inputs)
+    for s in got.values():
+        for size in (1, 3, 4, 15):
+            for block in s.blocks(4 * 4 * 4 * 15 * size):  # blocks of `size` rows (15 keys)
+                p = block.pattern.clone()
+                want = -torch.where(p > 0, p * p.log(), torch.zeros(())).sum(-1)
+                top, index = p.max(-1)
+                query = torch.arange(block.rows.start, block.rows.stop)
+                offset = index + block.keys.start - query + 2
+                offset[(offset < 0) | (offset > 4)] = 5
+                # with the scores or without, where the maximum lies asked after or before
+                again = s.block(block.rows)
+                for made in (block, RowBlock(block.rows, block.keys, p), again):
+                    where = made.max_at((-2, -1, 0, 1, 2)) if made is again else None
+                    entropies, largest = made.summary
+                    torch.testing.assert_close(entropies, want, atol=2e-6, rtol=1e-5)
+                    assert torch.equal(largest, top) and torch.equal(made.top, top)
+                    if where is None:
+                        where = made.max_at((-2, -1, 0, 1, 2))
+                    assert torch.equal(where, offset)
+
+
+def test_the_first_of_tied_maxima_is_found():
+    """Ties, as ``max`` breaks them: the first key; a maximum before the offsets hides those
+    in them."""
+    p = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 1, 0], [1, 0, 0, 1]]) / 2
+    block = RowBlock.whole(p[None, None].float())
+    assert block.max_at((-1, 0)).tolist() == [[[1, 0, 0, 2]]]  # query 3's first is key 0
+    assert block.max_at((0, 1)).tolist() == [[[0, 2, 2, 2]]]

@@ -3,6 +3,9 @@ mirror's eager attention) or in blocks of query rows beside the model's sdpa ker
 (``probe.runner.stream_rows``): on EWT dev sentences, for MiniLM, and for random Llama (GQA,
 RoPE, causal) and Mistral (a sliding window of 4) models that read MiniLM's tokens."""
 
+import json
+
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -15,9 +18,11 @@ from analyses.roles import Roles
 from analyses.taxonomy import Taxonomy
 from probe.corpus import max_tokens
 from probe.runner import stream, stream_rows
+from probe.texts import corpus_spec
 from probe.units import Source
 from probe.units.repeats import RepeatedSequences
 from probe.units.sentences import Sentences
+from probe.units.texts import Texts
 
 SENTENCES = 40
 BUDGET = 4 * 4 * 16 * 12 * 64 * 5  # blocks of about 5 rows: several per sentence
@@ -108,3 +113,85 @@ def test_the_run_reads_rows_where_every_reader_takes_them(tmp_path, monkeypatch)
     assert result.exit_code == 0, result.output
     assert ("stream_rows", "repeats", "sdpa") in seen and ("stream", "sentence", "sdpa") in seen
     assert implementations  # the model's own sdpa computed the outputs
+
+
+def corpus(folder, texts: int = 12) -> str:
+    """A plain-text corpus of ``texts`` lines of random words and punctuation, most of them
+    longer than a window."""
+    rng = np.random.default_rng(3)
+    words = ["the", "cat", "sat", "on", "a", "mat", "dogs", "bark", "at", "night", "she",
+             "said", "it", "rains", ",", ".", "!", "(", ")", "and", "then", "quietly"]  # fmt: skip
+    lines = [" ".join(rng.choice(words, rng.integers(3, 60))) for _ in range(texts)]
+    path = folder / "corpus.txt"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def corpus_tables(model, tokenizer, path: str, rows: bool) -> dict[str, pd.DataFrame]:
+    """roles and taxonomy (sink α) on the corpus's windows of 24 tokens, 5 to a batch."""
+    base = model.base_model
+    made = context(base.config.num_hidden_layers, base.config.num_attention_heads,
+                   causal=model.config.model_type != "bert", model=model,
+                   tokenizer=tokenizer)  # fmt: skip
+    readers = [Roles(made, js_query_share=0.25), Taxonomy(made)]
+    unit = Texts(Source(corpus=corpus_spec(path), context=24), tokenizer, 512)
+    batches = list(unit.batches(20))
+    assert unit.windows > unit.texts > 8 and len(batches) > 1  # texts cut, windows padded
+    if rows:
+        stream_rows(base, batches, readers, BUDGET)
+    else:
+        stream(base, batches, readers)
+    return readers[0].finish() | readers[1].finish()
+
+
+@pytest.mark.parametrize("kind", ["minilm", "llama", "mistral"])
+def test_row_blocks_give_the_whole_patterns_tables_on_a_corpus(kind, minilm, tmp_path):
+    """Every analysis that reads a corpus and takes rows (roles, taxonomy's sink α) gives the
+    same tables on a corpus's windows, cut from longer texts and padded in batches."""
+    model, tokenizer = minilm
+    if kind != "minilm":
+        model = decoder(kind, tokenizer)
+    path = corpus(tmp_path)
+    whole = corpus_tables(model, tokenizer, path, False)
+    blocks = corpus_tables(model, tokenizer, path, True)
+    for name in whole:
+        pd.testing.assert_frame_equal(blocks[name], whole[name], check_exact=False,
+                                      rtol=1e-5, atol=2e-6)  # fmt: skip
+    assert whole["head_similarity"].js_divergence.gt(0).any()
+    assert whole["taxonomy"].sink_queries.iloc[0] > 20
+    assert whole["taxonomy"].sink_alpha.notna().all()
+
+
+def test_a_corpus_streams_in_rows(tmp_path, monkeypatch):
+    """``probe analyze -a roles,taxonomy,importance --corpus`` on the trained GPT-2: the
+    corpus's windows, which show no example sentences and are read by analyses that take rows
+    or read no captures (importance keeps the windows' tokens), stream in row blocks beside
+    sdpa, as the repeats do; no pattern is captured whole."""
+    from induction import MODEL
+    from typer.testing import CliRunner
+
+    import probe.runner
+    from probe.app.cli import app
+
+    seen = []
+    for name in ("stream", "stream_rows"):
+        real = getattr(probe.runner, name)
+
+        def spy(model, batches, consumers, *args, real=real, name=name):
+            batches = list(batches)
+            seen.append((name, batches[0].unit, model.config._attn_implementation))
+            return real(model, batches, consumers, *args)
+
+        monkeypatch.setattr(probe.runner, name, spy)
+    out = tmp_path / "r"
+    args = ["analyze", "-m", str(MODEL), "-a", "roles,taxonomy,importance", "--corpus",
+            corpus(tmp_path), "--context", "24", "--importance-sentences", "4",
+            "--repeat-sequences", "6", "--repeat-length", "10", "-o", str(out), "-q",
+            "--attention-budget", "2KiB"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert sorted(seen) == [("stream_rows", "repeats", "sdpa"), ("stream_rows", "text", "sdpa")]
+    run = json.loads((out / "run.json").read_text())
+    assert run["reads"] == {"roles": ["text"], "taxonomy": ["repeats", "text"],
+                            "importance": ["text"]}  # fmt: skip
+    assert run["inputs"]["text"]["windows"] > 12

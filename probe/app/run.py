@@ -493,9 +493,10 @@ def _stream_unit(run: Plan, name: str, readers, examples, model, tokenizer, rank
         batches = progress(f"analysing {cls.counted or cls.label}", unit.size())(batches)
     consumers = [*readers, *([examples] if examples and cls.examples else [])]
     wanted = sorted({c for a in readers for c in a.captures})
-    # Patterns in blocks of rows, beside the model's sdpa kernel, when every consumer takes them
-    if set(wanted) == {"hook_pattern"} and all(getattr(c, "rows", False) for c in consumers) \
-            and rows_unsupported(model) is None:  # fmt: skip
+    # Patterns in blocks of rows, beside the model's sdpa kernel, when every consumer that reads
+    # captures takes them (importance reads none: only the batches)
+    rows = all(getattr(c, "rows", False) or getattr(c, "captures", None) == () for c in consumers)
+    if set(wanted) == {"hook_pattern"} and rows and rows_unsupported(model) is None:
         stream_rows(model.base_model, batches, consumers, parse_size(run.settings.attention_budget))
     else:
         stream(model.base_model, batches, consumers, wanted)  # no language-model head needed
