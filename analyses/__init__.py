@@ -145,10 +145,6 @@ class Analysis:
     rows: ClassVar[bool] = False
     # Its figures, declared once: the page draws them as SVG, `probe figures` with seaborn.
     plots: ClassVar[tuple[Plot, ...]] = ()
-    # Heavy modules its ``finish`` imports (scikit-learn's, say). The run imports them on a
-    # thread while the model streams, so that their second or so of import time overlaps the
-    # forward passes instead of adding to the run (``probe.app.run``).
-    imports: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, context: Context) -> None:
         self.context = context

@@ -67,7 +67,6 @@ class AttentionProbe(Analysis):
     name = "probe"
     title = "Attention-only probe"
     captures = ("hook_pattern",)
-    imports = ("sklearn.linear_model",)
     tables: ClassVar[dict[str, Schema]] = {
         "probe": {
             "parser": "str", "layer": "Int64", "head": "Int64", "direction": "str",

@@ -70,7 +70,6 @@ class Roles(Analysis):
     name = "roles"
     title = "Head roles"
     captures = ("hook_pattern",)
-    imports = ("sklearn.manifold",)
     rows = True
     unit = Either("text", "sentence")  # a corpus's windows when one is given
     tables: ClassVar[dict[str, Schema]] = {

@@ -15,12 +15,10 @@ The run has three stages:
 from __future__ import annotations
 
 import gc
-import importlib
 import json
 import platform
 import re
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import suppress
@@ -407,7 +405,6 @@ def execute(run: Plan, ranks, progress: Progress | None, status: Callable[[str],
             **_placement(settings, ranks),
         )
         chosen, examples = _begin(run, model, tokenizer)
-        _import_beside({m for a in chosen for m in a.imports})
         _freeze()
         clock.lap("load")
         tally = Tally()
@@ -427,20 +424,6 @@ def execute(run: Plan, ranks, progress: Progress | None, status: Callable[[str],
     card = _card(run, model, tokenizer, chosen, ranks, tally)
     card.timings_s = clock.timings
     return Outcome(chosen, examples, card, card.layers, card.heads)
-
-
-def _import_beside(modules: Iterable[str]) -> None:
-    """Import ``modules`` on a thread while the model streams. Python's import lock
-    makes an analysis that reaches one of them first wait for it, never import it twice; a
-    module that fails to import here fails again, with its error, where it is used."""
-
-    def load() -> None:
-        for module in sorted(modules):
-            with suppress(Exception):
-                importlib.import_module(module)
-
-    if modules:
-        threading.Thread(target=load, name="probe-imports", daemon=True).start()
 
 
 def _begin(run: Plan, model, tokenizer) -> tuple[list[analyses.Analysis], Any]:
