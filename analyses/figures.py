@@ -1,5 +1,5 @@
 """Figures: each analysis declares its own once, as ``Plot``s; the report page draws each as
-inline SVG (``analyses.svg``), and ``probe figures`` and ``probe.app.plot`` draw the same for papers
+inline SVG (``analyses.svg``), and ``probe figures`` and ``probe.plot`` draw the same for papers
 and notebooks with seaborn (``analyses.paper``).
 
 Also used by ``probe compare`` and ``probe experiment`` for their pages (``Figure``).
@@ -51,7 +51,7 @@ class Plot:
         present, not empty, and hold the columns named.
     panels : tuple of dict
         One Axes per entry, side by side, each drawn with the entry as keywords (e.g. QK and
-        OV); ``probe.app.plot`` draws one at a time.
+        OV); ``probe.plot`` draws one at a time.
     width : "column" or "page"
         A paper's column (3.3 in) or its page width (7 in).
     """
