@@ -321,9 +321,11 @@ def _run(settings: Settings, quiet: bool) -> None:
         _summary(console, path)
 
 
-class TerminatedError(Exception):
+class TerminatedError(BaseException):
     """SIGTERM arrived (a cancelled job, or torchrun stopping the run after a process failed):
-    raised so that the run unwinds and leaves no half-written report behind."""
+    raised so that the run unwinds and leaves no half-written report behind. Not an
+    ``Exception``, as ``KeyboardInterrupt`` is not: a library's ``except Exception`` around the
+    line it arrives on (transformers has many) would swallow it, and the run would go on."""
 
 
 def _terminated(signum, frame) -> None:
