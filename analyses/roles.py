@@ -9,6 +9,7 @@ the means with thresholds that are stated in the report and can be overridden.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from typing import TYPE_CHECKING, ClassVar
 
 from analyses import Analysis, Context, Measure, Schema, svg
@@ -28,6 +29,9 @@ pd = lazy("pandas")
 torch = lazy("torch")
 
 MAX_OFFSETS = (-2, -1, 0, 1, 2)
+# What a layer keeps of each query until its last block: the weights on MAX_OFFSETS, which of
+# them holds the largest weight (``RowBlock.max_at``), the entropy and the largest weight.
+ROW_VALUES = (*(f"at_{o:+d}" for o in MAX_OFFSETS), "max_at", "entropy", "confidence")
 METRICS = (
     "special",
     "punct",
@@ -159,38 +163,56 @@ class Roles(Analysis):
         length = real.sum(1).double().cpu().numpy()[b.cpu().numpy()]
         share = np.minimum(self.js_query_share, JS_CELLS / (L * H * length**2))
         chosen = torch.from_numpy(drawn < share).to(b.device)
-        self._sample = b[chosen], t[chosen]
-        self._rows = torch.zeros(L, H, len(self._sample[0]), T, device=real.device)
+        self._keep_groups(b[chosen], t[chosen], T)
+        # A layer's per-query values, filled block by block and summed at its last block: the
+        # weights on keys -2…+2, where the maximum lies, entropy and largest weight
+        self._values = torch.zeros(B, H, T, len(ROW_VALUES), device=real.device)
+        self._received = torch.zeros(B, H, T, device=real.device)  # by the real queries
 
     def update_rows(self, batch: Batch, layer: int, block: RowBlock) -> None:
         p, rows, keys = block.pattern, block.rows, block.keys  # p: [B, H, rows, keys]
-        B, H, b, _ = p.shape
-        real = self._real[:, rows]  # [B, rows]
-        near = block.at_offsets(MAX_OFFSETS)  # [B, H, rows, offset]: weights on keys -2…+2
-        # Which offset holds each query's largest weight (first: it reads the row's maximum
-        # beside the maximum before the offsets, in one pass)
+        near = block.at_offsets(MAX_OFFSETS)  # [B, H, rows, offset]
+        values = self._values[:, :, rows]
+        values[..., : len(MAX_OFFSETS)] = near
+        values[..., ROW_VALUES.index("max_at")] = block.max_at(MAX_OFFSETS, near)
+        values[..., ROW_VALUES.index("entropy")], values[..., ROW_VALUES.index("confidence")] = (
+            block.summary
+        )
+        if rows.start == 0:
+            self._received.zero_()
+        # each key's share of the real queries' attention (in the block's memory, for speed)
+        self._received[..., keys] += (self._real[:, None, None, rows] @ p).squeeze(2)
+        self._keep_sample(layer, block)
+        if rows.stop == self._values.shape[2]:
+            self._add_layer(layer)
+
+    def _add_layer(self, layer: int) -> None:
+        """Add a layer's sums over its queries, from their values and the keys' shares."""
+        values, real = self._values, self._real  # [B, H, T, ROW_VALUES], [B, T]
+        B, H, T, _ = values.shape
         n = len(MAX_OFFSETS)
-        offset = block.max_at(MAX_OFFSETS, near).masked_fill_(real[:, None] == 0, n)
-        entropies, confidence = block.summary  # [B, H, rows] each
+        near = values[..., :n]
+        offset = values[..., ROW_VALUES.index("max_at")].long().masked_fill_(real[:, None] == 0, n)
+        entropies = values[..., ROW_VALUES.index("entropy")]
+        confidence = values[..., ROW_VALUES.index("confidence")]
         # Per sentence and head: the attention the real queries give each kind of key (special,
         # punct, cls_like, sep_like), then the sums over real queries of self, entropy,
         # normalised entropy and confidence.
-        received = (real[:, None, None] @ p).squeeze(2)  # [B, H, keys]: each key's share
-        normalised = entropies * self._normaliser[:, None, rows]
-        per_query = torch.stack(
-            [near[..., MAX_OFFSETS.index(0)], entropies, normalised, confidence], 2
-        )  # fmt: skip
+        normalised = entropies * self._normaliser[:, None]
+        per_query = torch.stack([near[..., MAX_OFFSETS.index(0)], entropies, normalised,
+                                 confidence], 2)  # fmt: skip
         per_sentence = torch.cat(
-            [received @ self._key_kinds[:, keys], (per_query @ real[:, None, :, None]).squeeze(-1)],
+            [self._received @ self._key_kinds, (per_query @ real[:, None, :, None]).squeeze(-1)],
             -1,
         )  # [B, H, 8]
         sums = per_sentence.sum(0).T
         previous = (near[..., MAX_OFFSETS.index(-1)] * real[:, None]).sum((0, 2))  # q -> q-1
-        following = (near[..., MAX_OFFSETS.index(1)] * self._next[:, None, rows]).sum((0, 2))
+        following = (near[..., MAX_OFFSETS.index(1)] * self._next[:, None]).sum((0, 2))
         # Where each query's maximum lies, relative to the query: offsets -2…+2 counted at once
         # (anything else, and padding queries, in one more bin).
-        at_each = p.new_zeros(B, H, n + 1).scatter_add_(2, offset, p.new_ones(()).expand(B, H, b))
-        at_each = at_each[..., :n]
+        at_each = values.new_zeros(B, H, n + 1).scatter_add_(
+            2, offset, values.new_ones(()).expand(B, H, T)
+        )[..., :n]
         at = at_each.sum(0)  # [H, offset]
         self_at = METRICS.index("self") + 1  # the sums up to self, then previous and next
         stats = torch.cat([sums[:self_at], previous[None], following[None], sums[self_at:], at.T])
@@ -206,29 +228,38 @@ class Roles(Analysis):
         self.boot[:, :, layer] += (self._weights @ roles.flatten(1).double().cpu()).view(
             ROLE_BOOT, len(ROLE_METRICS), H
         )
-        if rows.start == 0:
-            self.cls_entropy[layer] += entropies[self._has_cls, :, 0].sum(0).double().cpu()
-        self._keep_sample(layer, block)
+        self.cls_entropy[layer] += entropies[self._has_cls, :, 0].sum(0).double().cpu()
+
+    def _keep_groups(self, b: torch.Tensor, t: torch.Tensor, T: int) -> None:
+        """Where the sampled queries (sentence ``b``, position ``t``) keep their rows: a causal
+        query sees no key after itself, and zero weights add nothing, so they are kept by
+        position, in JS_GROUPS groups each as wide as the keys its last one sees (half the
+        work, and the memory, of a long input's full rows)."""
+        L, H = self.context.n_layers, self.context.n_heads
+        order = t.argsort(stable=True)
+        groups = order.tensor_split(JS_GROUPS) if self.context.causal else (order,)
+        self._groups = []  # (its queries' sentences and positions, their rows [L, H, n, keys])
+        for group in filter(len, groups):
+            width = int(t[group].max()) + 1 if self.context.causal else T
+            self._groups.append((b[group], t[group], torch.zeros(L, H, len(group), width,
+                                                                 device=b.device)))  # fmt: skip
+        # each group's positions, in order, to find a block's queries without the device
+        self._positions = [t.tolist() for _, t, _ in self._groups]
 
     def _keep_sample(self, layer: int, block: RowBlock) -> None:
         """The sampled queries' rows of this block, for head similarity at the batch's end."""
-        b, t = self._sample
-        here = (t >= block.rows.start) & (t < block.rows.stop)
-        if here.any():
-            picked = block.pattern[b[here], :, t[here] - block.rows.start]  # [sampled, H, keys]
-            self._rows[layer, :, here, block.keys] = picked.transpose(0, 1)
+        start, stop = block.rows.start, block.rows.stop
+        for (b, t, kept), positions in zip(self._groups, self._positions, strict=True):
+            here = slice(bisect_left(positions, start), bisect_left(positions, stop))
+            if here.start == here.stop:
+                continue
+            keys = slice(block.keys.start, min(block.keys.stop, kept.shape[-1]))
+            picked = block.pattern[b[here], :, t[here] - start, : keys.stop - keys.start]
+            kept[layer, :, here, keys] = picked.transpose(0, 1)  # [H, sampled, keys]
 
     def end_batch(self, batch: Batch) -> None:
-        rows = self._rows.flatten(0, 1)  # [L·H, sampled, T]
-        if not self.context.causal:
-            return self._add_js(rows)
-        # A causal query sees no key after itself, and zero weights add nothing: the sampled
-        # queries, by position, in groups measured over the keys their last one sees (half the
-        # work of a long input's full rows)
-        position = self._sample[1]
-        for group in position.argsort(stable=True).tensor_split(JS_GROUPS):
-            if len(group):
-                self._add_js(rows[:, group, : int(position[group].max()) + 1])
+        for _, _, kept in self._groups:
+            self._add_js(kept.flatten(0, 1))
 
     def _add_js(self, q: torch.Tensor) -> None:
         """Add Σ over sampled queries of JS(head a, head b), from each head's attention on the

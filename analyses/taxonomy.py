@@ -105,6 +105,8 @@ class Taxonomy(Analysis):
         else:
             # the decoder's real positions are the sentence's too: its start token, then the
             # sentence without its last token (``probe.runner.decoder_inputs``)
+            if block.rows.start >= headtypes.SINK_TOKENS:  # past the queries α is read on
+                return
             real = batch.attention_mask.bool()
             sums, queries = headtypes.sink_block_sums(block, real)
             self.sink[a][layer] += sums.double().cpu()

@@ -80,18 +80,52 @@ def pairwise_js(
         first = torch.arange(A, device=p.device).repeat_interleave(B)
         second = torch.arange(B, device=p.device).repeat(A)
         other = q
+    out = p.new_zeros(A, B)
+    step = max(1, block // max(n * k, 1))
+    if step == 1:  # long rows: one distribution or pair at a time, in two work spaces made once
+        s, work = p.new_empty(n, k), p.new_empty(n, k)
+        own_p, mass_p = torch.stack([_entropy(d, work) for d in p]), p.sum(-1)
+        own_q, mass_q = (own_p, mass_p) if q is None else (
+            torch.stack([_entropy(d, work) for d in q]), q.sum(-1))  # fmt: skip
+        first, second = first.tolist(), second.tolist()
+        parts = [_entropy(torch.add(p[a], other[b], out=s), work)
+                 for a, b in zip(first, second, strict=True)]  # fmt: skip
+        return _add_pairs(out, first, second, torch.stack(parts), own_p, mass_p, own_q, mass_q,
+                          q is None)  # fmt: skip
     own_p, mass_p = entropy(p), p.sum(-1)  # [A, n]
     own_q, mass_q = (own_p, mass_p) if q is None else (entropy(q), q.sum(-1))
-    out = p.new_zeros(A, B)
-    flat = out.view(-1)
-    step = max(1, block // max(n * k, 1))
     for start in range(0, len(first), step):
         a, b = first[start : start + step], second[start : start + step]
         s = p.index_select(0, a)  # [pairs, n, k]
         s += other.index_select(0, b)
-        mixed = (entropy(s) + math.log(2) * (mass_p[a] + mass_q[b])) / 2
-        pairs = (mixed - (own_p[a] + own_q[b]) / 2).sum(-1)
-        flat.index_copy_(0, a * B + b, pairs)
-        if q is None:
-            flat.index_copy_(0, b * B + a, pairs)
+        _add_pairs(out, a, b, entropy(s), own_p, mass_p, own_q, mass_q, q is None)
+    return out
+
+
+def _entropy(p: torch.Tensor, work: torch.Tensor) -> torch.Tensor:
+    """``entropy(p)``, number for number, with ``work`` (p's shape) as its work space."""
+    torch.clamp(p, min=torch.finfo(p.dtype).tiny, out=work)
+    return -work.log_().mul_(p).sum(-1)
+
+
+def _add_pairs(
+    out: torch.Tensor,
+    a: torch.Tensor | list[int],
+    b: torch.Tensor | list[int],
+    mixed_entropy: torch.Tensor,
+    own_p: torch.Tensor,
+    mass_p: torch.Tensor,
+    own_q: torch.Tensor,
+    mass_q: torch.Tensor,
+    symmetric: bool,
+) -> torch.Tensor:
+    """Write into ``out`` the Σ over queries of JS for the pairs (a[i], b[i]), from the entropy
+    of each pair's sum on each query, ``[pairs, n]``."""
+    mixed = (mixed_entropy + math.log(2) * (mass_p[a] + mass_q[b])) / 2
+    pairs = (mixed - (own_p[a] + own_q[b]) / 2).sum(-1)
+    flat = out.view(-1)
+    a, b = torch.as_tensor(a, device=out.device), torch.as_tensor(b, device=out.device)
+    flat.index_copy_(0, a * out.shape[1] + b, pairs)
+    if symmetric:
+        flat.index_copy_(0, b * out.shape[1] + a, pairs)
     return out

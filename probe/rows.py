@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import torch
 from torch import nn
@@ -64,7 +64,7 @@ class RowBlock:
     pattern: torch.Tensor  # [batch, head, rows, keys], float32
     attention: str = "blocks.attn"  # which of the model's attentions (``attentions``)
     # The scores the pattern is the softmax of, [batch, head, rows, keys] (masked keys at the
-    # lowest float), when they came with it; ``summary`` overwrites them.
+    # lowest float), when they came with it; ``summary`` shifts them.
     scores: torch.Tensor | None = field(default=None, repr=False)
 
     @classmethod
@@ -84,13 +84,14 @@ class RowBlock:
 
         From the scores, when the block has them: with s' = s - max s, -Σ p log p =
         log Σ exp s' - Σ p s', and log Σ exp s' = -log max p (the softmax's largest weight is
-        1 / Σ exp s'), which spares a logarithm of every weight.
+        1 / Σ exp s'), which spares a logarithm of every weight. The shift keeps it exact: Σ p s
+        unshifted loses |max s| · 2⁻²⁴ to rounding, more than a sharp head's whole entropy.
         """
         p, s, top = self.pattern, self.scores, self.top
         if s is None:
             return entropy(p), top
         s.sub_(s.amax(-1, keepdim=True))
-        return top.log().neg_().sub_(s.mul_(p).sum(-1)), top
+        return torch.einsum("bhik,bhik->bhi", p, s).neg_().sub_(top.log()), top
 
     def max_at(self, offsets: Sequence[int], near: torch.Tensor | None = None) -> torch.Tensor:
         """Which of ``offsets`` (relative to each query, consecutive and ascending) holds the
@@ -105,26 +106,27 @@ class RowBlock:
         """
         p = self.pattern
         b, K = p.shape[-2:]
-        query = torch.arange(self.rows.start, self.rows.start + b, device=p.device)
-        start = query + offsets[0] - self.keys.start  # each row's first offset, as a column
-        # the keys before the first row's first offset come before every row's offsets
-        edge = min(max(self.rows.start + offsets[0] - self.keys.start, 0), K)
-        first = p[..., :edge].amax(-1) if edge else None
-        if first is not None and "top" not in self.__dict__:  # the rest of the row, for ``top``
-            rest = p[..., edge:].amax(-1) if edge < K else first  # (a maximum is exact)
-            self.__dict__["top"] = torch.maximum(first, rest)
+        # each row's first offset, as a column: ``first + r`` for row r; the keys before the
+        # first row's (``edge``) come before every row's offsets
+        first = self.rows.start + offsets[0] - self.keys.start
+        edge = min(max(first, 0), K)
+        ahead = p[..., :edge].amax(-1) if edge else None
+        if ahead is not None and "top" not in self.__dict__:  # the rest of the row, for ``top``
+            rest = p[..., edge:].amax(-1) if edge < K else ahead  # (a maximum is exact)
+            self.__dict__["top"] = torch.maximum(ahead, rest)
         top = self.top
-        corner = p[..., edge : edge + b]
-        column = torch.arange(edge, edge + corner.shape[-1], device=p.device)
+        corner = p[..., edge : edge + b]  # row r's keys before its offsets: columns < first + r
         before = p.new_full(p.shape[:-1], -1.0)
         if corner.shape[-1]:
-            before = corner.masked_fill(column >= start[:, None], -1).amax(-1)
-        if first is not None:
-            before = torch.maximum(before, first)
+            after = _not_before(b, corner.shape[-1], first - edge, p.device)
+            before = corner.masked_fill(after, -1).amax(-1)
+        if ahead is not None:
+            before = torch.maximum(before, ahead)
         near = self.at_offsets(offsets) if near is None else near
-        held = near == top[..., None]
-        held &= (before < top)[..., None]
-        return torch.where(held.any(-1), held.byte().argmax(-1), len(offsets))
+        held = (near == top[..., None]).logical_and_((before < top)[..., None])
+        # the first offset that holds it, or len(offsets): the first True with one appended
+        held = torch.cat([held, held.new_ones(()).expand(*held.shape[:-1], 1)], -1)
+        return held.byte().argmax(-1)
 
     def full(self, length: int) -> torch.Tensor:
         """The block's rows over all ``length`` keys ``[batch, head, rows, length]`` (zeros
@@ -143,12 +145,41 @@ class RowBlock:
     def at_offsets(self, offsets: Sequence[int]) -> torch.Tensor:
         """``at_offset`` of each of ``offsets`` at once: ``[batch, head, rows, offset]``."""
         B, H, b, K = self.pattern.shape
-        device = self.pattern.device
-        query = torch.arange(self.rows.start, self.rows.start + b, device=device)
-        column = query[:, None] + torch.tensor(offsets, device=device) - self.keys.start
-        inside = (column >= 0) & (column < K)
-        index = column.clamp(0, max(K - 1, 0)).expand(B, H, b, len(offsets))
-        return self.pattern.gather(-1, index) * inside
+        shift = self.rows.start - self.keys.start  # row r's key at offset o: r + o + shift
+        index, inside = _near_keys(b, tuple(offsets), -shift, K - shift, self.pattern.device)
+        return self.pattern.gather(-1, (index + shift).expand(B, H, b, len(offsets))) * inside
+
+
+# A long input's blocks share a few shapes: what indexes their near keys is made once for each.
+def _near_keys(
+    rows: int, offsets: tuple[int, ...], low: int, high: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """For row r and offset o, the key r + o, clamped into ``[low, high)``, ``[rows, offsets]``
+    long; and 1.0 where it lies inside, 0.0 where not."""
+    wide = max(map(abs, offsets)) + 1  # the bounds as far as these rows and offsets can tell
+    return _near_keys_made(rows, offsets, max(low, -wide), min(high, rows + wide), device)
+
+
+@lru_cache(maxsize=64)
+def _near_keys_made(
+    rows: int, offsets: tuple[int, ...], low: int, high: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    column = torch.arange(rows, device=device)[:, None] + torch.tensor(offsets, device=device)
+    inside = ((column >= low) & (column < high)).float()
+    return column.clamp(low, max(high - 1, low)), inside
+
+
+@lru_cache(maxsize=64)
+def _after(rows: int, keys: int, device: torch.device) -> torch.Tensor:
+    """``[rows, keys]``: True where key j lies after query i, both counted from the same place."""
+    return torch.ones(rows, keys, dtype=torch.bool, device=device).triu_(1)
+
+
+@lru_cache(maxsize=64)
+def _not_before(rows: int, columns: int, first: int, device: torch.device) -> torch.Tensor:
+    """``[rows, columns]``: True where column c is not before row r's first offset, first + r."""
+    r, c = torch.arange(rows, device=device)[:, None], torch.arange(columns, device=device)
+    return c >= r + first
 
 
 @dataclass(frozen=True)
@@ -195,9 +226,8 @@ class Scored:
             else:  # no -inf, whose product with a weight of 0 is NaN (``RowBlock.summary``)
                 scores.add_(mask).clamp_(min=lowest)
         elif self.causal:  # only the keys from the block's first query on lie after a query
-            query = torch.arange(rows.start, rows.start + b, device=q.device)[:, None]
-            key = torch.arange(rows.start, keys.stop, device=q.device)[None]
-            scores[..., rows.start - keys.start :].masked_fill_(key > query, lowest)
+            later = scores[..., rows.start - keys.start :]
+            later.masked_fill_(_after(b, later.shape[-1], q.device), lowest)
         torch.softmax(scores, -1, out=pattern)
         return RowBlock(rows, keys, pattern, scores=scores)
 
