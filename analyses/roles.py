@@ -54,7 +54,12 @@ ROLE_METRICS = ("max_at_-1", "max_at_+1", "sink_share", "entropy_normalised")
 # Head similarity is estimated on a keyed sample of the real queries: each is in it with this
 # probability, decided by its sentence and position alone (``probe.keys``).
 JS_QUERY_SHARE = 1 / 32
-# ... but at most about this many numbers of sampled rows per input (64 MiB of float32): a
+# ... but of a long input (past 2,048 tokens) about this many queries: each costs a pass over
+# its keys for every pair of heads, so a share of them would cost O(T²) per input, as much as
+# the attention itself (a quarter of a 2 × 4-head model's forward pass at 8k tokens); a fixed
+# number costs O(T).
+JS_QUERIES_PER_INPUT = 64
+# ... and at most about this many numbers of sampled rows per input (64 MiB of float32): a
 # 32,768-token input of a 2 × 4-head model keeps 64 queries. Sentences are far below it.
 JS_CELLS = 2**24
 JS_GROUPS = 8  # of a causal model's sampled queries, each measured over the keys it sees
@@ -154,14 +159,16 @@ class Roles(Analysis):
         # Head similarity: every pair of heads costs O(keys) per query, so the mean is estimated
         # on a sample of the real queries, each drawn by its sentence and position: the same
         # queries whatever the batches or the number of processes.
-        # A long input's sample is smaller: its kept rows, L·H·queries·length numbers, stay
-        # within JS_CELLS (the share depends on the input's own length, not on its batch).
+        # A long input's sample is smaller: about JS_QUERIES_PER_INPUT queries, whose kept rows,
+        # L·H·queries·length numbers, stay within JS_CELLS (the share depends on the input's
+        # own length, not on its batch).
         b, t = real.nonzero(as_tuple=True)
         sentence = batch.index.to(b.device)[b]
         drawn = uniform(self.context.seed, "js-query", sentence.cpu().numpy(), t.cpu().numpy())
         L, H = self.context.n_layers, self.context.n_heads
         length = real.sum(1).double().cpu().numpy()[b.cpu().numpy()]
-        share = np.minimum(self.js_query_share, JS_CELLS / (L * H * length**2))
+        share = np.minimum(self.js_query_share, JS_QUERIES_PER_INPUT / length)
+        share = np.minimum(share, JS_CELLS / (L * H * length**2))
         chosen = torch.from_numpy(drawn < share).to(b.device)
         self._keep_groups(b[chosen], t[chosen], T)
         # A layer's per-query values, filled block by block and summed at its last block: the

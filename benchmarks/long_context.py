@@ -95,14 +95,16 @@ def child(tokens: int, mode: str, budget: str, rounds: int) -> dict:
     # The floor and the analysis alternate in one process and are timed in CPU seconds, so that
     # the other processes on a shared machine slow neither more than the other.
     passes = [floor] if mode == "floor" else [floor, analysis]
-    times: dict[str, list[float]] = {f.__name__: [] for f in passes}
+    times: dict[str, list[float]] = {n + w: [] for f in passes for n in [f.__name__]
+                                     for w in ("", "_wall")}  # fmt: skip
     for f in passes:
         f(batches[0])  # warm-up
     for _ in range(rounds):
         for f in passes:
-            start = time.process_time()
+            start, wall = time.process_time(), time.perf_counter()
             f(batches[1])
             times[f.__name__].append(time.process_time() - start)
+            times[f.__name__ + "_wall"].append(time.perf_counter() - wall)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB
     median = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
     return {"tokens": batches[1].input_ids.shape[1], "peak_mib": peak, **median}
@@ -130,14 +132,15 @@ def main() -> None:
     print(f"threads {os.environ.get('OMP_NUM_THREADS', 'default')}, budget {args.budget}; "
           f"CPU seconds, median of {args.rounds} rounds; load: 1-minute load average, "
           f"{os.cpu_count()} cores")  # fmt: skip
-    print(f"{'tokens':>7} {'floor s':>8} {'analysis s':>10} {'time x':>7} "
+    print(f"{'tokens':>7} {'floor s':>8} {'analysis s':>10} {'time x':>7} {'wall x':>7} "
           f"{'floor MiB':>9} {'analysis MiB':>12} {'load':>5}")  # fmt: skip
     for tokens in map(int, args.lengths.split(",")):
         floor = run(tokens, "floor", args.budget, args.rounds)
         rows = run(tokens, "rows", args.budget, args.rounds)
         ratio = rows["analysis"] / rows["floor"]
+        wall = rows["analysis_wall"] / rows["floor_wall"]
         print(f"{rows['tokens']:>7} {rows['floor']:>8.2f} {rows['analysis']:>10.2f} "
-              f"{ratio:>7.2f} {floor['peak_mib']:>9.0f} {rows['peak_mib']:>12.0f} "
+              f"{ratio:>7.2f} {wall:>7.2f} {floor['peak_mib']:>9.0f} {rows['peak_mib']:>12.0f} "
               f"{os.getloadavg()[0]:>5.1f}", flush=True)  # fmt: skip
 
 

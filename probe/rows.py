@@ -116,17 +116,14 @@ class RowBlock:
             self.__dict__["top"] = torch.maximum(ahead, rest)
         top = self.top
         corner = p[..., edge : edge + b]  # row r's keys before its offsets: columns < first + r
-        before = p.new_full(p.shape[:-1], -1.0)
+        columns = [] if ahead is None else [ahead[..., None]]  # largest weights before offsets
         if corner.shape[-1]:
             after = _not_before(b, corner.shape[-1], first - edge, p.device)
-            before = corner.masked_fill(after, -1).amax(-1)
-        if ahead is not None:
-            before = torch.maximum(before, ahead)
+            columns.append(corner.masked_fill(after, -1).amax(-1, keepdim=True))
         near = self.at_offsets(offsets) if near is None else near
-        held = (near == top[..., None]).logical_and_((before < top)[..., None])
-        # the first offset that holds it, or len(offsets): the first True with one appended
-        held = torch.cat([held, held.new_ones(()).expand(*held.shape[:-1], 1)], -1)
-        return held.byte().argmax(-1)
+        # The first of [before the offsets…, the offsets…, none] that holds ``top``
+        held = torch.cat([*columns, near, top[..., None]], -1) == top[..., None]
+        return _max_at_answers(len(columns), len(offsets), p.device)[held.byte().argmax(-1)]
 
     def full(self, length: int) -> torch.Tensor:
         """The block's rows over all ``length`` keys ``[batch, head, rows, length]`` (zeros
@@ -167,6 +164,14 @@ def _near_keys_made(
     column = torch.arange(rows, device=device)[:, None] + torch.tensor(offsets, device=device)
     inside = ((column >= low) & (column < high)).float()
     return column.clamp(low, max(high - 1, low)), inside
+
+
+@lru_cache(maxsize=64)
+def _max_at_answers(before: int, offsets: int, device: torch.device) -> torch.Tensor:
+    """What ``RowBlock.max_at`` answers for the first column that holds the largest weight:
+    ``offsets`` for one of the ``before`` columns of keys before the offsets and for the
+    sentinel after them, the offset's own index for one of them."""
+    return torch.tensor([offsets] * before + list(range(offsets)) + [offsets], device=device)
 
 
 @lru_cache(maxsize=64)
