@@ -15,12 +15,13 @@ operations per layer, where the floor has one sdpa call) pays for it many times:
 OMP_NUM_THREADS=1, or OMP_WAIT_POLICY=PASSIVE, to measure work rather than waiting.
 Goals (issue #29): peak under 2.5 GiB at 32k, growing linearly; time at most 2x the floor.
 
-Where the time goes (32,768 tokens, one thread, CPU seconds, a busy machine): the floor 5.4;
-the blocks alone (the forward up to the last layer's attention, then each layer's scores and
-softmax) 7.9, for a layer's scores and softmax cost about what its sdpa call does; roles adds
-3.8: each query's entropy, largest weight and where it lies 2.5 (five passes over each block),
-the attention each key receives 0.85, the weights on keys -2…+2 0.06, head similarity 0.07,
-the rest (per-block sums, bootstrap) 0.3; taxonomy's sink α nothing measurable.
+Where the time goes (32,768 tokens, one thread, CPU seconds): the floor 5.5, two sdpa calls. The
+analysis 10.7: the first layer's sdpa 2.5 (the last layer's is never run: no consumer reads what
+follows it); both layers' scores and softmax in blocks 5.0 (a layer's cost about what its sdpa
+call does); roles' statistics per block 2.8 (entropy 1.24, the largest weight and where it lies
+0.67, what each key receives 0.52, the weights on keys -2…+2 0.13, the similarity sample 0.07);
+head similarity, taxonomy's sink α and the rest 0.4. So a model of L layers costs at least
+(2L - 1) / L of its floor before any statistic: 1.5x for this one, nearly 2x for a deep one.
 """
 
 from __future__ import annotations
