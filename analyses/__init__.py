@@ -303,6 +303,18 @@ def check_analysis(cls: type, key: str | None = None, *, full: bool = True) -> N
     ContractError
         One line naming the analysis and what is wrong.
     """
+    if isinstance(cls, type) and {(cls, key, full), (cls, key, True)} & _PASSED:
+        return
+    _check_declaration(cls, key, full)
+    _PASSED.add((cls, key, full))
+
+
+# The checks passed in this process, by (class, key, full): a class's declaration does not
+# change, and a run looks its analyses up dozens of times (and plans twice).
+_PASSED: set[tuple[type, str | None, bool]] = set()
+
+
+def _check_declaration(cls: type, key: str | None, full: bool) -> None:
     from probe import units
 
     who = (
