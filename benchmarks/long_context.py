@@ -1,27 +1,35 @@
 """Memory and time of the roles and taxonomy analyses on one long text, in blocks of query rows.
 
     python benchmarks/long_context.py [--lengths 4096,8192,16384,32768] [--budget 256MiB]
-                                      [--rounds 3]
+                                      [--rounds 3] [--d-head 16] [--layers 2]
 
-A random tiny Llama (2 layers, 4 query heads, 2 key/value heads, d_head 16, RoPE) reads one text
-of T tokens: EWT dev's sentences, joined into one sentence of T MiniLM tokens. For each T, two
-fresh processes: the floor, the model's plain sdpa forward over the tokens; and the analysis,
-the same forward with the roles and taxonomy analyses fed row blocks (``probe.runner.
+A random Llama (by default tiny: 2 layers, 4 query heads, 2 key/value heads, d_head 16, RoPE)
+reads one text of T tokens: EWT dev's sentences, joined into one sentence of T MiniLM tokens. For
+each T, two fresh processes: the floor, the model's plain sdpa forward over the tokens; and the
+analysis, the same forward with the roles and taxonomy analyses fed row blocks (``probe.runner.
 stream_rows``), alternating with the floor. Each prints its peak resident memory (ru_maxrss);
 times are CPU seconds (all threads), the floor's and the analysis's from the same process, the
 median of ``--rounds``; the load average beside them says how busy a shared machine was. On a
 busy machine, OpenMP threads that wait for a core spin, and the analysis (thousands of small
 operations per layer, where the floor has one sdpa call) pays for it many times: run with
 OMP_NUM_THREADS=1, or OMP_WAIT_POLICY=PASSIVE, to measure work rather than waiting.
-Goals (issue #29): peak under 2.5 GiB at 32k, growing linearly; time at most 2x the floor.
 
-Where the time goes (32,768 tokens, one thread, CPU seconds): the floor 5.5, two sdpa calls. The
-analysis 10.7: the first layer's sdpa 2.5 (the last layer's is never run: no consumer reads what
-follows it); both layers' scores and softmax in blocks 5.0 (a layer's cost about what its sdpa
-call does); roles' statistics per block 2.8 (entropy 1.24, the largest weight and where it lies
-0.67, what each key receives 0.52, the weights on keys -2…+2 0.13, the similarity sample 0.07);
-head similarity, taxonomy's sink α and the rest 0.4. So a model of L layers costs at least
-(2L - 1) / L of its floor before any statistic: 1.5x for this one, nearly 2x for a deep one.
+Goals (issue #29): peak under 2.5 GiB at 32k on the tiny model, growing linearly; time at most
+2x the floor at 8k and 32k tokens. Time is measured on a model with a real head width
+(``--d-head 64 --layers 6``: 64 is the narrowest head of the long-context models in use, whose
+heads are 64 to 256 wide), because the ratio depends on it: sdpa's cost per query-key pair grows
+with d_head, while the statistics' cost per pair does not. The tiny model's 16-wide heads make
+its sdpa cheap, and so its ratio the worst case: about 2.2x with two threads.
+
+Where the time goes. The last layer's sdpa is never run (no consumer reads what follows it);
+every layer's scores are computed again in blocks, beside its sdpa call, then softmaxed and
+summarised; so a model of L layers costs (L - 1) sdpa calls and L of those. At 32,768 tokens with
+d_head 64 and two threads (wall seconds, one layer): sdpa 3.7; the blocks 4.2, of which the scores'
+product 2.2 (sdpa never writes its scores to memory; the blocks must, at about half its rate of
+arithmetic), the softmax 0.9, the statistics 1.0. At d_head 16, one thread, two layers: the floor
+5.5, the analysis 10.7, of which one sdpa 2.5, both layers' scores and softmax 5.0, roles'
+statistics 2.8 (entropy 1.24, the largest weight and where it lies 0.67, what each key receives
+0.52, the weights on keys -2…+2 0.13, the similarity sample 0.07) and the rest 0.4.
 """
 
 from __future__ import annotations
@@ -60,7 +68,7 @@ def long_text(tokens: int, tokenizer, path: Path) -> Path:
     return path
 
 
-def child(tokens: int, mode: str, budget: str, rounds: int) -> dict:
+def child(tokens: int, mode: str, budget: str, rounds: int, d_head: int, layers: int) -> dict:
     import torch
     import transformers as tf
 
@@ -75,8 +83,8 @@ def child(tokens: int, mode: str, budget: str, rounds: int) -> dict:
 
     torch.manual_seed(0)
     _, tokenizer = probe.load("minilm")
-    config = tf.LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-                            num_hidden_layers=2, intermediate_size=128,
+    config = tf.LlamaConfig(hidden_size=4 * d_head, num_attention_heads=4, num_key_value_heads=2,
+                            num_hidden_layers=layers, intermediate_size=8 * d_head,
                             vocab_size=len(tokenizer), max_position_embeddings=tokens)  # fmt: skip
     model = tf.LlamaModel(config).eval()
     with tempfile.TemporaryDirectory() as folder:
@@ -84,7 +92,7 @@ def child(tokens: int, mode: str, budget: str, rounds: int) -> dict:
         for length in (512, tokens):  # a short warm-up, then the text
             source = Source((long_text(length, tokenizer, Path(folder) / f"{length}.conllu"),))
             batches.append(next(iter(Sentences(source, tokenizer, length).batches(1))))
-    context = Context(2, 4, causal=True, model=model, tokenizer=tokenizer)
+    context = Context(layers, 4, causal=True, model=model, tokenizer=tokenizer)
 
     def floor(batch) -> None:
         with torch.inference_mode():
@@ -111,9 +119,10 @@ def child(tokens: int, mode: str, budget: str, rounds: int) -> dict:
     return {"tokens": batches[1].input_ids.shape[1], "peak_mib": peak, **median}
 
 
-def run(tokens: int, mode: str, budget: str, rounds: int) -> dict:
-    args = [sys.executable, __file__, "--child", str(tokens), mode, "--budget", budget,
-            "--rounds", str(rounds)]  # fmt: skip
+def run(tokens: int, mode: str, args: argparse.Namespace) -> dict:
+    args = [sys.executable, __file__, "--child", str(tokens), mode, "--budget", args.budget,
+            "--rounds", str(args.rounds), "--d-head", str(args.d_head), "--layers",
+            str(args.layers)]  # fmt: skip
     out = subprocess.run(args, capture_output=True, text=True, env=os.environ)
     if out.returncode:
         sys.exit(f"{mode} at {tokens} failed:\n{out.stderr[-3000:]}")
@@ -125,19 +134,23 @@ def main() -> None:
     parser.add_argument("--lengths", default="4096,8192,16384,32768")
     parser.add_argument("--budget", default="256MiB", help="--attention-budget of the analysis")
     parser.add_argument("--rounds", type=int, default=3, help="timed passes of each")
+    parser.add_argument("--d-head", type=int, default=16, help="the model's head width")
+    parser.add_argument("--layers", type=int, default=2, help="the model's depth")
     parser.add_argument("--child", nargs=2, metavar=("TOKENS", "MODE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(int(args.child[0]), args.child[1], args.budget, args.rounds)))
+        tokens, mode = int(args.child[0]), args.child[1]
+        print(json.dumps(child(tokens, mode, args.budget, args.rounds, args.d_head, args.layers)))
         return
-    print(f"threads {os.environ.get('OMP_NUM_THREADS', 'default')}, budget {args.budget}; "
+    print(f"Llama of {args.layers} layers, 4 heads of {args.d_head}; threads "
+          f"{os.environ.get('OMP_NUM_THREADS', 'default')}, budget {args.budget}; "
           f"CPU seconds, median of {args.rounds} rounds; load: 1-minute load average, "
           f"{os.cpu_count()} cores")  # fmt: skip
     print(f"{'tokens':>7} {'floor s':>8} {'analysis s':>10} {'time x':>7} {'wall x':>7} "
           f"{'floor MiB':>9} {'analysis MiB':>12} {'load':>5}")  # fmt: skip
     for tokens in map(int, args.lengths.split(",")):
-        floor = run(tokens, "floor", args.budget, args.rounds)
-        rows = run(tokens, "rows", args.budget, args.rounds)
+        floor = run(tokens, "floor", args)
+        rows = run(tokens, "rows", args)
         ratio = rows["analysis"] / rows["floor"]
         wall = rows["analysis_wall"] / rows["floor_wall"]
         print(f"{rows['tokens']:>7} {rows['floor']:>8.2f} {rows['analysis']:>10.2f} "
