@@ -19,17 +19,17 @@ Goals (issue #29): peak under 2.5 GiB at 32k on the tiny model, growing linearly
 (``--d-head 64 --layers 6``: 64 is the narrowest head of the long-context models in use, whose
 heads are 64 to 256 wide), because the ratio depends on it: sdpa's cost per query-key pair grows
 with d_head, while the statistics' cost per pair does not. The tiny model's 16-wide heads make
-its sdpa cheap, and so its ratio the worst case: about 2.2x with two threads.
+its sdpa cheap, and so its ratio the worst case: 2.2-2.8x with two threads on 2 cores.
 
 Where the time goes. The last layer's sdpa is never run (no consumer reads what follows it);
 every layer's scores are computed again in blocks, beside its sdpa call, then softmaxed and
 summarised; so a model of L layers costs (L - 1) sdpa calls and L of those. At 32,768 tokens with
-d_head 64 and two threads (wall seconds, one layer): sdpa 3.7; the blocks 4.2, of which the scores'
-product 2.2 (sdpa never writes its scores to memory; the blocks must, at about half its rate of
-arithmetic), the softmax 0.9, the statistics 1.0. At d_head 16, one thread, two layers: the floor
-5.5, the analysis 10.7, of which one sdpa 2.5, both layers' scores and softmax 5.0, roles'
-statistics 2.8 (entropy 1.24, the largest weight and where it lies 0.67, what each key receives
-0.52, the weights on keys -2…+2 0.13, the similarity sample 0.07) and the rest 0.4.
+d_head 64 and two threads (wall seconds, one layer): sdpa 3.7; the blocks 4.2, of which the
+scores' product 2.2 (sdpa never writes its scores to memory; the blocks must, at about half its
+rate of arithmetic), the softmax 0.9, entropy's shift and sum 1.0. At d_head 16, one thread, two
+layers: the floor 5.5, the analysis 10.7, of which one sdpa 2.5, both layers' scores and softmax
+5.0, roles' statistics 2.8 (entropy 1.24, the largest weight and where it lies 0.67, what each
+key receives 0.52, the weights on keys -2…+2 0.13, the similarity sample 0.07) and the rest 0.4.
 """
 
 from __future__ import annotations
