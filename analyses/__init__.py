@@ -145,6 +145,9 @@ class Analysis:
     rows: ClassVar[bool] = False
     # Its figures, declared once: the page draws them as SVG, `probe figures` with seaborn.
     plots: ClassVar[tuple[Plot, ...]] = ()
+    # What the command line's helper process (``probe.helper``) runs while torch imports, for
+    # the work this analysis hands it later: ``"module:function"``, called with no arguments.
+    helper_warmup: ClassVar[str | None] = None
 
     def __init__(self, context: Context) -> None:
         self.context = context

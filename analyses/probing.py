@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from analyses import Analysis, Context, Schema
 from analyses.vocabulary import Direction
+from probe import helper
 from probe.keys import keys, uniform
 from probe.lazy import lazy
 
@@ -67,6 +68,7 @@ class AttentionProbe(Analysis):
     name = "probe"
     title = "Attention-only probe"
     captures = ("hook_pattern",)
+    helper_warmup = "analyses.probing:warm_up"
     tables: ClassVar[dict[str, Schema]] = {
         "probe": {
             "parser": "str", "layer": "Int64", "head": "Int64", "direction": "str",
@@ -355,14 +357,14 @@ class AttentionProbe(Analysis):
             table = pd.DataFrame([probe_row | {"correct": 0, "words": 0, "sentences": 0}])
             return {"probe": table.reindex(columns=list(self.tables["probe"]))}
         order = np.argsort(self.keys[: self.filled])  # the fit must not depend on arrival order
-        classifier = fit_logistic(self.X[order], y[order])
+        # in the helper process, where scikit-learn is imported, when there is one
+        weights, bias = helper.call(fit_coefficients, self.X[order], y[order])
         correct = words = right = 0
         head_correct = np.zeros_like(held[0].head_correct)
         for entry in held:
             k = len(entry.gold)
-            scores = classifier.decision_function(
-                entry.features.reshape(k * k, -1).astype(np.float64)
-            ).reshape(k, k)
+            scores = entry.features.reshape(k * k, -1).astype(np.float64) @ weights + bias
+            scores = scores.reshape(k, k)
             np.fill_diagonal(scores, -np.inf)
             correct += int((scores.argmax(1) == entry.gold)[entry.counted].sum())
             words += int(entry.counted.sum())
@@ -395,6 +397,20 @@ class AttentionProbe(Analysis):
         return {"parsers": tables["probe"].set_index("parser").to_dict("index")}
 
 
+def fit_coefficients(X: np.ndarray, y: np.ndarray, c: float = C) -> tuple[np.ndarray, float]:
+    """``fit_logistic``'s weights ``[features]`` and intercept, as plain numbers: what the
+    helper process sends back (a ``LogisticRegression`` would import scikit-learn here)."""
+    model = fit_logistic(X, y, c)
+    return model.coef_[0], float(model.intercept_[0])
+
+
+def warm_up() -> None:
+    """A small fit, which the helper process runs while torch imports (``probe.helper``)."""
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((2000, 144), dtype=np.float32)
+    fit_coefficients(X, X[:, 0] + rng.standard_normal(2000) > 0)
+
+
 def fit_logistic(X: np.ndarray, y: np.ndarray, c: float = C) -> LogisticRegression:
     """The L2-penalised logistic regression of pair features, fitted to its minimum.
 
@@ -412,7 +428,7 @@ def fit_logistic(X: np.ndarray, y: np.ndarray, c: float = C) -> LogisticRegressi
     LogisticRegression
         Fitted: ``coef_`` ``[1, features]``, ``intercept_`` ``[1]``.
     """
-    from sklearn.linear_model import LogisticRegression  # here: it costs the command line 0.5 s
+    from sklearn.linear_model import LogisticRegression  # here: it costs an import 0.8 s
 
     model = LogisticRegression(C=c, solver="newton-cholesky", tol=TOLERANCE, max_iter=MAX_ITER)
     return model.fit(np.asarray(X, dtype=np.float64), np.asarray(y, dtype=bool))

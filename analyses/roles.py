@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, ClassVar
 from analyses import Analysis, Context, Measure, Schema, svg
 from analyses.figures import Figure, Plot
 from analyses.vocabulary import Role, Thresholds
+from probe import helper
 from probe.keys import poisson, uniform
 from probe.lazy import lazy
 from probe.numerics import pairwise_js
@@ -81,6 +82,7 @@ class Roles(Analysis):
     captures = ("hook_pattern",)
     rows = True
     unit = Either("text", "sentence")  # a corpus's windows when one is given
+    helper_warmup = "analyses.roles:warm_up"  # the head map's MDS
     tables: ClassVar[dict[str, Schema]] = {
         "head_stats": {
             "layer": "int", "head": "int", **dict.fromkeys(METRICS, "float"),
@@ -365,13 +367,24 @@ def embed(similarity: pd.DataFrame, n: int) -> np.ndarray:
     distance = head_distances(similarity, n)
     if n < 3 or not distance.any():  # nothing to lay out (a corpus too small to sample)
         return np.zeros((n, 2))
-    from sklearn.manifold import MDS  # here: it costs the command line half a second
+    return helper.call(mds_points, distance)  # where scikit-learn is imported
+
+
+def mds_points(distance: np.ndarray) -> np.ndarray:
+    """``embed``'s map of the ``[n, n]`` distances, ``[n, 2]``."""
+    from sklearn.manifold import MDS  # here: it costs an import 0.8 s
 
     mds = MDS(n_components=2, metric_mds=True, metric="precomputed", init="classical_mds",
               n_init=1, eps=MDS_TOLERANCE, max_iter=MDS_MAX_ITER)  # fmt: skip
     points = mds.fit_transform(distance)
     largest = points[np.abs(points).argmax(0), np.arange(2)]
     return points * np.where(largest < 0, -1, 1)
+
+
+def warm_up() -> None:
+    """A small map, which the helper process runs while torch imports (``probe.helper``)."""
+    points = np.random.default_rng(0).standard_normal((12, 2))
+    mds_points(np.sqrt(((points[:, None] - points[None]) ** 2).sum(-1)))
 
 
 def head_distances(similarity: pd.DataFrame, n: int) -> np.ndarray:

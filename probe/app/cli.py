@@ -28,6 +28,7 @@ from rich.text import Text
 
 from analyses import REGISTRY, ContractError, defaults
 from analyses.vocabulary import Thresholds
+from probe import helper
 from probe.app.run import Settings, check
 from probe.app.run import analyze as analyze_run
 from probe.distributed import Ranks
@@ -216,12 +217,16 @@ def analyze(
         context=context,
     )
     try:
-        check(settings)  # before torch is imported: a mistake is answered at once
+        run = check(settings)  # before torch is imported: a mistake is answered at once
     except (ProbeError, ContractError) as e:
         _fail(str(e))
     except KeyboardInterrupt:  # while a pipe given as --treebank is read, say
         _fail("interrupted; no report was written")
-    _run(settings, quiet or not Ranks.from_environment().leader)  # under torchrun, rank 0 speaks
+    leader = Ranks.from_environment().leader  # under torchrun, rank 0 speaks and finishes
+    warmups = [cls.helper_warmup for cls in run.classes if cls.helper_warmup]
+    if leader and warmups:  # a helper imports scikit-learn while this imports torch
+        helper.start(warmups)
+    _run(settings, quiet or not leader)
 
 
 def _with_declared_options(command: Callable) -> Callable:

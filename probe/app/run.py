@@ -245,9 +245,10 @@ def _local(model: str) -> list[Path]:
     return [Path(model)] if Path(model).is_dir() else []
 
 
-def check(settings: Settings) -> Thresholds:
-    """``plan``'s checks alone (the command line runs them before importing torch)."""
-    return plan(settings).thresholds
+def check(settings: Settings) -> Plan:
+    """``plan``, which the command line runs before importing torch: a mistake is answered at
+    once, and the helper process (``probe.helper``) learns what the run will hand it."""
+    return plan(settings)
 
 
 @dataclass

@@ -1,0 +1,181 @@
+"""The helper process (``probe.helper``): the work it does is the work the run would have done,
+it is done there, and the run does it itself when there is no helper or the helper has died;
+the helper never outlives the run."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import needs_ewt
+
+from probe import helper
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def python(code: str, timeout: float = 120) -> dict:
+    """Run ``code`` in a fresh interpreter (where torch is not yet imported) and return the JSON
+    it prints last."""
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=timeout, cwd=ROOT)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_without_a_helper_the_work_is_done_here():
+    assert helper.call(os.getpid) == os.getpid()
+    with pytest.raises(ValueError, match="invalid literal"):
+        helper.call(int, "not a number")
+
+
+def test_no_helper_is_forked_once_torch_is_imported():
+    """Nothing is left to overlap, and torch's threads make a fork unsafe."""
+    import torch  # noqa: F401
+
+    assert not helper.start(["analyses.probing:warm_up"])
+    assert helper.call(os.getpid) == os.getpid()
+
+
+def test_the_helper_does_the_work_and_gives_what_the_run_would_have():
+    """The probe's fit and the head map from the helper are those computed in process, and the
+    helper warmed up before any was asked of it."""
+    got = python("""
+        import json, os, sys
+        import numpy as np
+        from probe import helper
+
+        def imported(name):
+            return name in sys.modules
+
+        started = helper.start(["analyses.probing:warm_up", "analyses.roles:warm_up"])
+        from analyses.probing import fit_coefficients
+        from analyses.roles import mds_points
+
+        # answered once the warm-ups are done: what they import is there when the work comes
+        warmed = [helper.call(imported, "sklearn.manifold"), imported("sklearn.manifold")]
+        g = np.random.default_rng(0)
+        X = g.normal(size=(3000, 24)).astype(np.float32)
+        y = X[:, :3].sum(1) + g.logistic(size=3000) > 0
+        points = g.normal(size=(10, 3))
+        distance = np.sqrt(((points[:, None] - points[None]) ** 2).sum(-1))
+        w, b = helper.call(fit_coefficients, X, y)
+        xy = helper.call(mds_points, distance)
+        here_w, here_b = fit_coefficients(X, y)
+        here_xy = mds_points(distance)
+        print(json.dumps({
+            "started": started, "torch": "torch" in sys.modules,
+            "helper": helper.call(os.getpid), "parent": os.getpid(),
+            "warmed": warmed,
+            "w": float(np.abs(w - here_w).max()), "b": abs(b - here_b),
+            "xy": float(np.abs(xy - here_xy).max()), "scale": float(np.abs(here_xy).max()),
+        }))
+    """)
+    assert got["started"] and not got["torch"]
+    assert got["helper"] != got["parent"] and got["warmed"] == [True, False]
+    assert got["w"] <= 1e-12 and got["b"] <= 1e-12
+    assert got["xy"] <= 1e-12 * got["scale"]
+
+
+def test_a_dead_helper_leaves_the_work_to_the_run():
+    """A function that fails in the helper fails in the run, with the run's own error; one the
+    helper cannot receive or answer is done in process, and the helper lives on; killed (by
+    the out-of-memory killer, say), its work is done in process."""
+    got = python("""
+        import json, os, signal
+        from probe import helper
+        helper.start([])
+        try:
+            helper.call(int, "not a number")
+        except ValueError as e:
+            failed = str(e)
+
+        def unknown_to_the_helper():  # defined after the fork
+            return os.getpid()
+
+        def unpicklable():
+            return lambda: None
+
+        here = [helper.call(unknown_to_the_helper), helper.call(unpicklable).__name__]
+        pid = helper.call(os.getpid)
+        os.kill(pid, signal.SIGKILL)
+        print(json.dumps({"failed": failed, "here": here, "helper": pid,
+                          "after": helper.call(os.getpid), "parent": os.getpid()}))
+    """)
+    assert "invalid literal" in got["failed"]
+    assert got["here"] == [got["parent"], "<lambda>"]
+    assert got["helper"] != got["parent"] and got["after"] == got["parent"]
+
+
+def test_the_helper_does_not_outlive_a_killed_run():
+    """SIGKILL gives the run no chance to stop its helper: the helper sees its pipe close."""
+    run = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import os, time
+        from probe import helper
+        helper.start([])
+        print(helper.call(os.getpid), flush=True)
+        time.sleep(60)
+    """)], stdout=subprocess.PIPE, text=True, cwd=ROOT)  # fmt: skip
+    pid = int(run.stdout.readline())
+    run.send_signal(signal.SIGKILL)
+    run.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.05)
+    assert not _alive(pid)
+
+
+def test_the_run_ends_its_helper_even_if_it_was_started_ignoring_sigterm():
+    """A process started with SIGTERM ignored (by a shell's nohup, or a test harness whose own
+    run ignored it) passes that on to its children: the run's exit must still end its helper,
+    and not wait for it."""
+
+    def ignoring():
+        for stop in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(stop, signal.SIG_IGN)
+
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import os
+        from probe import helper
+        helper.start([])
+        print(helper.call(os.getpid), flush=True)
+    """)], capture_output=True, text=True, cwd=ROOT, timeout=30, preexec_fn=ignoring)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert not _alive(int(done.stdout))
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, which its init has yet to reap, has ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+@needs_ewt()
+def test_a_command_line_run_with_its_helper_writes_the_tables_of_one_without(tmp_path):
+    """``probe analyze`` as users run it (a helper fits the probe and draws the head map) against
+    the same run in process (no helper: torch is imported here), on 300 EWT sentences."""
+    import torch  # noqa: F401 (imported: the run in process here forks no helper)
+    from typer.testing import CliRunner
+
+    from probe.app.cli import app
+
+    args = ["analyze", "-m", "minilm", "-a", "probe,roles", "-n", "300", "-q", "-o"]
+    done = subprocess.run([sys.executable, "-m", "probe.app.cli", *args, str(tmp_path / "a")],
+                          capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = CliRunner().invoke(app, [*args, str(tmp_path / "b")])
+    assert result.exit_code == 0, result.output
+    assert helper._connection is None
+    for table in ("probe", "heads"):
+        a, b = (pd.read_csv(tmp_path / run / f"{table}.csv") for run in "ab")
+        pd.testing.assert_frame_equal(a, b, rtol=1e-12)
+    assert pd.read_csv(tmp_path / "a" / "probe.csv").uas.notna().all()
