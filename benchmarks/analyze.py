@@ -5,8 +5,11 @@
 Floor: a fresh Python process that imports torch and transformers, loads MiniLM and its
 tokenizer, reads and tokenizes the same sentences, and runs the plain forward pass (the model's
 default attention, no attention output) over the very batches that probe analyze runs.
-Ours: a fresh `probe analyze` process, every analysis, loading and rendering included. Both are
-timed as whole processes; peak memory is each process's maximum resident size. The analyses
+Ours: a fresh `probe analyze` process, every analysis, loading and rendering included, with its
+helper process (``probe.helper``, which imports scikit-learn while torch imports and does its
+fits): its CPU seconds are counted with the run's, and the peak is the larger of the two
+processes'. Both are timed as whole processes; peak memory is each process's maximum resident
+size. The analyses
 stage (reading, tokenizing, the mirrored forward pass and every analysis, streamed together) is
 compared with the floor's forward pass alone.
 
