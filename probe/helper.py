@@ -22,6 +22,7 @@ import multiprocessing
 import pickle
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterable
 from contextlib import suppress
 from multiprocessing.connection import Connection
@@ -30,6 +31,7 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 _connection: Connection | None = None  # to the helper, while it lives
+_exchange = threading.Lock()  # one request and its answer at a time on the pipe
 
 
 def start(warmups: Iterable[str]) -> bool:
@@ -92,7 +94,10 @@ def _serve(connection: Connection, parents: Connection, warmups: tuple[str, ...]
             answer = pickle.dumps((True, function(*args)))
         except Exception:  # the parent does the work again, and raises it there
             answer = pickle.dumps((False, None))
-        connection.send_bytes(answer)
+        try:
+            connection.send_bytes(answer)
+        except OSError:  # the parent has gone, or stopped listening
+            return
 
 
 def call(function: Callable[..., T], *args: Any) -> T:
@@ -103,14 +108,19 @@ def call(function: Callable[..., T], *args: Any) -> T:
     it runs here: the same value, or its exception raised here.
     """
     global _connection
-    if _connection is not None:
-        try:
-            _connection.send((function, args))
-            done, value = _connection.recv()
-        except (EOFError, OSError):  # the helper has died
-            _connection.close()
-            _connection = None
-        else:
-            if done:
-                return value
+    with _exchange:
+        if _connection is not None:
+            try:
+                _connection.send((function, args))
+                done, value = _connection.recv()
+            except (EOFError, OSError):  # the helper has died
+                _connection.close()
+                _connection = None
+            except BaseException:  # an interrupt mid-exchange: the pipe may hold a stale answer
+                _connection.close()
+                _connection = None
+                raise
+            else:
+                if done:
+                    return value
     return function(*args)

@@ -113,6 +113,26 @@ def test_a_dead_helper_leaves_the_work_to_the_run():
     assert got["helper"] != got["parent"] and got["after"] == got["parent"]
 
 
+def test_an_interrupt_while_waiting_leaves_no_stale_answer():
+    """Ctrl-C while the helper works: the interrupt reaches the run, and what the helper then
+    answers is never taken for the answer to a later call (the helper is let go)."""
+    got = python("""
+        import json, os, signal, threading, time
+        from probe import helper
+        helper.start([])
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+        try:
+            helper.call(time.sleep, 2)
+            interrupted = False
+        except KeyboardInterrupt:
+            interrupted = True
+        time.sleep(2)  # the helper's answer to the sleep arrives now, if it is still listened to
+        print(json.dumps({"interrupted": interrupted, "after": helper.call(os.getpid),
+                          "parent": os.getpid()}))
+    """)
+    assert got["interrupted"] and got["after"] == got["parent"]
+
+
 def test_the_helper_does_not_outlive_a_killed_run():
     """SIGKILL gives the run no chance to stop its helper: the helper sees its pipe close."""
     run = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
