@@ -103,16 +103,20 @@ def _serve(connection: Connection, parents: Connection, warmups: tuple[str, ...]
 def call(function: Callable[..., T], *args: Any) -> T:
     """``function(*args)``, computed in the helper process if there is one, else here.
 
-    ``function`` must be a module-level function (it is sent by name) whose value depends on
-    its arguments alone and can be pickled. If the helper has died, or ``function`` fails in it,
-    it runs here: the same value, or its exception raised here.
+    ``function`` should be a module-level function (it is sent by name) whose value depends on
+    its arguments alone and can be pickled. If it cannot be sent, if the helper has died, or if
+    ``function`` fails in it, it runs here: the same value, or its exception raised here.
     """
     global _connection
     with _exchange:
+        request = None
         if _connection is not None:
+            with suppress(Exception):  # what cannot be sent (a lambda, say) is done here
+                request = pickle.dumps((function, args))
+        if request is not None:
             try:
-                _connection.send((function, args))
-                done, value = _connection.recv()
+                _connection.send_bytes(request)
+                done, value = pickle.loads(_connection.recv_bytes())
             except (EOFError, OSError):  # the helper has died
                 _connection.close()
                 _connection = None

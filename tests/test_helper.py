@@ -84,9 +84,9 @@ def test_the_helper_does_the_work_and_gives_what_the_run_would_have():
 
 
 def test_a_dead_helper_leaves_the_work_to_the_run():
-    """A function that fails in the helper fails in the run, with the run's own error; one the
-    helper cannot receive or answer is done in process, and the helper lives on; killed (by
-    the out-of-memory killer, say), its work is done in process."""
+    """A function that fails in the helper fails in the run, with the run's own error; one that
+    cannot be sent, or that the helper cannot receive or answer, is done in process, and the
+    helper lives on; killed (by the out-of-memory killer, say), its work is done in process."""
     got = python("""
         import json, os, signal
         from probe import helper
@@ -102,14 +102,15 @@ def test_a_dead_helper_leaves_the_work_to_the_run():
         def unpicklable():
             return lambda: None
 
-        here = [helper.call(unknown_to_the_helper), helper.call(unpicklable).__name__]
+        here = [helper.call(unknown_to_the_helper), helper.call(unpicklable).__name__,
+                helper.call(lambda: os.getpid())]
         pid = helper.call(os.getpid)
         os.kill(pid, signal.SIGKILL)
         print(json.dumps({"failed": failed, "here": here, "helper": pid,
                           "after": helper.call(os.getpid), "parent": os.getpid()}))
     """)
     assert "invalid literal" in got["failed"]
-    assert got["here"] == [got["parent"], "<lambda>"]
+    assert got["here"] == [got["parent"], "<lambda>", got["parent"]]
     assert got["helper"] != got["parent"] and got["after"] == got["parent"]
 
 
