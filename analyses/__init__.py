@@ -198,6 +198,19 @@ class Analysis:
     def end_batch(self, batch: Batch) -> None:
         """Called once the batch has been through every layer."""
 
+    def hand_off(self) -> bool:
+        """Called on every analysis once the batches are done, before any finishes: hand the
+        slow work of ``finish`` that needs nothing but this analysis's state (a fit) to the
+        helper process now (``probe.helper.submit``), so that it runs while the other analyses
+        finish (the run finishes those first).
+
+        Returns
+        -------
+        bool
+            Whether work was handed off.
+        """
+        return False
+
     def merge(self, other: Self) -> None:
         """Add the state of ``other``, an instance that saw other sentences, exactly."""
         raise NotImplementedError(f"{type(self).__name__} cannot merge")

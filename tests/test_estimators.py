@@ -14,7 +14,7 @@ from streams import context, feed
 from threadpoolctl import threadpool_limits
 from tokenizers_util import wordpiece
 
-from analyses.probing import AttentionProbe, C, fit_logistic
+from analyses.probing import TOLERANCE, WARM_MIN_PAIRS, AttentionProbe, C, fit_logistic
 from analyses.roles import embed, head_distances, stress
 from probe.corpus import Corpus
 from probe.keys import keys
@@ -53,6 +53,26 @@ def test_the_probe_fit_reaches_the_minimum(correlated):
     assert np.abs(gradient(X, y, w, b)).max() < 1e-6
     default = LogisticRegression(C=C, max_iter=1000).fit(X, y)
     assert objective(X, y, w, b) <= objective(X, y, default.coef_[0], default.intercept_[0])
+
+
+def test_a_large_sample_s_fit_starts_from_a_subsample_and_reaches_the_same_minimum():
+    """From WARM_MIN_PAIRS pairs on, Newton's method starts from every WARM_STEP-th pair's
+    minimum: it stops, as a cold start does, where the mean loss's gradient is within the
+    tolerance, at the minimum a much tighter cold fit finds."""
+    g = np.random.default_rng(2)
+    n = WARM_MIN_PAIRS + 4000
+    base = g.normal(size=(n, 3))
+    X = (base @ g.normal(size=(3, 40)) + 0.05 * g.normal(size=(n, 40))).astype(np.float32)
+    y = X[:, :3].sum(1) + g.logistic(size=n) > 0
+    fitted = fit_logistic(X, y)
+    assert fitted.get_params()["warm_start"]  # it did start from the subsample's minimum
+    w, b = fitted.coef_[0], fitted.intercept_[0]
+    assert np.abs(gradient(X, y, w, b)).max() / (C * n) <= TOLERANCE
+    exact = LogisticRegression(C=C, solver="newton-cholesky", tol=1e-15, max_iter=100)
+    exact.fit(X.astype(np.float64), y)
+    np.testing.assert_allclose(w, exact.coef_[0], atol=1e-6)
+    assert b == pytest.approx(exact.intercept_[0], abs=1e-6)
+    assert not fit_logistic(X[:4000], y[:4000]).get_params()["warm_start"]  # small: cold
 
 
 def test_the_probe_fit_is_deterministic(correlated):

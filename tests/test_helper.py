@@ -83,6 +83,60 @@ def test_the_helper_does_the_work_and_gives_what_the_run_would_have():
     assert got["xy"] <= 1e-12 * got["scale"]
 
 
+def test_submitted_work_runs_while_the_run_goes_on():
+    """``submit`` returns at once and the helper works meanwhile; a second piece of work waits
+    for the first; each ``result`` is its own work's value, whatever order they are asked in.
+    Arrays travel uncopied by pickle and arrive whole and writable."""
+    got = python("""
+        import json, os, time
+        import numpy as np
+        from probe import helper
+
+        def double_in_place(a):
+            np.multiply(a, 2, out=a)
+            return a, os.getpid()
+
+        helper.start([])
+        start = time.perf_counter()
+        first = helper.submit(time.sleep, 1.0)
+        returned = time.perf_counter() - start
+        time.sleep(1.0)  # the run's own work, while the helper sleeps
+        first.result()
+        both = time.perf_counter() - start
+        second = helper.submit(os.getpid)
+        third = helper.submit(np.negative, np.arange(3.0))  # waits on the second
+        big = np.random.default_rng(0).normal(size=(3000, 500)).astype(np.float32)
+        doubled, where = helper.call(double_in_place, big)  # into the helper's copy
+        print(json.dumps({
+            "returned": returned, "both": both, "third": third.result().tolist(),
+            "second": second.result(), "doubler": where, "parent": os.getpid(),
+            "doubled": bool((doubled == 2 * big).all()), "shape": list(doubled.shape),
+        }))
+    """)
+    assert got["returned"] < 0.5 and got["both"] < 1.8  # the sleeps overlapped
+    assert got["second"] != got["parent"] and got["third"] == [-0.0, -1.0, -2.0]
+    assert got["doubler"] == got["second"] and got["doubled"] and got["shape"] == [3000, 500]
+
+
+def test_torch_leaves_the_helper_a_core_while_it_works():
+    """A parallel op stalls when one of its threads shares a core with the helper: torch runs
+    one thread fewer while work is out, as many as before once it is back."""
+    got = python("""
+        import json, time
+        from probe import helper
+        helper.start([])
+        import torch
+        torch.set_num_threads(2)
+        pending = helper.submit(time.sleep, 0.5)
+        during = torch.get_num_threads()
+        pending.result()
+        after = torch.get_num_threads()
+        helper.call(time.sleep, 0.1)
+        print(json.dumps({"during": during, "after": after, "again": torch.get_num_threads()}))
+    """)
+    assert got == {"during": 1, "after": 2, "again": 2}
+
+
 def test_a_dead_helper_leaves_the_work_to_the_run():
     """A function that fails in the helper fails in the run, with the run's own error; one that
     cannot be sent, or that the helper cannot receive or answer, is done in process, and the

@@ -5,6 +5,7 @@ import gc
 import itertools
 import weakref
 
+import pandas as pd
 import torch
 import transformers as tf
 from streams import context, feed
@@ -128,6 +129,24 @@ def test_probe_features_stay_within_their_budgets():
     table = probe.finish()["probe"].set_index("parser")
     assert table.loc["attention_probe", "train_pairs"] == 200
     assert table.loc["attention_probe", "words"] > 0
+
+
+def test_a_probe_that_hands_its_fit_off_finishes_as_one_that_does_not():
+    """``hand_off`` starts the fit (in the helper process when there is one) before the run
+    finishes the other analyses; the table is the one ``finish`` alone gives. A probe with
+    nothing to evaluate hands nothing off."""
+    probes = [AttentionProbe(context(2, 3)) for _ in range(3)]
+    corpus = Corpus([chain(4 + i % 7) for i in range(60)], wordpiece(), max_length=64)
+    g = torch.Generator().manual_seed(0)
+    for batch in corpus.batches(batch_size=8):
+        T = batch.input_ids.shape[1]
+        patterns = torch.softmax(torch.randn(len(batch), 2, 3, T, T, generator=g), -1)
+        for probe in probes[:2]:
+            feed(probe, batch, patterns)
+    handed, alone, empty = probes
+    assert handed.hand_off() and not empty.hand_off()
+    pd.testing.assert_frame_equal(handed.finish()["probe"], alone.finish()["probe"])
+    assert empty.finish()["probe"].words.item() == 0
 
 
 def test_probe_says_why_it_could_not_evaluate():

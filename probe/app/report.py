@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import math
+from functools import cache
 from pathlib import Path
+from types import CodeType
 
 import pandas as pd
 from jinja2 import Environment, PackageLoader, select_autoescape
@@ -210,9 +212,9 @@ def _grid(heads: pd.DataFrame, measures: list[analyses.Measure]) -> list[dict]:
     return grid
 
 
-def render_html(run: dict, tables: dict[str, pd.DataFrame], examples: dict) -> str:
-    """The report page: the run card, an overview of every head's roles, one section per
-    analysis (its template's ``section`` macro), and a card per head."""
+@cache
+def _page_environment() -> Environment:
+    """``render_html``'s environment, one per process: it keeps the templates it compiles."""
     env = environment()
     env.filters["num"] = _number
     env.filters["pct"] = lambda x: "–" if x is None or x != x else f"{100 * x:.1f}%"
@@ -220,13 +222,35 @@ def render_html(run: dict, tables: dict[str, pd.DataFrame], examples: dict) -> s
     env.globals["PRELIMINARY"] = PRELIMINARY
     env.filters["treebank"] = _treebank
     env.filters["unit"] = lambda name: units.get(name).label if name in units.UNITS else name
+    return env
 
+
+@cache
+def _compiled(source: str) -> CodeType:
+    return _page_environment().compile(source)
+
+
+def compile_templates(names: list[str]) -> None:
+    """Compile the page's templates and those of the analyses ``names`` (about 0.1 s), once per
+    process: a run does it while its helper process fits, before it renders."""
+    _page_environment().get_template("report.html.j2")
+    for name in names:
+        _compiled(analyses.get(name).template())
+
+
+def render_html(run: dict, tables: dict[str, pd.DataFrame], examples: dict) -> str:
+    """The report page: the run card, an overview of every head's roles, one section per
+    analysis (its template's ``section`` macro), and a card per head."""
+    env = _page_environment()
+    compile_templates(run["analyses"])
     classes = [analyses.get(name) for name in run["analyses"]]
     sections = []
     for cls in classes:
         figures = cls.figures(tables)
         data = cls.section(tables, run)  # the card macro reads it too
-        macros = env.from_string(cls.template(), {"measures": cls.measures, "data": data}).module
+        names = env.make_globals({"measures": cls.measures, "data": data})
+        code = _compiled(cls.template())
+        macros = env.template_class.from_code(env, code, names).module
         sections.append(
             {
                 "name": cls.name,

@@ -550,19 +550,27 @@ def publish(run: Plan, outcome: Outcome, folder: Path, status: Callable[[str], N
     """Finish the analyses into tables, and write them, the examples, the report and
     ``run.json`` into ``folder`` (the staging folder that ``reserved`` moves into place)."""
     from probe.app import examples as examples_io
-    from probe.app.report import render_html
+    from probe.app.report import compile_templates, render_html
 
     clock = Clock()
     classes = [type(a) for a in outcome.analyses]
-    tables = {}
-    for analysis in outcome.analyses:
+    schemas = table_io.schemas(classes)
+    handed = {analysis.name: analysis.hand_off() for analysis in outcome.analyses}
+    # While the helper process works on what was handed to it, this one compiles the page and
+    # finishes the other analyses, and writes their tables; those that wait on the helper last.
+    compile_templates([analysis.name for analysis in outcome.analyses])
+    finished, tables = {}, {}
+    for analysis in sorted(outcome.analyses, key=lambda analysis: handed[analysis.name]):
         status(f"finishing: {analysis.title.lower()}")
-        tables |= analysis.finish()
-    tables["heads"] = join_heads(classes, tables, run.thresholds, outcome.n_layers, outcome.n_heads)
-    tables = {n: table_io.typed(tables[n], s, n) for n, s in table_io.schemas(classes).items()}
+        finished |= analysis.finish()
+        for name in schemas.keys() & finished.keys() - tables.keys():
+            tables[name] = table_io.typed(finished[name], schemas[name], name)
+            table_io.write(tables[name], folder / f"{name}.csv")
+    heads = join_heads(classes, finished, run.thresholds, outcome.n_layers, outcome.n_heads)
+    tables["heads"] = table_io.typed(heads, schemas["heads"], "heads")
+    table_io.write(tables["heads"], folder / "heads.csv")
+    tables = {name: tables[name] for name in schemas}
     clock.lap("tables")
-    for name, table in tables.items():
-        table_io.write(table, folder / f"{name}.csv")
     examples = {"sentences": [], "heads": {}}
     if outcome.examples is not None:
         chosen, patterns = outcome.examples.choose(tables["heads"]), outcome.examples.patterns()
