@@ -204,12 +204,14 @@ def _receive() -> None:
     pending = _waiting
     try:
         head, buffers = _receive_message(_connection)
-        pending._answer = pickle.loads(head, buffers=buffers)
     except (EOFError, OSError):  # the helper has died: the work is done here
         _let_go()
     except BaseException:  # an interrupt mid-exchange: the pipe may hold a stale answer
         _let_go()
         raise
+    else:
+        with suppress(Exception):  # an answer this process cannot read: the work is done here
+            pending._answer = pickle.loads(head, buffers=buffers)
     finally:
         _waiting = None
         _leave_a_core(False)

@@ -22,3 +22,34 @@ def test_the_full_contract_check_imports_no_heavy_module():
     done = subprocess.run([sys.executable, "-c", PLAN_ONLY], capture_output=True, text=True,
                           timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
+
+
+PLAN_OF_A_RUN = """
+import sys
+from probe.app.run import Settings, check
+check(Settings("minilm", treebank=["sample"], out={out!r}))
+heavy = sorted({{m.partition(".")[0] for m in sys.modules}} & {{"pandas", "sklearn", "torch"}})
+assert not heavy, heavy
+"""
+
+
+def test_a_run_of_probes_own_analyses_is_planned_without_pandas(tmp_path):
+    """The run needs pandas only once its batches are done, while its helper process fits:
+    planning it imports none (probe's own analyses pass the full check in
+    tests/test_contract.py, which a run of them skips)."""
+    code = PLAN_OF_A_RUN.format(out=str(tmp_path / "r"))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+
+def test_only_the_analyses_probe_ships_are_shipped():
+    import analyses
+    from analyses.syntax import Syntax
+
+    assert all(analyses.shipped(analyses.get(name)) for name in analyses.REGISTRY)
+
+    class Imitation(Syntax):  # the same name, another class: checked in full
+        pass
+
+    assert not analyses.shipped(Imitation)

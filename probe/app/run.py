@@ -169,7 +169,10 @@ def plan(settings: Settings) -> Plan:
     names = list(dict.fromkeys(names))
     classes = tuple(analyses.get(n) for n in names)
     for name, cls in zip(names, classes, strict=True):
-        analyses.check_analysis(cls, name)
+        # The full check (heads() on empty tables) imports pandas, which the run otherwise
+        # first needs while its helper fits: it is made here for an analysis probe does not
+        # ship, which should fail before the compute; probe's own pass it in its tests.
+        analyses.check_analysis(cls, name, full=not analyses.shipped(cls))
     table_io.schemas(classes)  # two analyses writing one table fail here, naming both
     wrong = sorted(set(settings.thresholds) - set(Thresholds.names()))
     if wrong:
@@ -549,15 +552,16 @@ def _plain(counts: dict) -> dict:
 def publish(run: Plan, outcome: Outcome, folder: Path, status: Callable[[str], None]) -> None:
     """Finish the analyses into tables, and write them, the examples, the report and
     ``run.json`` into ``folder`` (the staging folder that ``reserved`` moves into place)."""
-    from probe.app import examples as examples_io
-    from probe.app.report import compile_templates, render_html
-
     clock = Clock()
     classes = [type(a) for a in outcome.analyses]
     schemas = table_io.schemas(classes)
     handed = {analysis.name: analysis.hand_off() for analysis in outcome.analyses}
-    # While the helper process works on what was handed to it, this one compiles the page and
-    # finishes the other analyses, and writes their tables; those that wait on the helper last.
+    # While the helper process works on what was handed to it, this one imports and compiles
+    # the page, finishes the other analyses and writes their tables; those that wait on the
+    # helper finish last.
+    from probe.app import examples as examples_io
+    from probe.app.report import compile_templates, render_html
+
     compile_templates([analysis.name for analysis in outcome.analyses])
     finished, tables = {}, {}
     for analysis in sorted(outcome.analyses, key=lambda analysis: handed[analysis.name]):
