@@ -566,9 +566,10 @@ def publish(run: Plan, outcome: Outcome, folder: Path, status: Callable[[str], N
     finished, tables = {}, {}
     for analysis in sorted(outcome.analyses, key=lambda analysis: handed[analysis.name]):
         status(f"finishing: {analysis.title.lower()}")
-        finished |= analysis.finish()
-        for name in schemas.keys() & finished.keys() - tables.keys():
-            tables[name] = table_io.typed(finished[name], schemas[name], name)
+        done = analysis.finish()
+        finished |= done
+        for name in (name for name in done if name in schemas):
+            tables[name] = table_io.typed(done[name], schemas[name], name)
             table_io.write(tables[name], folder / f"{name}.csv")
     heads = join_heads(classes, finished, run.thresholds, outcome.n_layers, outcome.n_heads)
     tables["heads"] = table_io.typed(heads, schemas["heads"], "heads")
