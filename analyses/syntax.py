@@ -15,6 +15,7 @@ margin is called and at least ``probe.inference.MIN_EFFECT``.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 from analyses import Analysis, Context, Measure, Schema, svg
@@ -240,8 +241,12 @@ class Syntax(Analysis):
         thresholds = Thresholds(**run.get("thresholds", {}))
         scored = best.relation.isin(scored_relations(tables["syntax"], thresholds))
         scored &= best.sentences >= MIN_CLUSTERS
-        return {"best": best[scored | (best.relation == "all")],
-                "rare": best[~scored & (best.relation != "all")],
+        rare = best[~scored & (best.relation != "all")].copy()
+        few_words = ~rare.relation.isin(scored_relations(tables["syntax"], thresholds))
+        rare["reason"] = np.where(few_words, "words", "sentences")  # the rule each one misses
+        return {"best": best[scored | (best.relation == "all")], "rare": rare,
+                "min_words": min_words(tables["syntax"], thresholds),
+                "words": int(_all_words(tables["syntax"])),
                 "fdr": FDR, "min_effect": MIN_EFFECT, "min_clusters": MIN_CLUSTERS}  # fmt: skip
 
 
@@ -351,10 +356,21 @@ def call_margins(syntax: pd.DataFrame, thresholds: Thresholds) -> pd.DataFrame:
 def scored_relations(syntax: pd.DataFrame, thresholds: Thresholds) -> set[str]:
     """Relations frequent enough for a margin to mean something: ``thresholds.
     relation_min_words`` words, and ``relation_min_share`` of all scored words."""
-    words = syntax.loc[syntax.relation == "all", "total"].max()
-    min_total = max(thresholds.relation_min_words, thresholds.relation_min_share * words)
-    frequent = syntax[(syntax.relation != "all") & (syntax.total >= min_total)]
+    frequent = syntax[(syntax.relation != "all") & (syntax.total >= min_words(syntax, thresholds))]
     return set(frequent.relation)
+
+
+def min_words(syntax: pd.DataFrame, thresholds: Thresholds) -> int:
+    """The fewest words a relation is scored on: ``relation_min_words``, or
+    ``relation_min_share`` of all scored words where that is more."""
+    share = math.ceil(thresholds.relation_min_share * _all_words(syntax))
+    return max(thresholds.relation_min_words, share)
+
+
+def _all_words(syntax: pd.DataFrame) -> float:
+    """The words scored over every relation (0 for an empty table)."""
+    words = syntax.loc[syntax.relation == "all", "total"].max()
+    return 0.0 if pd.isna(words) else float(words)
 
 
 def best_relation_per_head(syntax: pd.DataFrame) -> pd.DataFrame:

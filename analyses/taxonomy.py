@@ -173,7 +173,9 @@ class Taxonomy(Analysis):
             "sink_alpha": t.sink_alpha,
             str(Role.INDUCTION): induction.fillna(False).astype(bool),
             str(Role.DUPLICATE_TOKEN): duplicate.fillna(False).astype(bool),
-            str(Role.COPYING): (t.copying >= thresholds.copying).fillna(False).astype(bool),
+            # W_Eᵀ in place of an unembedding gives a copying head no particular sign
+            str(Role.COPYING): ((t.copying >= thresholds.copying) & ~stand_in(t))
+                               .fillna(False).astype(bool),
         })  # fmt: skip
 
     @classmethod
@@ -186,6 +188,9 @@ class Taxonomy(Analysis):
                 lines.append(f"{prefix}{score.replace('_', '-')}: best head "
                              f"{best.layer}-{best['head']} {best[score]:.2f} "
                              f"[{low:.2f}, {high:.2f}], null {null:.2f}")  # fmt: skip
+            if stand_in(t).any():
+                lines.append(f"{prefix}copying: the checkpoint has no unembedding, so W_Eᵀ "
+                             "stood in for W_U; no head is given the copying role")  # fmt: skip
             shares = sink_shares(t)
             if shares.notna().any():
                 lines.append(f"{prefix}heads with sink α > 0.3 per layer: "
@@ -218,6 +223,7 @@ class Taxonomy(Analysis):
                 for r in (Role.INDUCTION, Role.DUPLICATE_TOKEN, Role.COPYING)
             },
             "unembedding": t.unembedding.iloc[0] if len(t) else "",
+            "stand_in": bool(stand_in(_first(t)).any()),
             "examples": {
                 f"{layer}-{head}": _card_view(part, layer, head)
                 for (layer, head), part in tables["taxonomy_example"].groupby(["layer", "head"])
@@ -230,6 +236,12 @@ def _by_attention(table: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     none where the model has one self-attention, ``"decoder.attn: "`` and so on where not."""
     names = list(dict.fromkeys(table.attention))
     return [(f"{a}: " if len(names) > 1 else "", table[table.attention == a]) for a in names]
+
+
+def stand_in(table: pd.DataFrame) -> pd.Series:
+    """Per row, whether W_Eᵀ stood in for an unembedding the checkpoint lacks (copying scores
+    measured so say nothing of copying)."""
+    return table.unembedding == "input_embedding_transposed"
 
 
 def sink_shares(table: pd.DataFrame) -> pd.Series:

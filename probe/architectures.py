@@ -384,6 +384,41 @@ def is_rotary(model: nn.Module, attention: str | None = None) -> bool:
     return architecture(model, attention).rotary
 
 
+# Architectures whose positions are a learned (or fixed) table of ``max_position_embeddings``
+# rows, which an input longer than that runs past: tokens each table leaves to padding (RoBERTa
+# counts from its padding index + 1). Rotary and relative positions have no such limit.
+POSITION_TABLES = {"bert": 0, "roberta": 2, "distilbert": 0, "electra": 0, "albert": 0, "gpt2": 0,
+                   "opt": 0, "bart": 0, "mbart": 0, "marian": 0}  # fmt: skip
+
+
+def max_positions(model) -> int | None:
+    """The longest input the model (or a model with this config) takes, special tokens included:
+    the rows of its position table; None where its positions are rotary or relative."""
+    config = _config(model)
+    if getattr(config, "model_type", None) not in POSITION_TABLES:
+        return None
+    return int(config.max_position_embeddings) - POSITION_TABLES[config.model_type]
+
+
+def check_length(model, length: int) -> None:
+    """Refuse an input longer than the model's position table, in one line (the model itself
+    would fail deep inside with a tensor-size error that names no position).
+
+    Raises
+    ------
+    ProbeError
+        Saying the limit, the length, and what to do.
+    """
+    limit = max_positions(model)
+    if limit is not None and length > limit:
+        name = getattr(_config(model), "_name_or_path", "") or _config(model).model_type
+        raise ProbeError(
+            f"the input is {length} tokens long, but {name} has {limit} positions; give a shorter "
+            "input, cut it into windows (--context on the command line), or use a model with "
+            "more positions (rotary ones, such as Llama's, have no fixed limit)"
+        )
+
+
 def _config(model_or_config):
     return getattr(model_or_config, "config", model_or_config)
 

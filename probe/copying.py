@@ -157,9 +157,12 @@ def copying_scores(model: nn.Module, chunk: int = 8192) -> pd.DataFrame:
     stream where the architecture has one (ALBERT, ELECTRA, OPT's ``project_in``). W_U is the
     model's output embedding (``get_output_embeddings``: a language-modelling head, tied or not;
     a masked-LM head's decoder, its transform left out as layer norms are; through OPT's
-    ``project_out``). Where no output embedding reads the stream, W_Eᵀ stands in: a bare
-    ``BertModel`` or ``GPT2Model``, a masked-LM head narrower than the stream (ALBERT, ELECTRA
-    with a smaller embedding), and an encoder-decoder model's encoder.
+    ``project_out``); for a model loaded without its head, the head's weight read from its
+    checkpoint (an untied W_U is no transpose of W_E: on a Llama whose heads copy, W_Eᵀ gives
+    them the opposite sign). Where no unembedding reads the stream, W_Eᵀ stands in, and the
+    ``unembedding`` column says so: a checkpoint without a head (a sentence encoder), a
+    masked-LM head narrower than the stream (ALBERT, ELECTRA with a smaller embedding), and an
+    encoder-decoder model's encoder.
 
     Parameters
     ----------
@@ -221,11 +224,9 @@ def _vocabulary(model: nn.Module, attention: Attention, chunk: int):
         A_in = None if into is None else into.weight.T  # [d_embed, d_model]
         d_model = W_E.shape[1] if A_in is None else A_in.shape[1]
         A_out = None if out_of is None else out_of.weight.T  # [d_model, d_out]
-        if output is not None and output.weight.shape[1] == (
-            d_model if A_out is None else A_out.shape[1]
-        ):
-            W_U = output.weight.T  # [d_out, vocab]
-            tied = output.weight is embedding.weight
+        weight, tied = _output_weight(model, stack, embedding, output)
+        if weight is not None and weight.shape[1] == (d_model if A_out is None else A_out.shape[1]):
+            W_U = weight.T  # [d_out, vocab]
             unembedding = Unembedding.TIED if tied else Unembedding.OUTPUT_EMBEDDING
         else:
             W_U = W_E.T  # and A_in's transpose out of the stream, where W_E goes through A_in
@@ -237,6 +238,23 @@ def _vocabulary(model: nn.Module, attention: Attention, chunk: int):
         if A_out is not None:
             W_UE = A_out.to(W_UE.dtype) @ W_UE
     return W_UE, unembedding
+
+
+def _output_weight(model: nn.Module, stack: Stack, embedding: nn.Module, output: nn.Module | None):
+    """The unembedding's weight ``[vocab, d_out]`` that reads this stack's stream, and whether it
+    is the input embedding's: the model's output embedding, or for a model loaded without its
+    language-model head, the head the checkpoint holds (``probe.checkpoint``); None where
+    there is none (an encoder's stream, a checkpoint without a head)."""
+    if stack == Stack.ENCODER:
+        return None, False
+    if output is not None:
+        return output.weight, output.weight is embedding.weight
+    from probe.checkpoint import unembedding
+
+    weight, tied = unembedding(model)
+    if tied:
+        return embedding.weight, True
+    return (None if weight is None else weight.to(embedding.weight.device)), False
 
 
 def _module(base: nn.Module, path: str) -> nn.Module | None:

@@ -209,6 +209,18 @@ def resolve(names: Names, points: Mapping[str, HookPoint]) -> list[str]:
 Fns = Mapping[str, HookFn] | Sequence[tuple[str | Callable[[str], bool], HookFn]]
 
 
+def _length_checked(model: nn.Module, args: tuple, kwargs: dict) -> None:
+    """Refuse, before the model runs, an input longer than its positions (``check_length``)."""
+    from probe.architectures import check_length
+
+    for key in ("input_ids", "inputs_embeds", "decoder_input_ids", "decoder_inputs_embeds"):
+        x = kwargs.get(key)
+        if x is None and key == "input_ids" and args:
+            x = args[0]
+        if isinstance(x, torch.Tensor) and x.dim() >= 2:
+            check_length(model, x.shape[1])
+
+
 @contextmanager
 def hooks(model: nn.Module, fns: Fns = (), *, backward: Fns = ()) -> Iterator[None]:
     """Attach hook functions for the duration of a ``with`` block.
@@ -297,4 +309,7 @@ def trace(
             stack.enter_context(points[name].attached(save, name))
             if incl_bwd:
                 stack.enter_context(points[name].attached(save_grad, name, backward=True))
+        if hasattr(model, "config"):  # an input past the position table: one line, not torch's
+            stack.callback(model.register_forward_pre_hook(_length_checked, with_kwargs=True)
+                           .remove)  # fmt: skip
         yield cache

@@ -16,7 +16,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from probe.architectures import blocks
+from probe.architectures import blocks, check_length
 from probe.errors import ProbeError
 from probe.rows import RowBlock, Scored, scored
 from probe.sizes import ATTENTION_BUDGET, parse_size
@@ -41,6 +41,7 @@ def _run(model: nn.Module, inputs: dict, receive, last: int) -> None:
         if layer == last:
             raise _Stop
 
+    check_length(model, inputs["input_ids"].shape[-1])
     device = next(model.parameters()).device
     with torch.inference_mode(), scored(model, hand_on), suppress(_Stop):
         model(**{k: v.to(device) for k, v in inputs.items()})

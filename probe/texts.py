@@ -234,11 +234,28 @@ def _punctuation(text: str) -> bool:
 
 def special_tokens(tokenizer) -> tuple[list[int], list[int]]:
     """The special tokens the tokenizer puts before and after a text ([CLS] … [SEP]; none
-    for GPT-2)."""
-    text = tokenizer("a", add_special_tokens=False)["input_ids"]
-    built = tokenizer("a")["input_ids"]
-    at = next((i for i in range(len(built)) if built[i : i + len(text)] == text), len(built))
-    return list(built[:at]), list(built[at + len(text) :])
+    for GPT-2), as its own special-tokens mask tells them from the text's tokens: never by
+    looking for a word's ids, which in a vocabulary without that word are the unknown token,
+    itself special (and in some tokenizers the BOS too).
+
+    Raises
+    ------
+    ProbeError
+        When no sample text gives the tokenizer a token of text to place the others around.
+    """
+    for sample in SAMPLES:
+        encoded = tokenizer(sample, return_special_tokens_mask=True, verbose=False)
+        ids, special = encoded["input_ids"], encoded["special_tokens_mask"]
+        text = [i for i, s in enumerate(special) if not s]
+        if text:
+            return list(ids[: text[0]]), list(ids[text[-1] + 1 :])
+    raise ProbeError("the tokenizer turns no text into tokens; probe cannot tell its special "
+                     "tokens from a text's")  # fmt: skip
+
+
+# Texts the special tokens are placed around: one of them gives any tokenizer a token of text
+# (an unknown one counts: the mask marks only what the tokenizer added).
+SAMPLES = ("a", "the", "0", ".", "x y z")
 
 
 def count_texts(spec: CorpusSpec) -> int | None:

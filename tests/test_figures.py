@@ -88,11 +88,15 @@ def test_figures_default_to_the_reports_folder_and_are_never_overwritten(report,
     result = run("figures", report, "-f", "png")
     assert result.exit_code == 0, result.output
     out = report / "figures"
-    before = {p.name: p.read_bytes() for p in out.iterdir()}
-    again = run("figures", report, "-f", "pdf")
+    before = {p.name: p.read_bytes() for p in out.iterdir() if not p.name.startswith(".")}
+    again = run("figures", report, "-f", "png")  # the same format again: never overwritten
     assert again.exit_code == 1
     assert "already exists; use --overwrite" in again.output and len(again.output.splitlines()) == 1
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # untouched
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.name in before} == before
+    other = run("figures", report, "-f", "pdf")  # another format joins the first, untouched
+    assert other.exit_code == 0, other.output
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.name in before} == before
+    assert {p.suffix for p in out.iterdir() if not p.name.startswith(".")} == {".png", ".pdf"}
     assert run("figures", report, "-f", "pdf", "--overwrite").exit_code == 0
     assert {p.suffix for p in out.iterdir() if not p.name.startswith(".")} == {".pdf"}
 

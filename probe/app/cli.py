@@ -337,6 +337,11 @@ def _terminated(signum, frame) -> None:
     raise TerminatedError(signal.Signals(signum).name)
 
 
+def _signal(stop: BaseException) -> str:
+    """The signal that stopped a command, for its message: ``SIGINT (Ctrl-C)``, ``SIGTERM``…"""
+    return "SIGINT (Ctrl-C)" if isinstance(stop, KeyboardInterrupt) else str(stop)
+
+
 def _catch_hangups() -> None:
     """SIGTERM and SIGHUP (a closed terminal, a dropped ssh) unwind the command like an error,
     so that no staging folder or lock is left beside the output."""
@@ -402,7 +407,7 @@ def report(
     except ProbeError as e:
         _fail(str(e))
     except (KeyboardInterrupt, TerminatedError) as e:
-        _fail(f"stopped ({e or 'interrupted'}); index.html is as it was")
+        _fail(f"stopped by {_signal(e)}; index.html is as it was")
     typer.echo(f"report: {path}")
 
 
@@ -446,7 +451,7 @@ def experiment_heads(
     except ProbeError as e:
         _fail(str(e))
     except (KeyboardInterrupt, TerminatedError) as e:
-        _fail(f"stopped ({e or 'interrupted'}); no report was written")
+        _fail(f"stopped by {_signal(e)}; no report was written")
     if not quiet:
         index = path / "index.html"
         Console().print(
@@ -472,7 +477,7 @@ def compare_command(
     except ProbeError as e:
         _fail(str(e))
     except (KeyboardInterrupt, TerminatedError) as e:
-        _fail(f"stopped ({e or 'interrupted'}); no comparison was written")
+        _fail(f"stopped by {_signal(e)}; no comparison was written")
     typer.echo(f"comparison: {path / 'index.html'}")
 
 
@@ -481,7 +486,11 @@ def figures_command(
     folder: Path = typer.Argument(..., help="A report folder (probe analyze) or a comparison's."),
     format: str = typer.Option("pdf", "--format", "-f", help="pdf, svg or png."),
     out: Path = typer.Option(None, "--out", "-o", help="Output folder [default: REPORT/figures]."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace earlier figures."),
+    overwrite: bool = typer.Option(
+        False,
+        "--overwrite",
+        help="Replace the figures folder (without it, another format is added beside).",
+    ),
 ) -> None:
     """Draw publication figures (seaborn) from a report's tables: every analysis's figures,
     sized for a paper's column or page, one file each."""

@@ -3,16 +3,19 @@ drawn with seaborn for papers, into ``REPORT/figures`` by default.
 
 The figures are those each analysis declares (``Analysis.plots``; a comparison's are
 ``probe.app.compare.PLOTS``), drawn from the report's tables alone: no model is loaded. The
-folder is written whole or not at all, and replaced only with ``--overwrite`` (as ``probe
-analyze`` writes a report: ``probe.app.output``).
+folder is written whole or not at all (as ``probe analyze`` writes a report:
+``probe.app.output``). A report keeps one figures folder: a second format adds its files beside
+the first's, and the files of a format already there are replaced only with ``--overwrite``
+(which replaces the whole folder).
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from probe.app.output import check_free, reserved
+from probe.app.output import check_free, is_report, reserved
 from probe.errors import ProbeError
 
 if TYPE_CHECKING:
@@ -75,7 +78,9 @@ def write(report: Path, out: Path | None = None, format: str = "pdf",
     if not report.is_dir():
         raise ProbeError(f"{report} is not a folder; give a folder written by probe analyze")
     out = report / "figures" if out is None else out
-    check_free(out, overwrite)
+    kept = [] if overwrite else _other_formats(out, format)
+    adding = bool(kept)  # the folder is replaced by one that holds its files and the new ones
+    check_free(out, overwrite or adding)
     plots, tables = declared(report)
     drawn = [(name, plot) for name, plot in plots if plot.present(tables)]
     if not drawn:
@@ -88,7 +93,9 @@ def write(report: Path, out: Path | None = None, format: str = "pdf",
     from analyses.paper import draw_figure, theme
 
     names = []
-    with reserved(out, overwrite) as staging:
+    with reserved(out, overwrite or adding) as staging:
+        for path in kept:
+            shutil.copy2(path, staging / path.name)
         for name, plot in drawn:
             figure = draw_figure(plot, tables)
             names.append(f"{name}-{plot.id}.{format}")
@@ -96,3 +103,16 @@ def write(report: Path, out: Path | None = None, format: str = "pdf",
                 figure.savefig(staging / names[-1], format=format, metadata=METADATA[format])
             plt.close(figure)
     return out, names
+
+
+def _other_formats(out: Path, format: str) -> list[Path]:
+    """The figure files of other formats in a figures folder probe wrote, which a new format's
+    files join; none where ``out`` is no such folder, or already holds ``format``'s files (those
+    are replaced only with ``--overwrite``)."""
+    if not is_report(out):
+        return []
+    files = [p for p in sorted(out.iterdir()) if p.is_file() and not p.name.startswith(".")]
+    suffixes = {p.suffix.removeprefix(".") for p in files}
+    if format in suffixes or not suffixes <= set(FORMATS):
+        return []
+    return files

@@ -91,14 +91,24 @@ def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", last).strip("-.") or "model"
 
 
-def default_out(model: str, treebank: Sequence[str] | None = None) -> Path:
-    """``reports/<model>``, for the default treebank, else ``reports/<model>-<treebank>``, so that
-    runs on different inputs do not collide (``minilm-sample``, ``minilm-en_gum``)."""
-    if not treebank:
-        return Path("reports") / slug(model)
-    names = [slug(str(t).removeprefix("ud:").removesuffix(".gz").removesuffix(".conllu"))
-             for t in treebank]  # fmt: skip
-    return Path("reports") / "-".join([slug(model), *names])
+def default_out(
+    model: str,
+    treebank: Sequence[str] | None = None,
+    corpus: str | None = None,
+    analyses: Sequence[str] | None = None,
+) -> Path:
+    """``reports/<model>`` for the default inputs and analyses; each input or choice that is not
+    the default adds its name, so that runs that differ in them do not collide:
+    ``minilm-sample`` (a treebank), ``minilm-notes.jsonl`` (a corpus), ``minilm-taxonomy``
+    (analyses named with ``--analyses``, joined by ``+``)."""
+    names = [slug(model)]
+    names += [slug(str(t).removeprefix("ud:").removesuffix(".gz").removesuffix(".conllu"))
+              for t in treebank or ()]  # fmt: skip
+    if corpus:
+        names.append(slug(corpus.removeprefix("hf:").replace(":", "-").replace("@", "-")))
+    if analyses:
+        names.append("+".join(slug(a) for a in analyses))
+    return Path("reports") / "-".join(names)
 
 
 def is_report(folder: Path) -> bool:

@@ -75,7 +75,12 @@ class Settings:
 
     @property
     def output(self) -> Path:
-        return Path(self.out) if self.out else default_out(self.model, self.treebank)
+        if self.out:
+            return Path(self.out)
+        chosen = None if self.analyses is None else list(dict.fromkeys(self.analyses))
+        if chosen == analyses.defaults():
+            chosen = None  # the default analyses, named: the default folder
+        return default_out(self.model, self.treebank, self.corpus, chosen)
 
 
 @dataclass(frozen=True)
@@ -143,6 +148,13 @@ def _options(names: Sequence[str], given: dict[str, Any]) -> dict[str, Any]:
         if name not in everything:
             raise ProbeError(f"unknown option {name}")
         option, owner = everything[name]
+        if owner not in analyses.REGISTRY:  # a unit's option: name the analyses that read it
+            readers = [a for a in analyses.REGISTRY if owner in analyses.get(a).units()]
+            raise ProbeError(
+                f"{option.flag} says how to read the {units.get(owner).label}, which no analysis "
+                f"of this run reads; add {' or '.join(readers)} to --analyses or leave the "
+                "option out"
+            )
         raise ProbeError(f"{option.flag} is an option of {owner}, which this run does not "
                          f"include; add {owner} to --analyses or leave the option out")  # fmt: skip
     return resolve([option for option, _ in declared.values()], given)
@@ -286,6 +298,7 @@ class RunCard:
     timings_s: dict[str, float] = field(default_factory=dict)
     schema: int = SCHEMA  # the folder's layout version (probe.app.folder)
     corpus: str | None = None  # the plain-text corpus the text unit read
+    context: int | None = None  # its tokens per window, as used (capped at the model's limit)
 
     def as_dict(self) -> dict[str, Any]:
         """The card as ``run.json`` holds it, with the sentence and coreference counts also at
@@ -512,9 +525,14 @@ def _check_input(run: Plan, tally: dict) -> None:
 
 def _card(run: Plan, model, tokenizer, chosen, ranks, tally) -> RunCard:
     from probe.architectures import blocks, head_count, is_causal
+    from probe.corpus import max_tokens
     from probe.loading import describe_source, main_device
 
     settings, config = run.settings, model.config
+    limit = max_tokens(config, tokenizer)
+    used = dict(run.options)  # as the units used them: a window capped at the model's limit
+    for name in run.units:
+        used |= units.get(name).used(run.options, limit)
     return RunCard(
         model=settings.model,
         model_source=describe_source(settings.model),
@@ -533,7 +551,7 @@ def _card(run: Plan, model, tokenizer, chosen, ranks, tally) -> RunCard:
         inputs={name: _plain(counts) for name, counts in tally.items()},
         reads={a.name: list(run.reads[a.name]) for a in chosen},
         analyses=[a.name for a in chosen],
-        options=run.options,
+        options=used,
         seed=settings.seed,
         batch_size=settings.batch_size,
         lm_head=settings.lm_head,
@@ -542,7 +560,15 @@ def _card(run: Plan, model, tokenizer, chosen, ranks, tally) -> RunCard:
         command=" ".join(["probe", *sys.argv[1:]]) if sys.argv else "probe analyze",
         created=datetime.now(UTC).isoformat(timespec="seconds"),
         corpus=run.source.corpus.describe() if run.source.corpus else None,
+        context=_context(run, limit) if "text" in run.units else None,
     )
+
+
+def _context(run: Plan, limit: int) -> int:
+    """The tokens per window of the corpus, as the text unit cuts it."""
+    from probe.units.texts import DEFAULT_CONTEXT
+
+    return min(run.source.context or DEFAULT_CONTEXT, limit)
 
 
 def _plain(counts: dict) -> dict:

@@ -116,6 +116,12 @@ class Unit:
         self.shard, self.stop = shard, stop
         self.settings = {o.name: o.default for o in self.options} | dict(options or {})
 
+    @classmethod
+    def used(cls, options: Mapping[str, Any], limit: int) -> dict[str, Any]:
+        """This unit's options as a run with the model's ``limit`` uses them (``run.json``
+        records these, not what was asked): as given, unless the unit caps one."""
+        return {o.name: options.get(o.name, o.default) for o in cls.options}
+
     def size(self) -> int | None:
         """How many items this process will read, if known before reading (progress bars); a
         unit whose bar counts something else sets each batch's ``progress``."""

@@ -86,10 +86,9 @@ def ordinary_tokens(tokenizer) -> np.ndarray:
 def _specials(tokenizer) -> tuple[list[int], list[int]]:
     """The special tokens the tokenizer puts before and after a sequence, with a BOS first even
     where it adds none (GPT-2): the token every query can attend to at position 0."""
-    text = tokenizer("a", add_special_tokens=False)["input_ids"]
-    built = tokenizer("a")["input_ids"]  # where the text lands among the special tokens
-    at = next((i for i in range(len(built)) if built[i : i + len(text)] == text), len(built))
-    before, after = list(built[:at]), list(built[at + len(text) :])
+    from probe.texts import special_tokens
+
+    before, after = special_tokens(tokenizer)
     if not before:
         bos = next(
             (t for t in (tokenizer.bos_token_id, tokenizer.cls_token_id, tokenizer.eos_token_id)

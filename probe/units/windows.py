@@ -3,9 +3,9 @@ document's mentions (``probe.coreference``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from itertools import islice
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from probe.distributed import Tally
 from probe.options import Option
@@ -31,12 +31,17 @@ class CoreferenceWindows(Unit):
                "(capped at the model's).", min=8),
     )  # fmt: skip
 
+    @classmethod
+    def used(cls, options: Mapping[str, Any], limit: int) -> dict[str, Any]:
+        (window,) = cls.options
+        return {window.name: min(options.get(window.name, window.default), limit)}
+
     def __init__(self, *args, **kwargs) -> None:
         from probe.coreference import Windows
         from probe.corpus import Corpus  # imported with torch: not when options are read
 
         super().__init__(*args, **kwargs)
-        self.window = min(self.settings["coref_window"], self.limit)
+        self.window = self.used(self.settings, self.limit)["coref_window"]
         sentences = islice(iter_treebank(self.source.treebank), self.source.max_sentences)
         self.windows = Windows(sentences, self.tokenizer, self.window, shard=self.shard)
         self.corpus = Corpus(self.windows, self.tokenizer, self.window)
