@@ -34,9 +34,9 @@ if TYPE_CHECKING:
     from torch import nn
 
     from analyses.figures import Figure, Plot
-    from probe.corpus import Batch
-    from probe.rows import RowBlock
-    from probe.runner import LayerCapture
+    from probe.capture.rows import RowBlock
+    from probe.inputs.corpus import Batch
+    from probe.run.runner import LayerCapture
 
 # name -> "module:class". Adding an analysis: one module in analyses/ and one line here.
 REGISTRY: dict[str, str] = {
@@ -131,13 +131,15 @@ class Analysis:
     # Hook suffixes this analysis reads, layer by layer, while a corpus streams through the
     # model (none: it sees only the batches).
     captures: ClassVar[tuple[str, ...]] = ()
-    # What the model reads for it (``probe.units.UNITS``): single sentences, or "window"s of
-    # consecutive sentences of one document (``probe.coreference.Windows``), whose batches hold
+    # What the model reads for it (``probe.inputs.units.UNITS``): single sentences, or "window"s of
+    # consecutive sentences of one document (``probe.inputs.coreference.Windows``), whose batches
+    # hold
     # ``Window``s; several, as a tuple (``Batch.unit`` tells a batch's); a choice, as
-    # ``probe.units.Either("text", "sentence")`` (a corpus when given, else sentences); None for
+    # ``probe.inputs.units.Either("text", "sentence")`` (a corpus when given, else sentences); None
+    # for
     # an analysis of the weights alone, which needs neither treebank nor forward pass.
     unit: ClassVar[str | tuple[str, ...] | None] = "sentence"
-    # Which attention's captures it reads (``probe.architectures.attentions``); None for the
+    # Which attention's captures it reads (``probe.capture.architectures.attentions``); None for the
     # model's first: its only one, or an encoder-decoder model's encoder self-attention.
     attention: ClassVar[str | None] = None
     tables: ClassVar[dict[str, Schema]] = {}
@@ -149,12 +151,12 @@ class Analysis:
     default: ClassVar[bool] = True  # run when the user names no analyses
     # Whether it takes a layer's pattern in blocks of query rows (``update_rows``): it keeps sums
     # over queries, so that a long input's T × T pattern need never exist whole, and the model
-    # runs its fast kernel (``probe.runner.stream_rows``). Analyses that need a whole pattern at
+    # runs its fast kernel (``probe.run.runner.stream_rows``). Analyses that need a whole pattern at
     # once (syntax's word-level attention, say) leave it False.
     rows: ClassVar[bool] = False
     # Its figures, declared once: the page draws them as SVG, `probe figures` with seaborn.
     plots: ClassVar[tuple[Plot, ...]] = ()
-    # What the command line's helper process (``probe.helper``) runs while torch imports, for
+    # What the command line's helper process (``probe.run.helper``) runs while torch imports, for
     # the work this analysis hands it later: ``"module:function"``, called with no arguments.
     helper_warmup: ClassVar[str | None] = None
 
@@ -166,7 +168,7 @@ class Analysis:
     def units(cls, given: set[str] | None = None) -> tuple[str, ...]:
         """The units it reads, in the order they are streamed: of a choice (``Either``), the one
         the run's inputs ``given`` pick (``{"treebank", "corpus"}``), or every one (None)."""
-        from probe.units import Either
+        from probe.inputs.units import Either
 
         unit = cls.unit
         declared = () if unit is None else unit if type(unit) is tuple else (unit,)
@@ -194,12 +196,12 @@ class Analysis:
         """Add one layer of one batch; an analysis that takes ``rows`` is handed the whole
         pattern as one block."""
         if self.rows:
-            from probe.rows import RowBlock
+            from probe.capture.rows import RowBlock
 
             self.update_rows(batch, layer, RowBlock.whole(capture.pattern, capture.attention))
 
     def update_rows(self, batch: Batch, layer: int, block: RowBlock) -> None:
-        """Add one block of query rows of one layer's pattern (``probe.rows.RowBlock``). A
+        """Add one block of query rows of one layer's pattern (``probe.capture.rows.RowBlock``). A
         layer's blocks arrive in order, all before the next layer's; only analyses that declare
         ``rows`` are called."""
         raise NotImplementedError(f"{type(self).__name__} does not take rows")
@@ -210,7 +212,7 @@ class Analysis:
     def hand_off(self) -> bool:
         """Called on every analysis once the batches are done, before any finishes: hand the
         slow work of ``finish`` that needs nothing but this analysis's state (a fit) to the
-        helper process now (``probe.helper.submit``), so that it runs while the other analyses
+        helper process now (``probe.run.helper.submit``), so that it runs while the other analyses
         finish (the run finishes those first).
 
         Returns
@@ -340,7 +342,7 @@ _PASSED: set[tuple[type, str | None, bool]] = set()
 
 
 def _check_declaration(cls: type, key: str | None, full: bool) -> None:
-    from probe import units
+    from probe.inputs import units
 
     who = (
         f"analysis {key or getattr(cls, 'name', cls.__name__)!r} ({cls.__module__}.{cls.__name__})"

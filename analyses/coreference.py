@@ -1,7 +1,8 @@
 """Coreference heads (Clark et al. 2019, §4.3): how often the word a head attends to most, from
 the head word of a coreferent mention, is the head word of one of the mention's antecedents.
 
-The model reads windows of whole sentences of one document (``probe.coreference``), not single
+The model reads windows of whole sentences of one document (``probe.inputs.coreference``), not
+single
 sentences. Per layer, only the rows of word-level attention that are scored are computed (one
 per scored mention, every head at once), not a window's whole word map. The 95% intervals use
 the Poisson bootstrap over documents, with weights keyed to the document: they depend on the
@@ -20,14 +21,14 @@ from markupsafe import Markup, escape
 from analyses import Analysis, Context, Measure, Schema, svg
 from analyses.figures import Figure, Plot
 from analyses.vocabulary import Role, Thresholds
-from probe.coreference import BASELINES, MENTION_TYPES, Window, baselines, nearest, scored
 from probe.inference import FDR, MIN_CLUSTERS, benjamini_hochberg, honest, p_above
+from probe.inputs.coreference import BASELINES, MENTION_TYPES, Window, baselines, nearest, scored
 from probe.keys import poisson
 from probe.lazy import lazy
 
 if TYPE_CHECKING:
-    from probe.corpus import Batch
-    from probe.runner import LayerCapture
+    from probe.inputs.corpus import Batch
+    from probe.run.runner import LayerCapture
 
 np = lazy("numpy")
 pd = lazy("pandas")

@@ -2,7 +2,7 @@
 source is, and how closely it follows the diagonal.
 
 The decoder reads each sentence itself, shifted right after its start token
-(``probe.runner.decoder_inputs``): decoder position t has read source tokens 0…t-1 and
+(``probe.run.runner.decoder_inputs``): decoder position t has read source tokens 0…t-1 and
 predicts token t. A head that aligns the target with the source puts its weight near source
 position t; the statistics say how much lands at t (the token being predicted), at t-1 (the
 token just read) and at t+1, and how often the maximum is at t or t-1. The weights of each head
@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, ClassVar
 
 from analyses import Analysis, Context, Schema, svg
 from analyses.figures import Figure, Plot
+from probe.inputs.units import Either
 from probe.lazy import lazy
 from probe.numerics import entropy
-from probe.units import Either
 
 if TYPE_CHECKING:
-    from probe.corpus import Batch
-    from probe.runner import LayerCapture
+    from probe.inputs.corpus import Batch
+    from probe.run.runner import LayerCapture
 
 np = lazy("numpy")
 pd = lazy("pandas")
@@ -51,7 +51,7 @@ class CrossAttention(Analysis):
 
     @classmethod
     def unsupported(cls, model) -> str | None:
-        from probe.architectures import is_encoder_decoder
+        from probe.capture.architectures import is_encoder_decoder
 
         if not is_encoder_decoder(model):
             return "cross-attention needs an encoder-decoder model (BART, T5…)"
@@ -59,7 +59,7 @@ class CrossAttention(Analysis):
 
     def __init__(self, context: Context) -> None:
         super().__init__(context)
-        from probe.architectures import blocks, iter_head_weights
+        from probe.capture.architectures import blocks, iter_head_weights
 
         model = context.model
         self.n_layers = len(blocks(model, ATTENTION))
@@ -71,7 +71,7 @@ class CrossAttention(Analysis):
     def begin_batch(self, batch: Batch) -> None:
         keys = batch.attention_mask.bool()  # the source's real tokens
         # The decoder's real positions: its start token, then the source shifted right by one,
-        # one position per source token (``probe.runner.decoder_inputs``).
+        # one position per source token (``probe.run.runner.decoder_inputs``).
         queries = keys
         n_keys = keys.sum(1, keepdim=True).expand_as(queries)
         self._real = queries.float()  # [B, T]
@@ -103,8 +103,8 @@ class CrossAttention(Analysis):
 
     def _tables(self) -> dict[str, pd.DataFrame]:
         """``cross_attention``: one row per decoder (layer, head), means over real positions."""
-        from probe.architectures import iter_head_weights
-        from probe.circuits import spectra
+        from probe.capture.architectures import iter_head_weights
+        from probe.weights.spectra import spectra
 
         L, H = self.n_layers, self.n_heads
         means = (self.sums.flatten(1) / max(self.queries, 1)).numpy()

@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING, ClassVar
 from analyses import Analysis, Context, Measure, Schema, svg
 from analyses.figures import Figure, Plot
 from analyses.vocabulary import Thresholds
+from probe.inputs.units import Either
 from probe.lazy import lazy
 from probe.options import Option
-from probe.units import Either
 
 if TYPE_CHECKING:
-    from probe.corpus import Batch
+    from probe.inputs.corpus import Batch
 
 np = lazy("numpy")
 pd = lazy("pandas")
@@ -55,7 +55,7 @@ class Importance(Analysis):
 
     @classmethod
     def unsupported(cls, model) -> str | None:
-        from probe.architectures import is_encoder_decoder
+        from probe.capture.architectures import is_encoder_decoder
 
         if is_encoder_decoder(model):
             return "importance does not handle encoder-decoder models yet"
@@ -113,8 +113,8 @@ class Importance(Analysis):
     # -- the forward passes, once --------------------------------------------------------
 
     def _tables(self) -> dict[str, pd.DataFrame]:
-        from probe.ablation import ablate, head_means
-        from probe.loading import main_device
+        from probe.interventions.ablation import ablate, head_means
+        from probe.run.loading import main_device
 
         model = self.context.model
         L, H = self.context.n_layers, self.context.n_heads
@@ -185,7 +185,7 @@ class Importance(Analysis):
     def _gradient(self, model, batches) -> np.ndarray:
         """E_x |∂L(x)/∂ξ_h| over the sentences: each sentence has its own mask ξ ``[layer,
         head]``, so one backward pass gives every sentence's gradient."""
-        from probe.hookpoints import hooks
+        from probe.capture.hookpoints import hooks
         from probe.keys import uniform
 
         L, H = self.context.n_layers, self.context.n_heads

@@ -21,15 +21,15 @@ from typing import TYPE_CHECKING, ClassVar
 
 from analyses import Analysis, Context, Schema
 from analyses.vocabulary import Direction
-from probe import helper
 from probe.keys import keys, uniform
 from probe.lazy import lazy
+from probe.run import helper
 
 if TYPE_CHECKING:
     from sklearn.linear_model import LogisticRegression
 
-    from probe.corpus import Batch
-    from probe.runner import LayerCapture
+    from probe.inputs.corpus import Batch
+    from probe.run.runner import LayerCapture
 
 np = lazy("numpy")
 pd = lazy("pandas")
@@ -425,7 +425,7 @@ def fit_coefficients(X: np.ndarray, y: np.ndarray, c: float = C) -> tuple[np.nda
 
 
 def warm_up() -> None:
-    """A small fit, which the helper process runs while torch imports (``probe.helper``)."""
+    """A small fit, which the helper process runs while torch imports (``probe.run.helper``)."""
     rng = np.random.default_rng(0)
     X = rng.standard_normal((2000, 144), dtype=np.float32)
     fit_coefficients(X, X[:, 0] + rng.standard_normal(2000) > 0)

@@ -1,8 +1,9 @@
 """Retrieval heads (Wu et al. 2024): which heads copy an answer out of a needle in a haystack.
 
 The haystack is the treebank's text (the sentence unit's sentences, joined; any iterable of
-strings would do, ``probe.retrieval.haystack``); the trials, their scores and their nulls are
-``probe.retrieval``'s. Each head's score is its mean over lengths and depths, with a 95%
+strings would do, ``probe.patterns.retrieval.haystack``); the trials, their scores and their nulls
+are
+``probe.patterns.retrieval``'s. Each head's score is its mean over lengths and depths, with a 95%
 t-interval over the trials; the null is the same mean with the needle left out. A head whose
 score exceeds the ``retrieval`` threshold holds the ``retrieval`` role.
 """
@@ -20,7 +21,7 @@ from probe.lazy import lazy
 from probe.options import Option
 
 if TYPE_CHECKING:
-    from probe.corpus import Batch
+    from probe.inputs.corpus import Batch
 
 np = lazy("numpy")
 pd = lazy("pandas")
@@ -70,8 +71,8 @@ class Retrieval(Analysis):
 
     @classmethod
     def unsupported(cls, model) -> str | None:
-        from probe.architectures import is_causal
-        from probe.rows import rows_unsupported
+        from probe.capture.architectures import is_causal
+        from probe.capture.rows import rows_unsupported
 
         if not is_causal(model):
             return "retrieval heads are read on decoders, which generate the answer"
@@ -95,8 +96,8 @@ class Retrieval(Analysis):
         self.texts.update(other.texts)
 
     def _tables(self) -> dict[str, pd.DataFrame]:
-        from probe.corpus import max_tokens
-        from probe.retrieval import haystack, needle_trials, scores
+        from probe.inputs.corpus import max_tokens
+        from probe.patterns.retrieval import haystack, needle_trials, scores
 
         model, tokenizer = self.context.model, self.context.tokenizer
         room = max_tokens(model.config, tokenizer) - OVERHEAD

@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING, ClassVar
 from analyses import Analysis, Context, Measure, Schema, svg
 from analyses.figures import Figure, Plot
 from analyses.vocabulary import Role, Thresholds
-from probe import helper
+from probe.inputs.units import Either
 from probe.keys import poisson, uniform
 from probe.lazy import lazy
 from probe.numerics import pairwise_js
-from probe.units import Either
+from probe.run import helper
 
 if TYPE_CHECKING:
-    from probe.corpus import Batch
-    from probe.rows import RowBlock
+    from probe.capture.rows import RowBlock
+    from probe.inputs.corpus import Batch
 
 np = lazy("numpy")
 pd = lazy("pandas")
@@ -382,7 +382,7 @@ def mds_points(distance: np.ndarray) -> np.ndarray:
 
 
 def warm_up() -> None:
-    """A small map, which the helper process runs while torch imports (``probe.helper``)."""
+    """A small map, which the helper process runs while torch imports (``probe.run.helper``)."""
     points = np.random.default_rng(0).standard_normal((12, 2))
     mds_points(np.sqrt(((points[:, None] - points[None]) ** 2).sum(-1)))
 

@@ -43,8 +43,8 @@ class Spectra(Analysis):
         """``spectra``: one row per (layer, head, circuit); singular values space-separated."""
         # The heads of the run's grid: an encoder-decoder model's encoder (cross-attention's
         # circuits are in the cross analysis).
-        from probe.architectures import iter_head_weights
-        from probe.circuits import spectra
+        from probe.capture.architectures import iter_head_weights
+        from probe.weights.spectra import spectra
 
         table = spectra(iter_head_weights(self.context.model))
         table["singular_values"] = [" ".join(f"{x:.6g}" for x in s) for s in table.singular_values]

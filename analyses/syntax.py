@@ -22,13 +22,13 @@ from analyses import Analysis, Context, Measure, Schema, svg
 from analyses.figures import Figure, Plot
 from analyses.vocabulary import Direction, Role, Thresholds
 from probe.inference import FDR, MIN_CLUSTERS, MIN_EFFECT, benjamini_hochberg, honest, p_above
+from probe.inputs.treebank import RELATIONS
 from probe.keys import poisson
 from probe.lazy import lazy
-from probe.treebank import RELATIONS
 
 if TYPE_CHECKING:
-    from probe.corpus import Batch
-    from probe.runner import LayerCapture
+    from probe.inputs.corpus import Batch
+    from probe.run.runner import LayerCapture
 
 np = lazy("numpy")
 pd = lazy("pandas")

@@ -2,12 +2,13 @@
 induction heads on repeated random sequences, each beside its null; copying from the weights;
 attention sinks (Gu et al.'s α) on the treebank's sentences, or a ``--corpus``'s windows.
 
-The scores are defined in ``probe.headtypes``; here they are streamed (per-sequence sums and sums
+The scores are defined in ``probe.patterns.headtypes``; here they are streamed (per-sequence sums
+and sums
 of squares, so that each mean has a 95% normal interval over sequences, exact under merging),
 tabled, and turned into roles: a head is an induction (duplicate-token) head when the lower end
 of its score's interval lies at least a threshold above the score's null. ``copying`` is
 Σ Re λ / Σ |λ| over the eigenvalues of the head's full OV circuit W_E W_V W_O W_U (Elhage et al.
-2021), from ``probe.copying``.
+2021), from ``probe.weights.copying``.
 """
 
 from __future__ import annotations
@@ -18,21 +19,21 @@ from typing import TYPE_CHECKING, ClassVar
 from analyses import Analysis, Context, Measure, Schema, svg
 from analyses.figures import Figure, Plot
 from analyses.vocabulary import Role, Thresholds
+from probe.capture.names import Attention
+from probe.inputs.units import Either
+from probe.inputs.units.repeats import LENGTH, SEQUENCES
 from probe.lazy import lazy
-from probe.names import Attention
-from probe.units import Either
-from probe.units.repeats import LENGTH, SEQUENCES
 
 if TYPE_CHECKING:
-    from probe.corpus import Batch
-    from probe.rows import RowBlock
+    from probe.capture.rows import RowBlock
+    from probe.inputs.corpus import Batch
 
 np = lazy("numpy")
 pd = lazy("pandas")
 torch = lazy("torch")
-headtypes = lazy("probe.headtypes")
+headtypes = lazy("probe.patterns.headtypes")
 
-SCORES = ("previous_token", "duplicate_token", "induction")  # as probe.headtypes.SCORES
+SCORES = ("previous_token", "duplicate_token", "induction")  # as probe.patterns.headtypes.SCORES
 Z95 = 1.959963984540054
 MIN_SEQUENCES = 20  # fewer sequences give no interval, and no role
 SINK_ALPHA = 0.3  # Gu et al.: a head is a sink head where α exceeds it
@@ -104,7 +105,7 @@ class Taxonomy(Analysis):
             self._offsets[a][layer] += sums.double().cpu()
         else:
             # the decoder's real positions are the sentence's too: its start token, then the
-            # sentence without its last token (``probe.runner.decoder_inputs``)
+            # sentence without its last token (``probe.run.runner.decoder_inputs``)
             if block.rows.start >= headtypes.SINK_TOKENS:  # past the queries α is read on
                 return
             real = batch.attention_mask.bool()
@@ -268,7 +269,7 @@ def _self_attentions(context: Context) -> dict[str, tuple[int, int]]:
     model = context.model
     if model is None:
         return {str(Attention.BLOCKS): (context.n_layers, context.n_heads)}
-    from probe.architectures import attentions, blocks, head_count
+    from probe.capture.architectures import attentions, blocks, head_count
 
     return {
         str(a): (len(blocks(model, a)), head_count(model, a))
@@ -288,7 +289,7 @@ def _copying(model) -> pd.DataFrame:
     if model is None:
         return pd.DataFrame({c: pd.Series(dtype=object if c in ("attention", "unembedding")
                                           else float) for c in columns})  # fmt: skip
-    from probe.copying import copying_scores
+    from probe.weights.copying import copying_scores
 
     scores = copying_scores(model)
     scores["attention"] = scores.attention.astype(str)
@@ -301,12 +302,12 @@ def _example(model, tokenizer, seed: int) -> pd.DataFrame:
     columns = ["layer", "head", "query", "key", "weight"]
     if model is None or tokenizer is None:
         return pd.DataFrame(columns=columns)
-    from probe.architectures import is_encoder_decoder
-    from probe.hookpoints import trace
-    from probe.loading import main_device
-    from probe.runner import decoder_inputs
-    from probe.units import Source
-    from probe.units.repeats import RepeatedSequences
+    from probe.capture.architectures import is_encoder_decoder
+    from probe.capture.hookpoints import trace
+    from probe.inputs.units import Source
+    from probe.inputs.units.repeats import RepeatedSequences
+    from probe.run.loading import main_device
+    from probe.run.runner import decoder_inputs
 
     unit = RepeatedSequences(Source(seed=seed), tokenizer, 10**6,
                              options={"repeat_length": EXAMPLE_LENGTH})  # fmt: skip

@@ -20,7 +20,7 @@ def ewt_dev() -> Path:
     temporary folder (a machine without ``../shared``, say a GPU one)."""
     if EWT_DEV.exists():
         return EWT_DEV
-    from probe.treebank import BUNDLED
+    from probe.inputs.treebank import BUNDLED
 
     unpacked = Path(tempfile.gettempdir()) / "probe-bench-en_ewt-ud-dev.conllu"
     if not unpacked.exists():

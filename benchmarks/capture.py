@@ -23,9 +23,9 @@ from _common import ewt_dev
 from transformers import AutoModel, BertForMaskedLM
 
 import probe
-from probe.corpus import Corpus, max_tokens
-from probe.loading import resolve_name
-from probe.treebank import read_conllu
+from probe.inputs.corpus import Corpus, max_tokens
+from probe.inputs.treebank import read_conllu
+from probe.run.loading import resolve_name
 
 NAMES = ("hook_pattern", "hook_z")
 

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from probe.copying import copying_score, embedding_product, ov_eigenvalues
+from probe.weights.copying import copying_score, embedding_product, ov_eigenvalues
 
 
 def rss_gb() -> float:

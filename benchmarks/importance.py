@@ -22,9 +22,9 @@ from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
 
 from analyses import Context
 from analyses.importance import Importance
-from probe.corpus import Corpus
-from probe.loading import resolve_name
-from probe.treebank import iter_conllu
+from probe.inputs.corpus import Corpus
+from probe.inputs.treebank import iter_conllu
+from probe.run.loading import resolve_name
 
 
 def measure(model, tokenizer, sentences: int, rounds: int) -> tuple[float, float, int]:

@@ -6,7 +6,7 @@
 A random Llama (by default tiny: 2 layers, 4 query heads, 2 key/value heads, d_head 16, RoPE)
 reads one text of T tokens: EWT dev's sentences, joined into one sentence of T MiniLM tokens. For
 each T, two fresh processes: the floor, the model's plain sdpa forward over the tokens; and the
-analysis, the same forward with the roles and taxonomy analyses fed row blocks (``probe.runner.
+analysis, the same forward with the roles and taxonomy analyses fed row blocks (``probe.run.runner.
 stream_rows``), alternating with the floor. Each prints its peak resident memory (ru_maxrss);
 times are CPU seconds (all threads), the floor's and the analysis's from the same process, the
 median of ``--rounds``; the load average beside them says how busy a shared machine was. On a
@@ -76,10 +76,10 @@ def child(tokens: int, mode: str, budget: str, rounds: int, d_head: int, layers:
     from analyses import Context
     from analyses.roles import Roles
     from analyses.taxonomy import Taxonomy
-    from probe.runner import stream_rows
+    from probe.inputs.units import Source
+    from probe.inputs.units.sentences import Sentences
+    from probe.run.runner import stream_rows
     from probe.sizes import parse_size
-    from probe.units import Source
-    from probe.units.sentences import Sentences
 
     torch.manual_seed(0)
     _, tokenizer = probe.load("minilm")

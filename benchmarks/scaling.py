@@ -52,10 +52,10 @@ def exchanged() -> dict[str, int]:
     import probe
     from analyses import REGISTRY, Context, get
     from probe.app.examples import Examples
-    from probe.coreference import Windows
-    from probe.corpus import Corpus
-    from probe.runner import stream
-    from probe.treebank import iter_conllu
+    from probe.inputs.coreference import Windows
+    from probe.inputs.corpus import Corpus
+    from probe.inputs.treebank import iter_conllu
+    from probe.run.runner import stream
 
     model, tokenizer = probe.load("minilm")
     context = Context(len(model.encoder.layer), model.config.num_attention_heads, model=model)

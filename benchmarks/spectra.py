@@ -15,8 +15,8 @@ import time
 import numpy as np
 import torch
 
-from probe.architectures import HeadWeights
-from probe.circuits import _layer_rows
+from probe.capture.architectures import HeadWeights
+from probe.weights.spectra import _layer_rows
 
 
 def random_layer(heads: int, d_model: int, d_head: int, g: torch.Generator) -> HeadWeights:

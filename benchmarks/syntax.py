@@ -21,10 +21,10 @@ from transformers import AutoModel
 import probe
 from analyses import Context
 from analyses.syntax import Syntax
-from probe.corpus import Corpus, max_tokens
-from probe.loading import resolve_name
-from probe.runner import release_memory, stream
-from probe.treebank import read_conllu
+from probe.inputs.corpus import Corpus, max_tokens
+from probe.inputs.treebank import read_conllu
+from probe.run.loading import resolve_name
+from probe.run.runner import release_memory, stream
 
 
 def rss_bytes() -> int:

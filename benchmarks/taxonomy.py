@@ -24,10 +24,10 @@ import transformers as tf
 import probe
 from analyses import Context
 from analyses.taxonomy import Taxonomy
-from probe.runner import stream, stream_rows
+from probe.inputs.units import Source
+from probe.inputs.units.repeats import RepeatedSequences
+from probe.run.runner import stream, stream_rows
 from probe.sizes import parse_size
-from probe.units import Source
-from probe.units.repeats import RepeatedSequences
 
 
 def measure(model, tokenizer, args) -> tuple[float, float, float]:

@@ -19,27 +19,27 @@ __version__ = "0.1.0"
 
 # Public name -> the module that defines it.
 _EXPORTS = {
-    "ablate": "probe.ablation",
-    "head_means": "probe.ablation",
-    "HeadWeights": "probe.architectures",
-    "head_weights": "probe.architectures",
+    "ablate": "probe.interventions.ablation",
+    "head_means": "probe.interventions.ablation",
+    "HeadWeights": "probe.capture.architectures",
+    "head_weights": "probe.capture.architectures",
     "MultiHeadAttention": "probe.attention",
-    "spectra": "probe.circuits",
-    "copying_scores": "probe.copying",
+    "spectra": "probe.weights.spectra",
+    "copying_scores": "probe.weights.copying",
     "ProbeError": "probe.errors",
     "HeadId": "probe.heads",
-    "head_types": "probe.headtypes",
-    "Cache": "probe.hookpoints",
-    "Hook": "probe.hookpoints",
-    "HookPoint": "probe.hookpoints",
-    "hooks": "probe.hookpoints",
-    "trace": "probe.hookpoints",
-    "load": "probe.loading",
-    "attention_rows": "probe.long_context",
-    "head_statistics": "probe.long_context",
-    "patch": "probe.patching",
-    "show": "probe.viewer",
-    "View": "probe.viewer",
+    "head_types": "probe.patterns.headtypes",
+    "Cache": "probe.capture.hookpoints",
+    "Hook": "probe.capture.hookpoints",
+    "HookPoint": "probe.capture.hookpoints",
+    "hooks": "probe.capture.hookpoints",
+    "trace": "probe.capture.hookpoints",
+    "load": "probe.run.loading",
+    "attention_rows": "probe.patterns.long_context",
+    "head_statistics": "probe.patterns.long_context",
+    "patch": "probe.interventions.patching",
+    "show": "probe.patterns.viewer",
+    "View": "probe.patterns.viewer",
 }
 
 # Public module -> where it lives. The notebook figures read report folders and draw what the
@@ -90,17 +90,17 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from probe.ablation import ablate, head_means
     from probe.app import plot
-    from probe.architectures import HeadWeights, head_weights
     from probe.attention import MultiHeadAttention
-    from probe.circuits import spectra
-    from probe.copying import copying_scores
+    from probe.capture.architectures import HeadWeights, head_weights
+    from probe.capture.hookpoints import Cache, Hook, HookPoint, hooks, trace
     from probe.errors import ProbeError
     from probe.heads import HeadId
-    from probe.headtypes import head_types
-    from probe.hookpoints import Cache, Hook, HookPoint, hooks, trace
-    from probe.loading import load
-    from probe.long_context import attention_rows, head_statistics
-    from probe.patching import patch
-    from probe.viewer import View, show
+    from probe.interventions.ablation import ablate, head_means
+    from probe.interventions.patching import patch
+    from probe.patterns.headtypes import head_types
+    from probe.patterns.long_context import attention_rows, head_statistics
+    from probe.patterns.viewer import View, show
+    from probe.run.loading import load
+    from probe.weights.copying import copying_scores
+    from probe.weights.spectra import spectra

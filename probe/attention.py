@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from probe.hookpoints import HookPoint
+from probe.capture.hookpoints import HookPoint
 
 
 class MultiHeadAttention(nn.Module):

@@ -4,7 +4,7 @@ user's mistake found late would be), for the test that every process of the run 
 import os
 import sys
 
-import probe.runner
+import probe.run.runner
 from probe.app.cli import app
 from probe.errors import ProbeError
 
@@ -25,5 +25,5 @@ def fail_after_first_batch(stream):
 
 
 if int(os.environ["RANK"]) == FAILING_RANK:
-    probe.runner.stream = fail_after_first_batch(probe.runner.stream)
+    probe.run.runner.stream = fail_after_first_batch(probe.run.runner.stream)
 sys.exit(app())

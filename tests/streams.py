@@ -3,8 +3,8 @@
 import torch
 
 from analyses import Context
-from probe.corpus import Batch
-from probe.runner import LayerCapture
+from probe.inputs.corpus import Batch
+from probe.run.runner import LayerCapture
 
 
 def feed(consumer, batch: Batch, patterns: torch.Tensor) -> None:

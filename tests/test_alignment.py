@@ -8,9 +8,9 @@ from tokenizers_util import FAMILIES, TEXT
 
 from analyses.syntax import Syntax
 from analyses.vocabulary import Direction
-from probe.alignment import head_predictions, word_attention, word_tokenizer
-from probe.corpus import NO_TOKENS, TOO_LONG, Corpus
-from probe.treebank import Sentence
+from probe.inputs.alignment import head_predictions, word_attention, word_tokenizer
+from probe.inputs.corpus import NO_TOKENS, TOO_LONG, Corpus
+from probe.inputs.treebank import Sentence
 
 
 def sentence(words):
@@ -92,8 +92,8 @@ def test_word_level_attention_by_hand():
 
 
 def hand_batch(index: int = 0):
-    from probe.corpus import Batch
-    from probe.treebank import RELATIONS
+    from probe.inputs.corpus import Batch
+    from probe.inputs.treebank import RELATIONS
 
     rel = RELATIONS.index
     return Batch(

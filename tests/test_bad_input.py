@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 import probe
 from probe.app.cli import app
-from probe.corpus import UNKNOWN_MAX_TOKENS, max_tokens
-from probe.treebank import SAMPLE, read_conllu
+from probe.inputs.corpus import UNKNOWN_MAX_TOKENS, max_tokens
+from probe.inputs.treebank import SAMPLE, read_conllu
 
 runner = CliRunner()
 
@@ -178,7 +178,7 @@ def test_max_tokens_without_a_stated_limit():
 def test_an_interrupted_download_is_one_line_and_caches_nothing(tmp_path, monkeypatch):
     import http.client
 
-    from probe.treebank import download_ud
+    from probe.inputs.treebank import download_ud
 
     class CutShort:
         def __enter__(self):
@@ -206,7 +206,7 @@ def test_markup_in_an_output_path_is_text(tmp_path, minilm, monkeypatch):
 
 
 def test_an_unwritable_cache_is_one_line(tmp_path, monkeypatch):
-    from probe.treebank import download_ud
+    from probe.inputs.treebank import download_ud
 
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
@@ -218,7 +218,7 @@ def test_an_unwritable_cache_is_one_line(tmp_path, monkeypatch):
 def test_only_verifiable_splits_are_offered():
     """Every split probe downloads has a pinned checksum: one without is refused, saying
     which exist."""
-    from probe.treebank import download_ud
+    from probe.inputs.treebank import download_ud
 
     with pytest.raises(probe.ProbeError, match=r"known: ud:en_ewt\[-dev\|-test\]"):
         download_ud("ud:en_ewt-train")

@@ -15,7 +15,7 @@ from probe.app import examples as examples_io
 from probe.app.examples import COREFERENCE, Examples, _Candidate, coreference_links
 from probe.app.report import gold_arcs, head_view
 from probe.heads import HeadId
-from probe.treebank import Sentence
+from probe.inputs.treebank import Sentence
 
 # Reads every card's view as the page left it, then picks another sentence in the first card
 # that has several.

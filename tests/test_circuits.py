@@ -6,7 +6,7 @@ import torch
 from models import small_model
 
 import probe
-from probe.circuits import factored_spectrum, spectra
+from probe.weights.spectra import factored_spectrum, spectra
 
 
 def dense(A: torch.Tensor, B: torch.Tensor) -> tuple[np.ndarray, float]:

@@ -8,7 +8,7 @@ from models import CONFIGS, SEQ2SEQ, small_model
 from threadpoolctl import threadpool_limits
 
 import probe
-from probe.copying import COLUMNS, copying, copying_scores
+from probe.weights.copying import COLUMNS, copying, copying_scores
 
 
 def dense(W_E, W_V, W_O, W_U) -> float:

@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 
 from analyses.coreference import Coreference
 from probe.app.cli import app
-from probe.coreference import (
+from probe.errors import ProbeError
+from probe.inputs.coreference import (
     Mention,
     Windows,
     baselines,
@@ -24,9 +25,8 @@ from probe.coreference import (
     pack,
     scored,
 )
-from probe.corpus import Corpus
-from probe.errors import ProbeError
-from probe.treebank import SAMPLE, iter_conllu, read_conllu
+from probe.inputs.corpus import Corpus
+from probe.inputs.treebank import SAMPLE, iter_conllu, read_conllu
 
 FIELDS = "# global.Entity = GRP-etype-infstat-salience-centering-minspan-link-identity"
 
@@ -395,7 +395,7 @@ def test_encoders_of_every_tokenizer_family(kind, family):
     expected = pd.Series([m.kind for w in windows for m, _ in scored(w.mentions)]).value_counts()
     layers = config.num_hidden_layers
     analysis = Coreference(context(layers, config.num_attention_heads), n_boot=50)
-    from probe.runner import stream
+    from probe.run.runner import stream
 
     stream(model, Corpus(windows, tokenizer, 128).batches(4), [analysis])
     coref = analysis.finish()["coref"]

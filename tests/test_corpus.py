@@ -27,10 +27,10 @@ import probe
 from analyses.roles import Roles
 from probe.app.cli import app
 from probe.errors import ProbeError
-from probe.runner import stream
-from probe.texts import TEXTS_PER_MAP, corpus_spec, windows
-from probe.units import Source
-from probe.units.texts import Texts
+from probe.inputs.texts import TEXTS_PER_MAP, corpus_spec, windows
+from probe.inputs.units import Source
+from probe.inputs.units.texts import Texts
+from probe.run.runner import stream
 
 TEXTS = [
     "The cat sat on the mat.",
@@ -79,7 +79,7 @@ def touch(path: Path, text: str) -> Path:
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from probe.loading import resolve_name
+    from probe.run.loading import resolve_name
 
     return AutoTokenizer.from_pretrained(resolve_name("minilm"))
 
@@ -375,8 +375,8 @@ def test_cross_attention_reads_a_corpus(tmp_path):
 def test_sink_alpha_on_a_corpus_equals_eager_attentions(tmp_path, tokenizer):
     """taxonomy's sink α on corpus windows: the attention of each window's first 64 queries to
     its first token, as MiniLM's own eager attention weights give it."""
-    from probe.headtypes import SINK_TOKENS
-    from probe.loading import resolve_name
+    from probe.patterns.headtypes import SINK_TOKENS
+    from probe.run.loading import resolve_name
 
     corpus = write(tmp_path, "parquet")
     out = tmp_path / "r"

@@ -18,7 +18,7 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from probe.treebank import SAMPLE, read_conllu
+from probe.inputs.treebank import SAMPLE, read_conllu
 
 REPO = "acme/tiny-corpus"
 COMMIT = "1" * 40

@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 from test_corpus import TEXTS, tokenizer, write  # noqa: F401 (a fixture)
 
-from probe.texts import corpus_spec
-from probe.units import Source
-from probe.units.texts import CHUNK_WINDOWS, Texts
+from probe.inputs.texts import corpus_spec
+from probe.inputs.units import Source
+from probe.inputs.units.texts import CHUNK_WINDOWS, Texts
 
 MANY = [f"text number {i} " * (i % 7) for i in range(3 * CHUNK_WINDOWS)]  # several chunks
 

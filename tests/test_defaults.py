@@ -99,8 +99,8 @@ def test_a_checkpoint_without_unembedding_says_so_and_gives_no_copying_role(mini
 
 
 def test_special_tokens_come_from_the_tokenizers_own_account():
-    from probe.texts import special_tokens
-    from probe.units.repeats import _specials
+    from probe.inputs.texts import special_tokens
+    from probe.inputs.units.repeats import _specials
 
     tokenizer = no_a_tokenizer()
     assert tokenizer("a")["input_ids"] == [0, 0]  # the BOS, then "a" unknown: the BOS again
@@ -112,9 +112,9 @@ def test_windows_and_repeats_start_with_the_bos_and_sink_alpha_is_gu_et_als(unti
     """A corpus read by a tokenizer without "a": every window begins with the BOS, and sink α
     is Gu et al.'s: the mean over each window's first 64 queries of the attention to the BOS,
     computed here by the model's own eager attention."""
-    from probe.texts import corpus_spec, windows
-    from probe.units import Source
-    from probe.units.repeats import RepeatedSequences
+    from probe.inputs.texts import corpus_spec, windows
+    from probe.inputs.units import Source
+    from probe.inputs.units.repeats import RepeatedSequences
 
     folder, _ = untied_llama
     tokenizer = no_a_tokenizer()

@@ -9,8 +9,8 @@ from models import SEQ2SEQ, seq2seq_batch, small_model
 from test_circuits import assert_spectrum, dense
 
 import probe
-from probe.architectures import architecture, blocks
-from probe.hookpoints import Hook
+from probe.capture.architectures import architecture, blocks
+from probe.capture.hookpoints import Hook
 
 KINDS = sorted(SEQ2SEQ)
 ATTENTIONS = ("encoder.attn", "decoder.attn", "decoder.cross_attn")

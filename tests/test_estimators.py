@@ -16,10 +16,10 @@ from tokenizers_util import wordpiece
 
 from analyses.probing import TOLERANCE, WARM_MIN_PAIRS, AttentionProbe, C, fit_logistic
 from analyses.roles import embed, head_distances, stress
-from probe.corpus import Corpus
+from probe.inputs.corpus import Corpus
+from probe.inputs.treebank import Sentence
 from probe.keys import keys
 from probe.numerics import pairwise_js
-from probe.treebank import Sentence
 
 WORDS = ["the", "old", "dogs", "were", "barking", "at", "strangers", "in", "dark", "streets"]
 

@@ -8,8 +8,8 @@ import torch
 from test_cli import check_html
 from typer.testing import CliRunner
 
-from probe import answers as A
-from probe import experiment as E
+from probe.app import answers as A
+from probe.app import training as E
 from probe.app.cli import app
 
 

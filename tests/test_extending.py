@@ -15,8 +15,8 @@ import transformers as tf
 from models import saved_bert
 
 import probe
-from probe.corpus import Corpus
-from probe.treebank import SAMPLE, read_conllu
+from probe.inputs.corpus import Corpus
+from probe.inputs.treebank import SAMPLE, read_conllu
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
 N_SENTENCES = 12

@@ -8,7 +8,7 @@ import transformers as tf
 from models import CONFIGS, SEQ2SEQ, small_model
 
 import probe
-from probe.runner import decoder_inputs
+from probe.run.runner import decoder_inputs
 
 
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])

@@ -1,4 +1,4 @@
-"""The helper process (``probe.helper``): the work it does is the work the run would have done,
+"""The helper process (``probe.run.helper``): the work it does is the work the run would have done,
 it is done there, and the run does it itself when there is no helper or the helper has died;
 the helper never outlives the run."""
 
@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 from conftest import needs_ewt
 
-from probe import helper
+from probe.run import helper
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,7 +49,7 @@ def test_the_helper_does_the_work_and_gives_what_the_run_would_have():
     got = python("""
         import json, os, sys
         import numpy as np
-        from probe import helper
+        from probe.run import helper
 
         def imported(name):
             return name in sys.modules
@@ -91,7 +91,7 @@ def test_submitted_work_runs_while_the_run_goes_on(tmp_path):
     got = python(f"""
         import json, os, time
         import numpy as np
-        from probe import helper
+        from probe.run import helper
 
         def wait_for(path):  # known to the helper: defined before the fork
             deadline = time.monotonic() + 60
@@ -129,7 +129,7 @@ def test_torch_leaves_the_helper_a_core_while_it_works():
     one thread fewer while work is out, as many as before once it is back."""
     got = python("""
         import json, time
-        from probe import helper
+        from probe.run import helper
         helper.start([])
         import torch
         torch.set_num_threads(2)
@@ -149,7 +149,7 @@ def test_a_dead_helper_leaves_the_work_to_the_run():
     helper lives on; killed (by the out-of-memory killer, say), its work is done in process."""
     got = python("""
         import json, os, signal
-        from probe import helper
+        from probe.run import helper
         helper.start([])
         try:
             helper.call(int, "not a number")
@@ -179,7 +179,7 @@ def test_an_interrupt_while_waiting_leaves_no_stale_answer():
     answers is never taken for the answer to a later call (the helper is let go)."""
     got = python("""
         import json, os, signal, threading, time
-        from probe import helper
+        from probe.run import helper
         helper.start([])
         threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
         try:
@@ -198,7 +198,7 @@ def test_the_helper_does_not_outlive_a_killed_run():
     """SIGKILL gives the run no chance to stop its helper: the helper sees its pipe close."""
     run = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import os, time
-        from probe import helper
+        from probe.run import helper
         helper.start([])
         print(helper.call(os.getpid), flush=True)
         time.sleep(60)
@@ -223,7 +223,7 @@ def test_the_run_ends_its_helper_even_if_it_was_started_ignoring_sigterm():
 
     done = subprocess.run([sys.executable, "-c", textwrap.dedent("""
         import os
-        from probe import helper
+        from probe.run import helper
         helper.start([])
         print(helper.call(os.getpid), flush=True)
     """)], capture_output=True, text=True, cwd=ROOT, timeout=30, preexec_fn=ignoring)  # fmt: skip

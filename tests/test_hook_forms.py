@@ -10,7 +10,7 @@ import torch
 from models import padded_batch, small_model
 
 import probe
-from probe.architectures import architecture, blocks
+from probe.capture.architectures import architecture, blocks
 
 
 def test_every_form_of_hook_function_is_called():

@@ -22,9 +22,9 @@ import pytest
 import torch
 
 from probe.app.output import WriteError, write_file
-from probe.download import fetch
 from probe.errors import ProbeError
-from probe.treebank import SAMPLE, check_conllu, download_url, read_conllu, treebank_paths
+from probe.inputs.download import fetch
+from probe.inputs.treebank import SAMPLE, check_conllu, download_url, read_conllu, treebank_paths
 
 GOOD = SAMPLE.read_bytes()
 
@@ -235,7 +235,7 @@ def _reading(pid: int, fifo: Path) -> bool:
 def test_a_pipe_s_copy_is_removed_where_it_cannot_be_nameless(tmp_path, monkeypatch):
     """Without /proc/self/fd the copy is a named file of probe's, removed when dropped (at exit
     for a run); reads of the pipe's name read the copy, messages name the pipe."""
-    from probe import pipes
+    from probe.inputs import pipes
 
     monkeypatch.setattr(pipes, "SELF_FD", str(tmp_path / "no-proc" / "{}"))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
@@ -368,7 +368,7 @@ def test_a_trickling_server_meets_the_deadline(tmp_path, monkeypatch):
 
 def paced(monkeypatch, stretch: str, rate: str, wait: str):
     """A ``Pace`` with these settings and a clock the test moves (``clock[0]``, seconds)."""
-    from probe import download
+    from probe.inputs import download
 
     clock = [0.0]
     monkeypatch.setattr(download.time, "monotonic", lambda: clock[0])
@@ -535,9 +535,9 @@ def test_attention_that_is_not_finite_is_refused_naming_the_hook(tiny_model):
     """Finite weights whose scores overflow: every pattern is NaN, and no count absorbs it."""
     import transformers as tf
 
-    from probe.corpus import Corpus
-    from probe.runner import stream
-    from probe.treebank import load_treebank
+    from probe.inputs.corpus import Corpus
+    from probe.inputs.treebank import load_treebank
+    from probe.run.runner import stream
 
     model = tf.BertModel.from_pretrained(tiny_model).eval()
     tokenizer = tf.AutoTokenizer.from_pretrained(tiny_model)

@@ -15,9 +15,9 @@ from typer.testing import CliRunner
 from analyses import Context
 from analyses.importance import Importance
 from probe.app.cli import app
-from probe.architectures import architecture, blocks, head_dim
-from probe.corpus import Corpus
-from probe.treebank import SAMPLE, iter_conllu
+from probe.capture.architectures import architecture, blocks, head_dim
+from probe.inputs.corpus import Corpus
+from probe.inputs.treebank import SAMPLE, iter_conllu
 
 N_SENTENCES = 6
 
@@ -241,7 +241,7 @@ def test_ablated_passes_run_the_models_sdpa_kernel(monkeypatch):
     attention gives."""
     from transformers import AttentionInterface
 
-    import probe.mirror
+    import probe.capture.mirror
 
     tokenizer = byte_level_bpe()
     model = gpt2_lm()
@@ -254,7 +254,7 @@ def test_ablated_passes_run_the_models_sdpa_kernel(monkeypatch):
     def no_pattern(*args):
         raise AssertionError("a pattern was computed")
 
-    monkeypatch.setattr(probe.mirror, "_pattern_beside", no_pattern)
+    monkeypatch.setattr(probe.capture.mirror, "_pattern_beside", no_pattern)
     fast = importance(model, tokenizer, "mean")[0].finish()
     # two layers of: the means, the reference, 8 heads, 9 shares of the curve, the gradient
     assert len(calls) == 2 * (1 + 1 + 8 + 9 + 1)

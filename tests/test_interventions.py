@@ -6,7 +6,7 @@ import torch
 from models import padded_batch, small_model
 
 import probe
-from probe.architectures import architecture, blocks, head_dim
+from probe.capture.architectures import architecture, blocks, head_dim
 
 D, H = 16, 4
 

@@ -50,7 +50,7 @@ def test_head_statistics_equal_the_whole_patterns(kind):
                                       budget=budget)  # fmt: skip
         assert table[["layer", "head"]].values.tolist() == [[0, h] for h in range(4)] + [
             [1, h] for h in range(4)]  # fmt: skip
-        got = torch.tensor(table[list(probe.long_context.STATISTICS)].to_numpy())
+        got = torch.tensor(table[list(probe.patterns.long_context.STATISTICS)].to_numpy())
         torch.testing.assert_close(got.float(), reference.flatten(0, 1), atol=2e-6, rtol=1e-5)
         assert (table.queries == 15).all()
 

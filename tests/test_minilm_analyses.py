@@ -10,9 +10,9 @@ from analyses.roles import Roles
 from analyses.syntax import Syntax
 from analyses.vocabulary import Thresholds
 from probe.app.run import join_heads
-from probe.corpus import Corpus, max_tokens
-from probe.runner import stream
-from probe.treebank import read_conllu
+from probe.inputs.corpus import Corpus, max_tokens
+from probe.inputs.treebank import read_conllu
+from probe.run.runner import stream
 
 pytestmark = needs_ewt()
 

@@ -9,8 +9,8 @@ import transformers as tf
 from models import CONFIGS, ENCODERS, ROTARY, padded_batch, small_model
 
 import probe
-from probe.architectures import architecture, blocks, is_rotary
-from probe.names import Attention, HookName, Stack, hook_name, parse
+from probe.capture.architectures import architecture, blocks, is_rotary
+from probe.capture.names import Attention, HookName, Stack, hook_name, parse
 
 KINDS = sorted(CONFIGS)
 
@@ -287,15 +287,20 @@ def test_the_library_core_imports_no_cycle():
     """hookpoints imports mirror (for Hugging Face models), so mirror must not import
     hookpoints; names and architectures sit below both."""
     graph = probe_imports()
-    assert "probe.mirror" in graph["probe.hookpoints"]
-    for start in ("probe.hookpoints", "probe.mirror", "probe.names", "probe.architectures"):
+    assert "probe.capture.mirror" in graph["probe.capture.hookpoints"]
+    for start in (
+        "probe.capture.hookpoints",
+        "probe.capture.mirror",
+        "probe.capture.names",
+        "probe.capture.architectures",
+    ):
         seen, todo = set(), [start]
         while todo:
             for module in graph[todo.pop()] - seen:
                 seen.add(module)
                 todo.append(module)
         assert start not in seen, f"{start} imports itself through {sorted(seen)}"
-    assert graph["probe.names"] == set()
+    assert graph["probe.capture.names"] == set()
 
 
 def test_head_weights_layouts():

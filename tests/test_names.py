@@ -1,5 +1,6 @@
-"""Hook names are built and parsed in ``probe.names`` only, and the model facts derived in
-``probe.architectures`` only: a scan of the library and the analyses keeps it so. Also: patching
+"""Hook names are built and parsed in ``probe.capture.names`` only, and the model facts derived in
+``probe.capture.architectures`` only: a scan of the library and the analyses keeps it so. Also:
+patching
 per head works on a rotary model's rotated queries and keys."""
 
 import ast
@@ -13,8 +14,8 @@ from models import small_model
 import probe
 
 ROOT = Path(__file__).resolve().parents[1]
-NAMES = ROOT / "probe" / "names.py"
-ARCHITECTURES = ROOT / "probe" / "architectures.py"
+NAMES = ROOT / "probe" / "capture" / "names.py"
+ARCHITECTURES = ROOT / "probe" / "capture" / "architectures.py"
 
 # A hook name written out: "attn.hook_pattern", "blocks.0.attn.hook_z", ".hook_z".
 _LITERAL = re.compile(r"\.?(?:\w+\.)+hook_\w+")
@@ -24,9 +25,9 @@ _TEMPLATE = re.compile(
     r"(?:^|[.}])(?:attn|cross_attn|hook_\w+)(?:$|[.{])|(?:^|\W)(?:blocks|encoder|decoder)\.\{"
 )
 _PARTS = {"blocks", "encoder", "decoder", "attn", "cross_attn"}
-# Splitting or joining on dots (hook names: probe.names.parse and point_of).
+# Splitting or joining on dots (hook names: probe.capture.names.parse and point_of).
 _DOTTED = {"split", "rsplit", "partition", "rpartition", "replace", "count"}
-# Model facts: probe.architectures.is_encoder_decoder, is_causal, head_count.
+# Model facts: probe.capture.architectures.is_encoder_decoder, is_causal, head_count.
 _FACTS = {"is_encoder_decoder", "is_decoder", "num_attention_heads"}
 
 
@@ -74,8 +75,10 @@ def by_hand(source: str, facts: bool = True) -> list[tuple[int, str]]:
 
 
 def test_no_hook_name_is_built_by_hand():
-    """Outside probe/names.py, no module of probe or analyses formats, splits or parses a hook
-    name itself, and outside probe/architectures.py none reads is_encoder_decoder, is_decoder
+    """Outside probe/capture/names.py, no module of probe or analyses formats, splits or parses a
+    hook
+    name itself, and outside probe/capture/architectures.py none reads is_encoder_decoder,
+    is_decoder
     or num_attention_heads off a config."""
     files = sorted([*(ROOT / "probe").rglob("*.py"), *(ROOT / "analyses").rglob("*.py")])
     assert len(files) > 20
@@ -87,8 +90,9 @@ def test_no_hook_name_is_built_by_hand():
         name = path.relative_to(ROOT).as_posix()
         if found:
             problems += [f"{name}:{line}: {what}" for line, what in found]
-    assert not problems, "use probe.names (hook names) and probe.architectures (model facts):\n" + (
-        "\n".join(problems)
+    assert not problems, (
+        "use probe.capture.names (hook names) and probe.capture.architectures (model facts):\n"
+        + ("\n".join(problems))
     )
 
 
@@ -115,7 +119,7 @@ def test_the_scan_finds_names_built_by_hand(line):
 def test_the_scan_lets_names_through_probe_names():
     source = '''
 """A docstring may show ``cache["blocks.0.attn.hook_pattern"]``."""
-from probe.names import hook_name, parse, point_of
+from probe.capture.names import hook_name, parse, point_of
 
 def f(model, layer, names):
     """And ``blocks.{l}.attn.hook_z``."""
@@ -165,7 +169,7 @@ def test_patching_a_rotated_point_of_a_model_without_rotation_is_a_clear_error()
 
 
 def test_act_name_takes_every_norm_a_block_has():
-    from probe.names import act_name
+    from probe.capture.names import act_name
 
     assert act_name("scale", 2, "ln1") == "blocks.2.ln1.hook_scale"
     assert act_name("normalized", 0, "ln3") == "blocks.0.ln3.hook_normalized"

@@ -20,10 +20,10 @@ from conftest import EWT, GUM, needs_ewt, needs_gum
 from models import SMALL
 from tokenizers_util import byte_level_bpe, wordpiece
 
-from probe.download import fetch
 from probe.errors import ProbeError
-from probe.loading import hub_address
-from probe.treebank import SAMPLE, download_url, read_conllu
+from probe.inputs.download import fetch
+from probe.inputs.treebank import SAMPLE, download_url, read_conllu
+from probe.run.loading import hub_address
 
 COMMIT = "0" * 40
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -161,7 +161,8 @@ def hub_repos(tmp_path_factory):
     }
 
 
-# What probe.hub.bound_waits sets in a process's environment: earlier tests that ran the command
+# What probe.inputs.hub.bound_waits sets in a process's environment: earlier tests that ran the
+# command
 # line in this process left them here, and a child given them would not derive its own.
 BOUND = ("HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT", "HF_HUB_DISABLE_XET")
 
@@ -329,7 +330,7 @@ def test_download_failures_are_one_line_and_cache_nothing(
 BOUND_SCRIPT = """
 import os, sys
 import huggingface_hub.constants as constants
-from probe.hub import bound_waits
+from probe.inputs.hub import bound_waits
 bound_waits()
 xet = os.environ["HF_HUB_DISABLE_XET"]
 print(constants.HF_HUB_DISABLE_XET, constants.HF_HUB_DOWNLOAD_TIMEOUT, xet)

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from probe.app.cli import app
 from probe.errors import ProbeError
-from probe.treebank import RELATIONS, SAMPLE, read_conllu
+from probe.inputs.treebank import RELATIONS, SAMPLE, read_conllu
 
 runner = CliRunner()
 SLOW_FIXTURES = [HealthCheck.function_scoped_fixture]  # one tmp_path for all examples: fine

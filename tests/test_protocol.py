@@ -29,9 +29,9 @@ from analyses.probing import AttentionProbe
 from analyses.roles import Roles
 from analyses.syntax import Syntax
 from probe.app.cli import app
-from probe.corpus import Corpus
-from probe.runner import stream
-from probe.treebank import SAMPLE, Sentence, read_conllu
+from probe.inputs.corpus import Corpus
+from probe.inputs.treebank import SAMPLE, Sentence, read_conllu
+from probe.run.runner import stream
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
@@ -380,19 +380,19 @@ def test_attention_probe_does_not_depend_on_batch_size(bert, tokenizer):
 def test_weights_only_run_reads_no_treebank_and_runs_no_forward(tmp_path, monkeypatch, minilm):
     """``--analyses spectra`` with a treebank that does not exist: the run succeeds, records no
     treebank, and neither reads a corpus, streams, nor calls any module of the model."""
-    import probe.corpus
-    import probe.loading
-    import probe.runner
-    import probe.treebank
+    import probe.inputs.corpus
+    import probe.inputs.treebank
+    import probe.run.loading
+    import probe.run.runner
 
     def forbidden(*args, **kwargs):
         raise AssertionError("a weights-only run must not get here")
 
-    monkeypatch.setattr(probe.runner, "stream", forbidden)
-    monkeypatch.setattr(probe.corpus, "Corpus", forbidden)
-    monkeypatch.setattr(probe.treebank, "treebank_paths", forbidden)
-    monkeypatch.setattr(probe.treebank, "iter_treebank", forbidden)
-    load, calls = probe.loading.load, []
+    monkeypatch.setattr(probe.run.runner, "stream", forbidden)
+    monkeypatch.setattr(probe.inputs.corpus, "Corpus", forbidden)
+    monkeypatch.setattr(probe.inputs.treebank, "treebank_paths", forbidden)
+    monkeypatch.setattr(probe.inputs.treebank, "iter_treebank", forbidden)
+    load, calls = probe.run.loading.load, []
 
     def load_watched(*args, **kwargs):
         model, tokenizer = load(*args, **kwargs)
@@ -400,7 +400,7 @@ def test_weights_only_run_reads_no_treebank_and_runs_no_forward(tmp_path, monkey
             module.register_forward_pre_hook(lambda module, inputs: calls.append(module))
         return model, tokenizer
 
-    monkeypatch.setattr(probe.loading, "load", load_watched)
+    monkeypatch.setattr(probe.run.loading, "load", load_watched)
     out = tmp_path / "spectra"
     args = ["--analyses", "spectra", "--treebank", "/no/such/file.conllu", "-o", str(out), "-q"]
     result = runner.invoke(app, ["analyze", "--model", "minilm", *args])
@@ -498,7 +498,7 @@ def test_the_library_knows_no_analysis_and_no_app():
     """No module of ``probe`` outside ``probe/app`` imports ``analyses`` or ``probe.app`` (the
     package's ``probe.plot`` aside), and no module of ``analyses`` imports ``probe.app``."""
     library = [p for p in (ROOT / "probe").rglob("*.py") if "app" not in p.parent.parts]
-    assert len(library) >= 10 and ROOT / "probe" / "runner.py" in library
+    assert len(library) >= 10 and ROOT / "probe" / "run" / "runner.py" in library
     wrong = {str(p.relative_to(ROOT)): imports_of(p, "analyses", "probe.app") for p in library}
     # The one exception: the package names the notebook figures (``probe.plot``), on first use
     assert wrong.pop("probe/__init__.py") == ["probe.app", "probe.app.plot"]

@@ -8,8 +8,8 @@ from models import CONFIGS, ENCODERS, padded_batch, small_model
 from torch import nn
 
 import probe
-from probe.architectures import architecture, blocks
-from probe.names import hook_name
+from probe.capture.architectures import architecture, blocks
+from probe.capture.names import hook_name
 
 RESIDUAL = ("hook_resid_pre", "hook_attn_out", "hook_mlp_out", "hook_resid_post")
 # x + attn(ln(x)) + mlp(ln(…)): the decoders, and ModernBERT.

@@ -1,4 +1,5 @@
-"""Retrieval heads (probe.retrieval): hits on attention made by hand, the trials' layout, and a
+"""Retrieval heads (probe.patterns.retrieval): hits on attention made by hand, the trials' layout,
+and a
 trained model whose induction head retrieves from a needle while its other heads do not."""
 
 import numpy as np
@@ -10,9 +11,9 @@ from conftest import EWT, needs_ewt
 from induction import INDUCTION, MODEL, PREVIOUS_TOKEN
 
 import probe
-from probe.retrieval import DEPTHS, QUESTION, Trial, haystack, hits, needle_trials, scores
-from probe.rows import RowBlock
-from probe.treebank import iter_treebank
+from probe.capture.rows import RowBlock
+from probe.inputs.treebank import iter_treebank
+from probe.patterns.retrieval import DEPTHS, QUESTION, Trial, haystack, hits, needle_trials, scores
 
 IDS = torch.tensor([0, 7, 8, 5, 6, 9, 9, 8, 4, 6, 9, 2])
 # needle at 3..5 (5 6 9), the answer at 9..11 (6 9 2): queries 8, 9 and 10 predict them
@@ -138,7 +139,7 @@ def test_the_analysis_writes_scores_roles_and_a_map(llama_folder, tmp_path):
     held = heads.roles.fillna("").map(lambda roles: "retrieval" in roles.split(";"))
     assert held.tolist() == (heads.retrieval_score > 0.1).tolist()
     assert "Retrieval score by length and depth" in (out / "index.html").read_text()
-    # the scores are probe.retrieval's on the same trials
+    # the scores are probe.patterns.retrieval's on the same trials
     model = tf.AutoModel.from_pretrained(llama_folder).eval()
     tokenizer = tf.AutoTokenizer.from_pretrained(llama_folder)
     texts = [" ".join(s.words) for s in iter_treebank([dev])]

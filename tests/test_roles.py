@@ -14,9 +14,9 @@ import probe
 from analyses.roles import Roles
 from analyses.vocabulary import Thresholds
 from probe.app.run import join_heads
-from probe.corpus import Corpus
-from probe.runner import stream
-from probe.treebank import Sentence
+from probe.inputs.corpus import Corpus
+from probe.inputs.treebank import Sentence
+from probe.run.runner import stream
 
 WORDS = [
     ["the", "cat", "sat", "on", "the", "mat", "."],

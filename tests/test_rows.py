@@ -1,4 +1,4 @@
-"""Attention in blocks of query rows (probe.rows): every block equals the rows of the whole
+"""Attention in blocks of query rows (probe.capture.rows): every block equals the rows of the whole
 pattern that probe's mirror computes, whatever the block size, mask or head grouping; the model's
 output under the capture is its own sdpa output."""
 
@@ -7,8 +7,8 @@ import torch
 from models import padded_batch, small_model
 
 import probe
+from probe.capture.rows import RowBlock, block_rows, scored
 from probe.errors import ProbeError
-from probe.rows import RowBlock, block_rows, scored
 from probe.sizes import parse_size
 
 KINDS = ["llama", "mistral", "qwen2", "bert", "gpt2", "albert", "gpt_neox", "qwen3"]

@@ -1,6 +1,6 @@
 """The analyses that take rows give the same tables whether the pattern comes whole (the
 mirror's eager attention) or in blocks of query rows beside the model's sdpa kernel
-(``probe.runner.stream_rows``): on EWT dev sentences, for MiniLM, and for random Llama (GQA,
+(``probe.run.runner.stream_rows``): on EWT dev sentences, for MiniLM, and for random Llama (GQA,
 RoPE, causal) and Mistral (a sliding window of 4) models that read MiniLM's tokens."""
 
 import json
@@ -16,13 +16,13 @@ from streams import context
 import analyses
 from analyses.roles import Roles
 from analyses.taxonomy import Taxonomy
-from probe.corpus import max_tokens
-from probe.runner import stream, stream_rows
-from probe.texts import corpus_spec
-from probe.units import Source
-from probe.units.repeats import RepeatedSequences
-from probe.units.sentences import Sentences
-from probe.units.texts import Texts
+from probe.inputs.corpus import max_tokens
+from probe.inputs.texts import corpus_spec
+from probe.inputs.units import Source
+from probe.inputs.units.repeats import RepeatedSequences
+from probe.inputs.units.sentences import Sentences
+from probe.inputs.units.texts import Texts
+from probe.run.runner import stream, stream_rows
 
 SENTENCES = 40
 BUDGET = 4 * 4 * 16 * 12 * 64 * 5  # blocks of about 5 rows: several per sentence
@@ -87,23 +87,23 @@ def test_the_run_reads_rows_where_every_reader_takes_them(tmp_path, monkeypatch)
     from induction import MODEL
     from typer.testing import CliRunner
 
-    import probe.rows
-    import probe.runner
+    import probe.capture.rows
+    import probe.run.runner
     from probe.app.cli import app
 
     seen = []
     for name in ("stream", "stream_rows"):
-        real = getattr(probe.runner, name)
+        real = getattr(probe.run.runner, name)
 
         def spy(model, batches, consumers, *args, real=real, name=name):
             batches = list(batches)
             seen.append((name, batches[0].unit, model.config._attn_implementation))
             return real(model, batches, consumers, *args)
 
-        monkeypatch.setattr(probe.runner, name, spy)
+        monkeypatch.setattr(probe.run.runner, name, spy)
     implementations = []
-    original = probe.rows.sdpa_attention_forward
-    monkeypatch.setattr(probe.rows, "sdpa_attention_forward",
+    original = probe.capture.rows.sdpa_attention_forward
+    monkeypatch.setattr(probe.capture.rows, "sdpa_attention_forward",
                         lambda *a, **k: implementations.append(1) or original(*a, **k))  # fmt: skip
     out = tmp_path / "r"
     args = ["analyze", "-m", str(MODEL), "-t", "sample", "-n", "8", "-a", "taxonomy",
@@ -170,19 +170,19 @@ def test_a_corpus_streams_in_rows(tmp_path, monkeypatch):
     from induction import MODEL
     from typer.testing import CliRunner
 
-    import probe.runner
+    import probe.run.runner
     from probe.app.cli import app
 
     seen = []
     for name in ("stream", "stream_rows"):
-        real = getattr(probe.runner, name)
+        real = getattr(probe.run.runner, name)
 
         def spy(model, batches, consumers, *args, real=real, name=name):
             batches = list(batches)
             seen.append((name, batches[0].unit, model.config._attn_implementation))
             return real(model, batches, consumers, *args)
 
-        monkeypatch.setattr(probe.runner, name, spy)
+        monkeypatch.setattr(probe.run.runner, name, spy)
     out = tmp_path / "r"
     args = ["analyze", "-m", str(MODEL), "-a", "roles,taxonomy,importance", "--corpus",
             corpus(tmp_path), "--context", "24", "--importance-sentences", "4",

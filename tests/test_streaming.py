@@ -12,9 +12,9 @@ from streams import context, feed
 from tokenizers_util import wordpiece
 
 from analyses.probing import AttentionProbe
-from probe.corpus import Corpus
-from probe.runner import stream
-from probe.treebank import Sentence
+from probe.inputs.corpus import Corpus
+from probe.inputs.treebank import Sentence
+from probe.run.runner import stream
 
 WORDS = [
     "the",

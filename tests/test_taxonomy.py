@@ -1,4 +1,5 @@
-"""Head types (analyses.taxonomy, probe.headtypes, the repeated-sequence unit): each score on
+"""Head types (analyses.taxonomy, probe.patterns.headtypes, the repeated-sequence unit): each score
+on
 patterns worked out by hand, the unit's sequences, intervals that do not depend on batching,
 the Python entry point against the analysis, and the known heads of a trained model."""
 
@@ -17,11 +18,11 @@ import probe
 from analyses.taxonomy import Taxonomy
 from analyses.vocabulary import Role, Thresholds
 from probe.app.cli import app
-from probe.headtypes import head_types, offset_scores, sink_sums
-from probe.names import parse
-from probe.runner import stream
-from probe.units import Source
-from probe.units.repeats import RepeatedSequences, ordinary_tokens
+from probe.capture.names import parse
+from probe.inputs.units import Source
+from probe.inputs.units.repeats import RepeatedSequences, ordinary_tokens
+from probe.patterns.headtypes import head_types, offset_scores, sink_sums
+from probe.run.runner import stream
 
 N = 4  # tokens per copy in the hand-worked patterns: BOS at 0, copies at 1…4 and 5…8
 
@@ -254,7 +255,7 @@ def test_an_encoder_decoder_model_has_both_self_attentions_scored(bert_tokenizer
     heads.csv keeps the encoder's heads."""
     from models import SEQ2SEQ
 
-    from probe.copying import copying_scores
+    from probe.weights.copying import copying_scores
 
     config = SEQ2SEQ[kind]()
     config.vocab_size = len(bert_tokenizer)

@@ -11,7 +11,7 @@ import transformers as tf
 from models import CONFIGS
 
 import probe
-from probe.names import ATTENTION_POINTS, ROTARY_POINTS, hook_name
+from probe.capture.names import ATTENTION_POINTS, ROTARY_POINTS, hook_name
 
 pytest.importorskip(
     "transformer_lens.model_bridge",

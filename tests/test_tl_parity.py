@@ -20,8 +20,8 @@ import transformers as tf
 from models import CONFIGS, SEQ2SEQ
 
 import probe
-from probe.architectures import architecture, blocks
-from probe.names import NORM_POINTS, hook_name, parse
+from probe.capture.architectures import architecture, blocks
+from probe.capture.names import NORM_POINTS, hook_name, parse
 
 pytest.importorskip(
     "transformer_lens.model_bridge",
@@ -388,7 +388,9 @@ def test_cache_methods_equal_transformer_lens(kind):
                 rtol=1e-5,
             )
     for key in [("pattern", 0), ("q", 1, "attn"), ("scale", 0, "ln1"), ("resid_pre", -1)]:
-        assert torch.equal(ours[key], ours[probe.names.act_name(*key[:1], key[1] % 2, *key[2:])])
+        assert torch.equal(
+            ours[key], ours[probe.capture.names.act_name(*key[:1], key[1] % 2, *key[2:])]
+        )
         torch.testing.assert_close(ours[key], theirs[key], atol=1e-5, rtol=1e-5)
     for key in ("scale", "embed", "pos_embed" if kind == "gpt2" else "unembed"):
         torch.testing.assert_close(ours[key], theirs[key], atol=1e-5, rtol=1e-5)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from probe.errors import ProbeError
-from probe.treebank import SAMPLE, UD_TREEBANKS, download_ud, load_treebank, read_conllu
+from probe.inputs.treebank import SAMPLE, UD_TREEBANKS, download_ud, load_treebank, read_conllu
 
 GOOD = """# sent_id = 1
 # text = They don't sleep.

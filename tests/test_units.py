@@ -1,4 +1,4 @@
-"""Input units (``probe.units``): each knows its size before reading, shards without overlap,
+"""Input units (``probe.inputs.units``): each knows its size before reading, shards without overlap,
 and counts what it read; the default output folder names its input; ``-q`` still says where
 the report is."""
 
@@ -10,10 +10,10 @@ from conftest import GUM, needs_gum
 from tokenizers_util import wordpiece
 from typer.testing import CliRunner
 
-from probe import units
 from probe.app.cli import app
 from probe.app.output import default_out
-from probe.treebank import BUNDLED, SAMPLE, count_sentences, iter_treebank
+from probe.inputs import units
+from probe.inputs.treebank import BUNDLED, SAMPLE, count_sentences, iter_treebank
 
 
 def test_counting_sentences_without_parsing_agrees_with_parsing(tmp_path):

@@ -186,7 +186,7 @@ def _text(tokenizer, words: int) -> str:
 def test_a_long_input_is_read_in_row_blocks():
     """Past 64 tokens, probe.show(model, …) keeps each query's 16 largest weights, found in
     blocks of rows beside sdpa: the same weights and keys as the whole pattern's."""
-    from probe.viewer import TOP_K, TopKeys, top_keys
+    from probe.patterns.viewer import TOP_K, TopKeys, top_keys
 
     tokenizer = _tokenizer()
     model = _llama(tokenizer, 512)
@@ -215,7 +215,7 @@ def test_a_4k_token_input_stays_light(tmp_path):
     tokenizer = _tokenizer()
     model = _llama(tokenizer, 4096)
     ids = torch.randint(5, len(tokenizer), (1, 4096), generator=torch.Generator().manual_seed(0))
-    from probe.viewer import View, top_keys
+    from probe.patterns.viewer import View, top_keys
 
     patterns = top_keys(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)})
     view = View([tokenizer.convert_ids_to_tokens(ids[0].tolist())], [patterns])

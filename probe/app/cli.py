@@ -28,12 +28,12 @@ from rich.text import Text
 
 from analyses import REGISTRY, ContractError, defaults
 from analyses.vocabulary import Thresholds
-from probe import helper
 from probe.app.run import Settings, check
 from probe.app.run import analyze as analyze_run
 from probe.distributed import Ranks
 from probe.errors import ProbeError
-from probe.hub import bound_waits
+from probe.inputs.hub import bound_waits
+from probe.run import helper
 from probe.sizes import ATTENTION_BUDGET
 
 app = typer.Typer(
@@ -436,7 +436,7 @@ def experiment_heads(
     try:
         check_free(out, overwrite)  # before any training
         from probe.app.experiment import run
-        from probe.experiment import TASKS, VARIANTS
+        from probe.app.training import TASKS, VARIANTS
 
         total = len(TASKS) * len(VARIANTS) * seeds
         console = Console(stderr=True, quiet=quiet)

@@ -234,7 +234,7 @@ def _word_distributions(sentence: dict):
     of no word."""
     import torch
 
-    from probe.alignment import word_attention
+    from probe.inputs.alignment import word_attention
 
     pattern = torch.from_numpy(sentence["pattern"]).double()
     L, H = pattern.shape[:2]

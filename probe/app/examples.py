@@ -20,17 +20,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from analyses.vocabulary import Direction, Role
-from probe.coreference import mentions, scored
 from probe.errors import ProbeError
 from probe.heads import HeadId
-from probe.treebank import Sentence
+from probe.inputs.coreference import mentions, scored
+from probe.inputs.treebank import Sentence
 
 if TYPE_CHECKING:
     import pandas as pd
     from transformers import PreTrainedTokenizerBase
 
-    from probe.corpus import Batch
-    from probe.runner import LayerCapture
+    from probe.inputs.corpus import Batch
+    from probe.run.runner import LayerCapture
 
 N_CANDIDATES = 32  # enough for 72 cards to lead with different sentences, mostly
 PER_HEAD = 3  # sentences on each head's card

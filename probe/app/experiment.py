@@ -1,4 +1,4 @@
-"""``probe experiment heads``: train the variants of ``probe.experiment`` and write a folder with
+"""``probe experiment heads``: train the variants of ``probe.app.training`` and write a folder with
 ``experiment.csv``, ``curves.csv``, ``run.json`` and a self-contained ``index.html``."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pandas as pd
 
 from analyses import svg
 from analyses.figures import Figure
-from probe import experiment as science
-from probe.answers import PLATEAU, SAME_WITHIN, SOLVED, convergence
+from probe.app import training as science
+from probe.app.answers import PLATEAU, SAME_WITHIN, SOLVED, convergence
 from probe.app.output import reserved, write_file
 from probe.app.report import embed, environment
 from probe.app.run import package_versions

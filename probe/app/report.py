@@ -21,13 +21,13 @@ from markupsafe import Markup, escape
 import analyses
 from analyses.figures import Figure
 from analyses.vocabulary import Direction, Role, Thresholds
-from probe import units
 from probe.app import examples as examples_io
 from probe.app import findings
 from probe.app import tables as table_io
 from probe.errors import ProbeError
 from probe.heads import HeadId
-from probe.viewer import View, viewer_script
+from probe.inputs import units
+from probe.patterns.viewer import View, viewer_script
 
 # Below this many sentences a report says, at the top, that its findings are preliminary (the
 # 76-sentence sample gives 35 sink heads where 300 EWT sentences give 14).
@@ -166,7 +166,7 @@ def render(folder: str | Path) -> Path:
 
 def _treebank(path: str) -> Markup:
     """A treebank as the run card names it: a bundled one by name, not by this machine's path."""
-    from probe.treebank import BUNDLED
+    from probe.inputs.treebank import BUNDLED
 
     names = {
         str(BUNDLED["ewt-dev"]): "UD English EWT r2.15 dev (bundled with probe; CC BY-SA 4.0)",

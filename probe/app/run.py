@@ -6,7 +6,7 @@ The run has three stages:
   the input and the output folder: everything that can be checked is checked here, before torch
   is imported;
 - ``execute`` loads the model and streams every input unit a chosen analysis reads
-  (``probe.units``) through it, handing each layer's captures to the analyses that read that
+  (``probe.inputs.units``) through it, handing each layer's captures to the analyses that read that
   unit, then merges the processes' states exactly (``probe.distributed``);
 - ``publish`` finishes the analyses into tables and writes them, the report and ``run.json``
   into a staging folder that takes the output's place at once (``probe.app.output``).
@@ -30,11 +30,11 @@ from typing import Any
 
 import analyses
 from analyses.vocabulary import Role, Thresholds
-from probe import units
 from probe.app import tables as table_io
 from probe.app.folder import SCHEMA
 from probe.app.output import check_free, default_out, refuse_inputs, reserved, write_file
 from probe.errors import ProbeError
+from probe.inputs import units
 from probe.options import Option, resolve
 from probe.sizes import ATTENTION_BUDGET, parse_size
 
@@ -65,8 +65,11 @@ class Settings:
     trust_remote_code: bool = False
     thresholds: dict = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
-    attention_budget: str = ATTENTION_BUDGET  # a block of attention rows' bytes (probe.rows)
-    # Plain text for the analyses that need no annotation (``probe.texts``): a file, folder or
+    attention_budget: str = (
+        ATTENTION_BUDGET  # a block of attention rows' bytes (probe.capture.rows)
+    )
+    # Plain text for the analyses that need no annotation (``probe.inputs.texts``): a file, folder
+    # or
     # hf:NAME[:CONFIG][@SPLIT]; its text column, its first texts, the tokens per window.
     corpus: str | None = None
     text_column: str = "text"
@@ -209,7 +212,7 @@ def plan(settings: Settings) -> Plan:
 
 def _source(settings: Settings, inputs: set[str | None], reads: dict) -> units.Source:
     """The inputs the run's units read, resolved and checked (a corpus's first text is read)."""
-    from probe.texts import corpus_spec
+    from probe.inputs.texts import corpus_spec
 
     corpus_options = {"--text-column": settings.text_column != "text",
                       "--max-texts": settings.max_texts, "--context": settings.context}  # fmt: skip
@@ -224,7 +227,7 @@ def _source(settings: Settings, inputs: set[str | None], reads: dict) -> units.S
         )
     treebank = ()
     if "treebank" in inputs:
-        from probe.treebank import treebank_paths
+        from probe.inputs.treebank import treebank_paths
 
         treebank = tuple(treebank_paths(settings.treebank))
     corpus = corpus_spec(settings.corpus, settings.text_column) if settings.corpus else None
@@ -240,7 +243,7 @@ LARGEST = 2**63 - 1
 def _check_values(settings: Settings) -> None:
     """The options torch would reject only once imported (seconds later), and the settings
     the environment gives, checked now."""
-    from probe.download import deadline, min_rate, timeout
+    from probe.inputs.download import deadline, min_rate, timeout
 
     timeout(), deadline(), min_rate()
     if not DEVICE.fullmatch(settings.device):
@@ -262,7 +265,7 @@ def _local(model: str) -> list[Path]:
 
 def check(settings: Settings) -> Plan:
     """``plan``, which the command line runs before importing torch: a mistake is answered at
-    once, and the helper process (``probe.helper``) learns what the run will hand it."""
+    once, and the helper process (``probe.run.helper``) learns what the run will hand it."""
     return plan(settings)
 
 
@@ -372,7 +375,7 @@ def analyze(
     """
     run = plan(settings)
     from probe.distributed import Ranks
-    from probe.pipes import forget_copies
+    from probe.inputs.pipes import forget_copies
 
     ranks = Ranks.from_environment()
     paused = not gc.isenabled()  # see _freeze
@@ -404,7 +407,7 @@ def execute(run: Plan, ranks, progress: Progress | None, status: Callable[[str],
     import torch
 
     from probe.distributed import Tally, joined, merge_to_leader
-    from probe.loading import load, resolve_device
+    from probe.run.loading import load, resolve_device
 
     settings = run.settings
     device = resolve_device(settings.device, ranks.local_rank)
@@ -447,7 +450,7 @@ def _begin(run: Plan, model, tokenizer) -> tuple[list[analyses.Analysis], Any]:
     """The analyses that can run on ``model``, created; and the head cards' example sentences,
     when a unit that gives them is streamed for an analysis of patterns."""
     from probe.app.examples import Examples
-    from probe.architectures import blocks, head_count, is_causal
+    from probe.capture.architectures import blocks, head_count, is_causal
 
     classes = _applicable(run, model)
     n_layers, n_heads = len(blocks(model)), head_count(model)
@@ -476,9 +479,9 @@ def _freeze() -> None:
 def _stream_unit(run: Plan, name: str, readers, examples, model, tokenizer, ranks, progress,
                  status) -> dict:  # fmt: skip
     """Stream unit ``name`` through ``model`` for the analyses that read it; its tally."""
-    from probe.corpus import max_tokens
-    from probe.rows import rows_unsupported
-    from probe.runner import stream, stream_rows
+    from probe.capture.rows import rows_unsupported
+    from probe.inputs.corpus import max_tokens
+    from probe.run.runner import stream, stream_rows
 
     if not readers:  # none of its analyses applies to this model
         return {}
@@ -524,9 +527,9 @@ def _check_input(run: Plan, tally: dict) -> None:
 
 
 def _card(run: Plan, model, tokenizer, chosen, ranks, tally) -> RunCard:
-    from probe.architectures import blocks, head_count, is_causal
-    from probe.corpus import max_tokens
-    from probe.loading import describe_source, main_device
+    from probe.capture.architectures import blocks, head_count, is_causal
+    from probe.inputs.corpus import max_tokens
+    from probe.run.loading import describe_source, main_device
 
     settings, config = run.settings, model.config
     limit = max_tokens(config, tokenizer)
@@ -566,7 +569,7 @@ def _card(run: Plan, model, tokenizer, chosen, ranks, tally) -> RunCard:
 
 def _context(run: Plan, limit: int) -> int:
     """The tokens per window of the corpus, as the text unit cuts it."""
-    from probe.units.texts import DEFAULT_CONTEXT
+    from probe.inputs.units.texts import DEFAULT_CONTEXT
 
     return min(run.source.context or DEFAULT_CONTEXT, limit)
 

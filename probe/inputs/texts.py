@@ -1,0 +1,329 @@
+"""Plain-text corpora read through 🤗 datasets, streamed: local files, folders and hub datasets.
+
+``corpus_spec`` resolves what the user gave (``--corpus``, ``--text-column``) and checks it when
+the run is planned, before torch: the file exists, its kind is known, the text column is there
+and the corpus holds a text. ``windows`` streams it as an iterable dataset, so memory does not
+grow with the corpus: texts are tokenized in batches, each cut into consecutive windows of at
+most the context's tokens, and the windows are shared between torchrun's processes by
+``datasets.distributed.split_dataset_by_node``, one window in turn to each: the same windows
+whatever the number of processes, each numbered by its place in the whole stream.
+
+Imports nothing heavy until it reads: ``datasets`` (about half a second) on the first call.
+"""
+
+from __future__ import annotations
+
+import os
+import unicodedata
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from probe.errors import ProbeError
+
+if TYPE_CHECKING:
+    from datasets import IterableDataset
+    from transformers import PreTrainedTokenizerBase
+
+# file suffix -> the datasets builder that reads it
+BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+HUB = "hf:"
+TEXTS_PER_MAP = 256  # texts tokenized together
+# Bytes of a .txt or .json file that datasets reads at once (its default, 10 MiB, holds a
+# hundred thousand lines in memory however few of them the run reads).
+CHUNK_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class CorpusSpec:
+    """A corpus, resolved: a datasets builder with its files, or a hub dataset.
+
+    ``name`` is what the user wrote; ``builder`` is ``text``, ``json``, ``csv``, ``parquet`` or
+    the hub dataset's name; ``files`` the local files (none for the hub), in name order.
+    """
+
+    name: str
+    builder: str
+    files: tuple[str, ...] = ()
+    config: str | None = None
+    split: str = "train"
+    column: str = "text"
+
+    @property
+    def hub(self) -> bool:
+        return not self.files
+
+    def describe(self) -> str:
+        """The corpus as the run card names it."""
+        column = "" if self.builder == "text" else f" (column {self.column!r})"
+        return self.name + column
+
+
+def corpus_spec(spec: str, column: str = "text") -> CorpusSpec:
+    """Resolve and check ``--corpus`` and ``--text-column``, reading the corpus's first text.
+
+    Raises
+    ------
+    ProbeError
+        One line: a file that does not exist, a kind of file not accepted, a folder with none or
+        with several kinds, a text column that is not there (naming those that are), a hub
+        dataset that cannot be reached or is unknown, or a corpus with no text.
+    """
+    if spec.startswith(HUB):
+        found = _hub_spec(spec, column)
+    else:
+        found = CorpusSpec(spec, *_local(Path(spec)), column=column)
+    empty = found.files and not any(os.path.getsize(f) for f in found.files)
+    with _torch_unseen():
+        first = None if empty else next(iter(_open(found)), None)
+    if first is None:
+        raise ProbeError(f"corpus {spec} holds no text; give a corpus with at least one")
+    if found.column not in first:
+        columns = ", ".join(map(repr, first))
+        raise ProbeError(
+            f"corpus {spec} has no column {found.column!r}; its columns are {columns}: "
+            "name one with --text-column"
+        )
+    return found
+
+
+@contextmanager
+def _torch_unseen() -> Iterator[None]:
+    """datasets makes each iterable dataset a torch one where torch is installed, importing it;
+    the plan's look at a corpus's first row needs no torch, and the plan runs before torch."""
+    from datasets import config
+
+    available, config.TORCH_AVAILABLE = config.TORCH_AVAILABLE, False
+    try:
+        yield
+    finally:
+        config.TORCH_AVAILABLE = available
+
+
+def _local(path: Path) -> tuple[str, tuple[str, ...]]:
+    """The builder and files of a local file or folder."""
+    accepted = ", ".join(BUILDERS)
+    if path.is_dir():
+        files = sorted(
+            p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")
+            and p.suffix.lower() in BUILDERS
+        )  # fmt: skip
+        kinds = sorted({BUILDERS[p.suffix.lower()] for p in files})
+        if not files:
+            raise ProbeError(f"corpus folder {path} holds no {accepted} file")
+        if len(kinds) > 1:
+            raise ProbeError(f"corpus folder {path} mixes {' and '.join(kinds)} files; "
+                             "give a folder of one kind")  # fmt: skip
+        return kinds[0], tuple(map(str, files))
+    if not path.is_file():
+        raise ProbeError(f"corpus {path} does not exist (give a {accepted} file, a folder of "
+                         "them, or hf:NAME[:CONFIG][@SPLIT])")  # fmt: skip
+    if path.suffix.lower() not in BUILDERS:
+        raise ProbeError(f"corpus {path}: unknown kind of file {path.suffix or '(no suffix)'!r}; "
+                         f"give one of {accepted}")  # fmt: skip
+    return BUILDERS[path.suffix.lower()], (str(path),)
+
+
+def _hub_spec(spec: str, column: str) -> CorpusSpec:
+    """``hf:NAME[:CONFIG][@SPLIT]``, the split ``train`` unless given."""
+    rest, _, split = spec.removeprefix(HUB).partition("@")
+    name, _, config = rest.partition(":")
+    if not name:
+        raise ProbeError(f"corpus {spec}: name a hub dataset, as hf:NAME[:CONFIG][@SPLIT]")
+    return CorpusSpec(spec, name, (), config or None, split or "train", column)
+
+
+def _open(spec: CorpusSpec) -> IterableDataset:
+    """The corpus as an iterable dataset of rows, or a one-line ``ProbeError``."""
+    import datasets
+
+    if spec.hub:
+        _offline_unless_reachable(datasets)
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    try:
+        if spec.hub:
+            return datasets.load_dataset(spec.builder, spec.config, split=spec.split,
+                                         streaming=True)  # fmt: skip
+        chunks = {"chunksize": CHUNK_BYTES} if spec.builder in ("text", "json") else {}
+        return datasets.load_dataset(spec.builder, data_files=list(spec.files), split="train",
+                                     streaming=True, **chunks)  # fmt: skip
+    except ConnectionError as e:
+        raise ProbeError(
+            f"corpus {spec.name}: the hub cannot be reached (offline?) and the dataset is not in "
+            f"the datasets cache ({_first_line(e)}); give a local file instead"
+        ) from None
+    except Exception as e:  # datasets raises many kinds; the user needs the one line
+        raise ProbeError(f"corpus {spec.name} cannot be read: {_first_line(e)}") from None
+
+
+def _offline_unless_reachable(datasets) -> None:
+    """Offline mode when the hub (``HF_ENDPOINT``) does not answer, so that an unknown name
+    fails at once instead of after a minute of retries; a cached dataset still loads."""
+    from probe.inputs.download import hub_reachable
+
+    if not datasets.config.HF_HUB_OFFLINE and not hub_reachable():
+        datasets.config.HF_HUB_OFFLINE = datasets.config.HF_DATASETS_OFFLINE = True
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip() or type(error).__name__
+    return text.splitlines()[0]
+
+
+def texts(spec: CorpusSpec, max_texts: int | None = None) -> IterableDataset:
+    """The corpus's texts (one column, ``text``), streamed, the first ``max_texts`` of them."""
+    rows = _open(spec)
+    rows = rows.select_columns([spec.column]).rename_column(spec.column, "text") if (
+        spec.column != "text") else rows.select_columns(["text"])  # fmt: skip
+    return rows if max_texts is None else rows.take(max_texts)
+
+
+class Cutter:
+    """Tokenizes texts and cuts each into consecutive windows of at most ``context`` tokens,
+    the tokenizer's special tokens included (each window gets them, as a text of its own would).
+    A text with no tokens gives one window with none, so that it is counted where it falls.
+    Each window also carries ``text``, its text's place in the corpus."""
+
+    def __init__(self, tokenizer, context: int) -> None:
+        self.tokenizer = tokenizer
+        self.read = 0  # texts cut so far: datasets maps a stream's batches in order
+        self.prefix, self.suffix = special_tokens(tokenizer)
+        self.width = context - len(self.prefix) - len(self.suffix)
+        if self.width < 1:
+            raise ProbeError(f"--context {context} leaves no room for text beside the "
+                             f"{context - self.width} special tokens; give more")  # fmt: skip
+
+    def __call__(self, batch: dict[str, list]) -> dict[str, list]:
+        width, out = self.width, {"input_ids": [], "punct": [], "window": [], "text": []}
+        for ids, punct in tokenize(self.tokenizer, [t or "" for t in batch["text"]]):
+            for w, start in enumerate(range(0, len(ids), width) if ids else [0]):
+                out["text"].append(self.read)
+                window = ids[start : start + width]
+                out["input_ids"].append([*self.prefix, *window, *self.suffix] if ids else [])
+                out["punct"].append(punct[start : start + width])
+                out["window"].append(w)
+            self.read += 1
+        return out
+
+
+def tokenize(tokenizer, batch: list[str]) -> list[tuple[list[int], list[bool]]]:
+    """Each text's token ids (no special tokens) and which tokens are punctuation: those whose
+    characters, spaces aside, are all Unicode punctuation (category P)."""
+    if not tokenizer.is_fast:  # no offsets: each token decoded alone
+        ids = tokenizer(batch, add_special_tokens=False, verbose=False)["input_ids"]
+        return [(row, [_punctuation(tokenizer.decode([i])) for i in row]) for row in ids]
+    encoded = tokenizer(
+        batch,
+        add_special_tokens=False,
+        return_offsets_mapping=True,
+        return_attention_mask=False,
+        return_token_type_ids=False,
+        verbose=False,
+    )
+    rows = zip(batch, encoded["input_ids"], encoded["offset_mapping"], strict=True)
+    return [(ids, [_punctuation(text[a:b]) for a, b in offsets]) for text, ids, offsets in rows]
+
+
+def _punctuation(text: str) -> bool:
+    text = "".join(text.split())
+    return bool(text) and all(unicodedata.category(c).startswith("P") for c in text)
+
+
+def special_tokens(tokenizer) -> tuple[list[int], list[int]]:
+    """The special tokens the tokenizer puts before and after a text ([CLS] … [SEP]; none
+    for GPT-2), as its own special-tokens mask tells them from the text's tokens: never by
+    looking for a word's ids, which in a vocabulary without that word are the unknown token,
+    itself special (and in some tokenizers the BOS too).
+
+    Raises
+    ------
+    ProbeError
+        When no sample text gives the tokenizer a token of text to place the others around.
+    """
+    for sample in SAMPLES:
+        encoded = tokenizer(sample, return_special_tokens_mask=True, verbose=False)
+        ids, special = encoded["input_ids"], encoded["special_tokens_mask"]
+        text = [i for i, s in enumerate(special) if not s]
+        if text:
+            return list(ids[: text[0]]), list(ids[text[-1] + 1 :])
+    raise ProbeError("the tokenizer turns no text into tokens; probe cannot tell its special "
+                     "tokens from a text's")  # fmt: skip
+
+
+# Texts the special tokens are placed around: one of them gives any tokenizer a token of text
+# (an unknown one counts: the mask marks only what the tokenizer added).
+SAMPLES = ("a", "the", "0", ".", "x y z")
+
+
+def count_texts(spec: CorpusSpec) -> int | None:
+    """How many texts a local corpus holds, counted without parsing it (progress bars): the
+    lines of ``.txt`` files (universal newlines, as datasets reads them), the non-blank lines
+    of ``.jsonl`` ones and the rows of ``.parquet`` ones; None for the hub, ``.json`` (one
+    document or lines) and ``.csv`` (quoted newlines), which only parsing would tell."""
+    if spec.hub:
+        return None
+    suffixes = {Path(f).suffix.lower() for f in spec.files}
+    if suffixes == {".txt"}:
+        return sum(_lines(f, blank=True) for f in spec.files)
+    if suffixes == {".jsonl"}:
+        return sum(_lines(f, blank=False) for f in spec.files)
+    if suffixes == {".parquet"}:
+        import pyarrow.parquet as pq
+
+        return sum(pq.read_metadata(f).num_rows for f in spec.files)
+    return None
+
+
+def _lines(path: str, blank: bool) -> int:
+    """The lines of a text file, streamed; blank ones too, or not."""
+    with open(path, encoding="utf-8", errors="replace") as f:  # newline=None: universal
+        return sum(1 for line in f if blank or line.strip())
+
+
+def windows(
+    spec: CorpusSpec,
+    tokenizer: PreTrainedTokenizerBase,
+    context: int,
+    *,
+    max_texts: int | None = None,
+    stop: int | None = None,
+    shard: tuple[int, int] = (0, 1),
+) -> Iterator[dict[str, Any]]:
+    """This process's windows, streamed: dicts of ``input_ids`` (special tokens included; empty
+    for a text without tokens), ``punct`` (per text token), ``window`` (its place in its text),
+    ``text`` (its text's place in the corpus) and ``index`` (its place among every process's
+    windows).
+
+    Parameters
+    ----------
+    spec : CorpusSpec
+    tokenizer : PreTrainedTokenizerBase
+    context : int
+        Tokens per window at most, special tokens included.
+    max_texts : int, optional
+        Read the first texts alone.
+    stop : int, optional
+        Read the first windows alone (before sharding).
+    shard : (int, int)
+        ``(rank, size)``: the windows whose index is ``rank`` modulo ``size``.
+    """
+    from datasets.distributed import split_dataset_by_node
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # datasets may fork
+    cut = texts(spec, max_texts).map(Cutter(tokenizer, context), batched=True,
+                                     batch_size=TEXTS_PER_MAP, remove_columns=["text"])  # fmt: skip
+    if stop is not None:
+        cut = cut.take(stop)
+    rank, size = shard
+    if size > 1:
+        cut = split_dataset_by_node(cut, rank=rank, world_size=size, strategy="examples")
+    try:
+        for i, row in enumerate(cut):
+            yield row | {"index": rank + i * size}
+    except ProbeError:
+        raise
+    except Exception as e:  # a row that cannot be parsed, a column that changes type…
+        raise ProbeError(f"corpus {spec.name} cannot be read: {_first_line(e)}") from None

@@ -1,0 +1,177 @@
+"""Head ablation: remove chosen heads' contributions, on top of ``probe.hooks``."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from probe.capture.architectures import architecture, blocks, head_count, is_encoder_decoder
+from probe.capture.hookpoints import Hook, hook_points, hooks
+from probe.capture.names import Attention, Stack, hook_name, point_of
+from probe.errors import ProbeError
+
+MODES = ("zero", "mean")
+
+
+def z_points(model: nn.Module, attention: str | None = None) -> tuple[list[str], int]:
+    """The ``hook_z`` points of ``model``, one per layer in order, and its number of heads.
+
+    ``attention`` picks one attention of an encoder-decoder model: ``"encoder.attn"`` (the
+    default), ``"decoder.attn"`` or ``"decoder.cross_attn"``.
+    """
+    if getattr(model, "config", None) is not None and is_encoder_decoder(model):
+        attention = attention or Attention.ENCODER
+        architecture(model, attention)  # an unknown attention is a clear error
+        layers = range(len(blocks(model, attention)))
+        names = [hook_name("hook_z", layer, attention) for layer in layers]
+        return names, head_count(model, attention)
+    if attention is not None:
+        raise ProbeError(f"attention={attention!r} is for encoder-decoder models")
+    with hook_points(model) as points:
+        names = [name for name in points if point_of(name) == "hook_z"]
+    own = [m for m in model.modules() if hasattr(m, "n_heads") and hasattr(m, "W_O")]
+    n_heads = own[0].n_heads if own else head_count(model)
+    return names, n_heads
+
+
+def check_heads(heads: Iterable, n_layers: int, n_heads: int) -> dict[int, list[int]]:
+    """Heads as ``{layer: [head, …]}``, each (layer, head) checked against the model.
+
+    Raises
+    ------
+    ProbeError
+        For an item that is not a (layer, head) pair of integers, or one out of range.
+    """
+    by_layer: dict[int, list[int]] = defaultdict(list)
+    for item in heads:
+        try:
+            layer, head = (int(i) for i in item)
+            if (layer, head) != tuple(item):
+                raise TypeError
+        except (TypeError, ValueError):
+            raise ProbeError(
+                f"heads are (layer, head) pairs of integers, 0-based; got {item!r}"
+            ) from None
+        if not (0 <= layer < n_layers and 0 <= head < n_heads):
+            raise ProbeError(
+                f"no head ({layer}, {head}): the model has layers 0…{n_layers - 1} and heads "
+                f"0…{n_heads - 1} (0-based)"
+            )
+        if head not in by_layer[layer]:
+            by_layer[layer].append(head)
+    return dict(by_layer)
+
+
+@torch.no_grad()
+def head_means(
+    model: nn.Module,
+    inputs: Iterable[Mapping[str, torch.Tensor]],
+    attention: str | None = None,
+) -> dict[int, torch.Tensor]:
+    """Every head's mean z over the real tokens of a reference set, for mean ablation.
+
+    Padding never counts, so the means, and what mean ablation does to a sentence, do not depend
+    on how the reference set or the ablated inputs were batched.
+
+    Parameters
+    ----------
+    model : nn.Module
+        A Hugging Face model, a ``probe.MultiHeadAttention`` or a module built from them.
+    inputs : iterable of dict
+        Keyword arguments of ``model`` per batch (``input_ids``, ``attention_mask``…); real
+        tokens are those where ``attention_mask`` is 1 (``decoder_attention_mask`` for a
+        decoder's attention; for a ``MultiHeadAttention``, where ``key_padding_mask`` is False;
+        every position without either).
+    attention : str, optional
+        For an encoder-decoder model, which attention (see ``z_points``).
+
+    Returns
+    -------
+    dict of int to tensor
+        Layer to mean z ``[n_heads, d_head]`` (float32).
+    """
+    names, _ = z_points(model, attention)
+    decoder = attention is not None and Attention(attention).stack == Stack.DECODER
+    queries = "decoder_attention_mask" if decoder else None
+    sums: dict[int, torch.Tensor] = {}
+    counts: dict[int, float] = defaultdict(float)
+    mask: torch.Tensor | None = None
+
+    def add(z: torch.Tensor, hook: Hook) -> None:  # z: [batch, pos, head, d_head]
+        real = torch.ones(z.shape[:2], device=z.device) if mask is None else mask.to(z)
+        layer = names.index(hook)
+        sums[layer] = sums.get(layer, 0) + torch.einsum("bphd,bp->hd", z.float(), real.float())
+        counts[layer] += float(real.sum())
+
+    with hooks(model, dict.fromkeys(names, add)):
+        for batch in inputs:
+            mask = batch.get(queries or "attention_mask")
+            if mask is None and batch.get("key_padding_mask") is not None:  # MultiHeadAttention
+                mask = ~batch["key_padding_mask"]
+            model(**batch)
+    if not sums or not all(counts.values()):
+        raise ProbeError("head_means needs at least one batch with a real token")
+    return {layer: total / counts[layer] for layer, total in sums.items()}
+
+
+@contextmanager
+def ablate(
+    model: nn.Module,
+    heads: Iterable[tuple[int, int]],
+    mode: str = "zero",
+    means: Mapping[int, torch.Tensor] | None = None,
+    attention: str | None = None,
+) -> Iterator[None]:
+    """Ablate heads while the ``with`` block runs, by replacing their ``hook_z``.
+
+    Zero ablation removes head i's term head_i W_i^O from the layer output exactly. Mean
+    ablation replaces head i's z by its mean over a reference set (``head_means``), so the
+    layer keeps the head's average contribution but loses its dependence on the input.
+
+    Parameters
+    ----------
+    model : nn.Module
+        A Hugging Face model, a ``probe.MultiHeadAttention`` (layer 0) or a module built from
+        them (layers in the order of their ``hook_z`` points).
+    heads : iterable of (layer, head)
+        0-based.
+    mode : {"zero", "mean"}
+    means : mapping of layer to tensor ``[n_heads, d_head]``
+        For mean ablation: ``probe.head_means(model, reference_batches)``.
+    attention : str, optional
+        For an encoder-decoder model, which attention the heads belong to: ``"encoder.attn"``
+        (the default), ``"decoder.attn"`` or ``"decoder.cross_attn"``.
+
+    Raises
+    ------
+    ProbeError
+        For an unknown mode, mean ablation without means, or a head the model does not have.
+    """
+    if mode not in MODES:
+        raise ProbeError(f"mode must be 'zero' or 'mean', not {mode!r}")
+    names, n_heads = z_points(model, attention)
+    by_layer = check_heads(heads, len(names), n_heads)
+    if mode == "mean":
+        missing = sorted(set(by_layer) - set(means or {}))
+        if missing:
+            raise ProbeError(
+                f"mean ablation needs the heads' mean z (no means for layer {missing[0]}): "
+                "pass means=probe.head_means(model, reference_batches)"
+            )
+
+    def replace(layer: int):
+        chosen = by_layer[layer]
+
+        def fn(z: torch.Tensor, hook: Hook) -> torch.Tensor:  # z: [batch, pos, head, d_head]
+            z = z.clone()
+            z[:, :, chosen] = 0 if mode == "zero" else means[layer][chosen].to(z)
+            return z
+
+        return fn
+
+    with hooks(model, {names[layer]: replace(layer) for layer in by_layer}):
+        yield
