@@ -25,6 +25,7 @@ _EXPORTS = {
     "head_weights": "probe.architectures",
     "MultiHeadAttention": "probe.attention",
     "spectra": "probe.circuits",
+    "composition_scores": "probe.composition",
     "copying_scores": "probe.copying",
     "ProbeError": "probe.errors",
     "HeadId": "probe.heads",
@@ -59,6 +60,7 @@ __all__ = [
     "__version__",
     "ablate",
     "attention_rows",
+    "composition_scores",
     "copying_scores",
     "head_means",
     "head_statistics",
@@ -95,6 +97,7 @@ if TYPE_CHECKING:
     from probe.architectures import HeadWeights, head_weights
     from probe.attention import MultiHeadAttention
     from probe.circuits import spectra
+    from probe.composition import composition_scores
     from probe.copying import copying_scores
     from probe.errors import ProbeError
     from probe.heads import HeadId
