@@ -20,6 +20,7 @@ __version__ = "0.1.0"
 # Public name -> the module that defines it.
 _EXPORTS = {
     "ablate": "probe.ablation",
+    "attribute": "probe.attribution",
     "head_means": "probe.ablation",
     "HeadWeights": "probe.architectures",
     "head_weights": "probe.architectures",
@@ -60,6 +61,7 @@ __all__ = [
     "__version__",
     "ablate",
     "attention_rows",
+    "attribute",
     "composition_scores",
     "copying_scores",
     "head_means",
@@ -96,6 +98,7 @@ if TYPE_CHECKING:
     from probe.app import plot
     from probe.architectures import HeadWeights, head_weights
     from probe.attention import MultiHeadAttention
+    from probe.attribution import attribute
     from probe.circuits import spectra
     from probe.composition import composition_scores
     from probe.copying import copying_scores
