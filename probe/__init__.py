@@ -28,6 +28,8 @@ _EXPORTS = {
     "spectra": "probe.circuits",
     "composition_scores": "probe.composition",
     "copying_scores": "probe.copying",
+    "circuit": "probe.edge_circuits",
+    "edges": "probe.edge_circuits",
     "ProbeError": "probe.errors",
     "HeadId": "probe.heads",
     "head_types": "probe.headtypes",
@@ -62,8 +64,10 @@ __all__ = [
     "ablate",
     "attention_rows",
     "attribute",
+    "circuit",
     "composition_scores",
     "copying_scores",
+    "edges",
     "head_means",
     "head_statistics",
     "head_types",
@@ -102,6 +106,7 @@ if TYPE_CHECKING:
     from probe.circuits import spectra
     from probe.composition import composition_scores
     from probe.copying import copying_scores
+    from probe.edge_circuits import circuit, edges
     from probe.errors import ProbeError
     from probe.heads import HeadId
     from probe.headtypes import head_types
