@@ -125,43 +125,13 @@ def attribute(
         delta = (cache[name] - corrupted_acts[name]).double()  # [pairs, ...]
         grad = grads[name].double().mean(0)  # over the steps
         if fix:
-            stem = stems[layer]
-            at = {p: corrupted_acts[stem + p].double() for p in ("hook_attn_scores", PARTNER[hook])}
-            effect = _query_key_exact(
-                hook in ("hook_q", "hook_rot_q"),
-                cache[name].double(),
-                corrupted_acts[name].double(),
-                at[PARTNER[hook]],
-                at["hook_attn_scores"],
-                corrupted_acts[stem + "hook_pattern"].double(),
-                grads[stem + "hook_pattern"].double().mean(0),
-                per_position,
-                name,
-            )  # [pairs, head, position]
+            effect = _fixed(hook, stems[layer], name, cache, corrupted_acts, grads, per_position)
         else:
             product = delta * grad
             effect = _per_head(product, head_dim, position_dim)  # [pairs, head, position]
         per_layer.append(effect)
 
-    rows_ = []
-    values_ = []
-    for layer, effect in enumerate(per_layer):
-        n_heads, n_positions = effect.shape[1], effect.shape[2]
-        for head in range(n_heads):
-            if per_position:
-                for position in range(n_positions):
-                    rows_.append({"layer": layer, "head": head, "position": position})
-                    values_.append(effect[:, head, position])
-            else:  # every position at once: linear terms add up (atp*'s is joint already)
-                rows_.append({"layer": layer, "head": head})
-                values_.append(effect[:, head].sum(-1))
-    mean, low, high = mean_intervals(torch.stack(values_))
-    table = pd.DataFrame(rows_)
-    table["attribution"], table["attribution_low"], table["attribution_high"] = (
-        mean.numpy(),
-        low.numpy(),
-        high.numpy(),
-    )
+    table = _table(per_layer, per_position, "attribution")
     table.attrs = {
         "method": method,
         "pairs": pairs,
@@ -173,6 +143,46 @@ def attribute(
             f"atp* fixes query and key points only; at {hook} it equals atp (the head's own "
             "softmax is replaced outright by patching its output)"
         )
+    return table
+
+
+def _fixed(hook, stem, name, cache, corrupted_acts, grads, per_position) -> torch.Tensor:
+    """AtP*'s term of one layer's query or key point, ``[pairs, head, position]``."""
+    at = {p: corrupted_acts[stem + p].double() for p in ("hook_attn_scores", PARTNER[hook])}
+    return _query_key_exact(
+        hook in ("hook_q", "hook_rot_q"),
+        cache[name].double(),
+        corrupted_acts[name].double(),
+        at[PARTNER[hook]],
+        at["hook_attn_scores"],
+        corrupted_acts[stem + "hook_pattern"].double(),
+        grads[stem + "hook_pattern"].double().mean(0),
+        per_position,
+        name,
+    )
+
+
+def _table(per_layer: list[torch.Tensor], per_position: bool, column: str) -> pd.DataFrame:
+    """Rows per head (and position) from each layer's ``[pairs, head, position]`` estimates:
+    their mean over pairs and its 95% interval, as ``column``, ``column_low``, ``column_high``."""
+    rows, values = [], []
+    for layer, effect in enumerate(per_layer):
+        n_heads, n_positions = effect.shape[1], effect.shape[2]
+        for head in range(n_heads):
+            if per_position:
+                for position in range(n_positions):
+                    rows.append({"layer": layer, "head": head, "position": position})
+                    values.append(effect[:, head, position])
+            else:  # every position at once: linear terms add up (atp*'s is joint already)
+                rows.append({"layer": layer, "head": head})
+                values.append(effect[:, head].sum(-1))
+    mean, low, high = mean_intervals(torch.stack(values))
+    table = pd.DataFrame(rows)
+    table[column], table[f"{column}_low"], table[f"{column}_high"] = (
+        mean.numpy(),
+        low.numpy(),
+        high.numpy(),
+    )
     return table
 
 

@@ -26,10 +26,11 @@ import pandas as pd
 import torch
 from torch import nn
 
-from probe.architectures import architecture, head_count, is_encoder_decoder
+from probe.architectures import architecture, blocks, head_count, is_encoder_decoder
 from probe.errors import ProbeError
 from probe.gradients import START, run, starts
 from probe.hookpoints import Hook, hook_points, hooks, trace
+from probe.names import hook_name
 from probe.pairs import Metric, check_pairs, mean_intervals, per_pair, rows, stacked
 
 METHODS = ("eap", "eap-ig")
@@ -68,9 +69,9 @@ def graph(model: nn.Module) -> Graph:
             f"sum; {type(model).__name__} normalises after each sum or runs attention and MLP "
             "in parallel"
         )
+    layers = range(len(blocks(model)))
     with hook_points(model) as points:
-        layers = sorted({int(n.split(".")[1]) for n in points if n.startswith("blocks.")})
-        needed = [START] + [f"blocks.{layer}.hook_mlp_in" for layer in layers]
+        needed = [START] + [hook_name("hook_mlp_in", layer) for layer in layers]
         missing = [n for n in needed if n not in points]
         if missing:
             raise ProbeError(f"edges need the point {missing[0]}, which this model lacks")
@@ -83,15 +84,15 @@ def graph(model: nn.Module) -> Graph:
         for head in range(n_heads):
             for part in "qkv":
                 receivers.append(
-                    (f"{layer}-{head}", part, f"blocks.{layer}.hook_{part}_input", head)
+                    (f"{layer}-{head}", part, hook_name(f"hook_{part}_input", layer), head)
                 )
                 edges += [(s, len(receivers) - 1) for s in upstream]
         for head in range(n_heads):
-            senders.append((f"{layer}-{head}", f"blocks.{layer}.attn.hook_result", head))
-        receivers.append((f"mlp{layer}", "", f"blocks.{layer}.hook_mlp_in", None))
+            senders.append((f"{layer}-{head}", hook_name("hook_result", layer), head))
+        receivers.append((f"mlp{layer}", "", hook_name("hook_mlp_in", layer), None))
         edges += [(s, len(receivers) - 1) for s in range(len(senders))]
-        senders.append((f"mlp{layer}", f"blocks.{layer}.hook_mlp_out", None))
-    receivers.append(("logits", "", f"blocks.{layers[-1]}.hook_resid_post", None))
+        senders.append((f"mlp{layer}", hook_name("hook_mlp_out", layer), None))
+    receivers.append(("logits", "", hook_name("hook_resid_post", layers[-1]), None))
     edges += [(s, len(receivers) - 1) for s in range(len(senders))]
     return Graph(senders, receivers, edges)
 

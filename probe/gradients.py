@@ -18,9 +18,10 @@ import torch
 from torch import nn
 
 from probe.hookpoints import Hook, hook_points, hooks, trace
+from probe.names import hook_name
 from probe.pairs import Metric, per_pair, rows, stacked
 
-START = "blocks.0.hook_resid_pre"
+START = hook_name("hook_resid_pre", 0)
 
 
 def start_point(model: nn.Module) -> str | None:

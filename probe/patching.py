@@ -128,6 +128,14 @@ def patch(
                 patched.append(per_pair(metric(seen), pairs))
 
     values = torch.stack(patched).double() if patched else torch.zeros(0, pairs)
+    table = _table(patches, per_position, values, clean_values, corrupted_values)
+    clean_metric, corrupted_metric = float(clean_values.mean()), float(corrupted_values.mean())
+    table.attrs = {"clean": clean_metric, "corrupted": corrupted_metric, "pairs": pairs}
+    return table
+
+
+def _table(patches, per_position, values, clean_values, corrupted_values) -> pd.DataFrame:
+    """One row per patch: its mean metric, recovery and effect with the effect's interval."""
     effect, low, high = mean_intervals(values - corrupted_values.double())
     clean_metric, corrupted_metric = float(clean_values.mean()), float(corrupted_values.mean())
     table = pd.DataFrame(
@@ -147,7 +155,6 @@ def patch(
         low.numpy(),
         high.numpy(),
     )
-    table.attrs = {"clean": clean_metric, "corrupted": corrupted_metric, "pairs": pairs}
     return table
 
 
