@@ -20,12 +20,16 @@ __version__ = "0.1.0"
 # Public name -> the module that defines it.
 _EXPORTS = {
     "ablate": "probe.interventions.ablation",
+    "attribute": "probe.interventions.attribution",
     "head_means": "probe.interventions.ablation",
     "HeadWeights": "probe.capture.architectures",
     "head_weights": "probe.capture.architectures",
     "MultiHeadAttention": "probe.attention",
     "spectra": "probe.weights.spectra",
+    "composition_scores": "probe.weights.composition",
     "copying_scores": "probe.weights.copying",
+    "circuit": "probe.interventions.edges",
+    "edges": "probe.interventions.edges",
     "ProbeError": "probe.errors",
     "HeadId": "probe.heads",
     "head_types": "probe.patterns.headtypes",
@@ -59,7 +63,11 @@ __all__ = [
     "__version__",
     "ablate",
     "attention_rows",
+    "attribute",
+    "circuit",
+    "composition_scores",
     "copying_scores",
+    "edges",
     "head_means",
     "head_statistics",
     "head_types",
@@ -92,15 +100,16 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:
     from probe.app import plot
     from probe.attention import MultiHeadAttention
-    from probe.capture.architectures import HeadWeights, head_weights
-    from probe.capture.hookpoints import Cache, Hook, HookPoint, hooks, trace
     from probe.errors import ProbeError
     from probe.heads import HeadId
     from probe.interventions.ablation import ablate, head_means
+    from probe.interventions.attribution import attribute
+    from probe.interventions.edges import circuit, edges
     from probe.interventions.patching import patch
     from probe.patterns.headtypes import head_types
     from probe.patterns.long_context import attention_rows, head_statistics
     from probe.patterns.viewer import View, show
     from probe.run.loading import load
+    from probe.weights.composition import composition_scores
     from probe.weights.copying import copying_scores
     from probe.weights.spectra import spectra

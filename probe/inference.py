@@ -94,3 +94,11 @@ def benjamini_hochberg(p_values, level: float = FDR) -> np.ndarray:
     if len(passing):
         called[order[: passing[-1] + 1]] = True
     return called.reshape(p.shape)
+
+
+def t975(df: int) -> float:
+    """The 97.5th percentile of Student's t with ``df`` degrees of freedom (≥ 1): a 95% interval
+    of a mean over ``df + 1`` items is ± this many standard errors."""
+    from scipy.stats import t
+
+    return float(t.ppf(0.975, df))

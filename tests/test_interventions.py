@@ -159,7 +159,9 @@ def test_patching_where_the_answer_is_known():
     with torch.no_grad(), probe.trace(mha, "hook_z") as b:
         mha(**corrupted)
     table = probe.patch(mha, clean, corrupted, metric)
-    assert list(table.columns) == ["layer", "head", "metric", "recovered"]
+    assert list(table.columns) == [
+        "layer", "head", "metric", "recovered", "effect", "effect_low", "effect_high"
+    ]  # fmt: skip
     W_O = mha.W_O.detach()
     expected = [
         float(metric(mha(**corrupted).detach()))

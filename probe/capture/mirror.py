@@ -413,11 +413,16 @@ class Mirror:
         outs = [self._from_head_inputs(holder, *part) for part in zip("qkv", Ws, bs, strict=True)]
         if all(out is None for out in outs):
             return None
-        output = output.clone()  # the views of split_fused write into it
-        for view, out in zip(split_fused(output, holder.fused, *holder.heads), outs, strict=True):
-            if out is not None:
-                _replace_heads(view, *out)
-        return output
+        # Built anew, not written into split_fused's views: autograd forbids editing those.
+        parts = [
+            part if out is None else _with_heads(part, *out)
+            for part, out in zip(
+                split_fused(output, holder.fused, *holder.heads), outs, strict=True
+            )
+        ]
+        if holder.fused == "neox":  # per head [q_i | k_i | v_i]
+            return torch.cat(parts, dim=-1).flatten(-2)
+        return torch.cat([part.flatten(-2) for part in parts], dim=-1)
 
     def _from_head_inputs(self, holder, part: str, W, b):
         """One projection's output per head, ``[batch, pos, head, d_head]``, from its per-head
@@ -433,6 +438,8 @@ class Mirror:
         if seen is x and not edited:
             return None
         changed = (seen != self.stream[id(holder)].unsqueeze(2)).flatten(3).any(-1).any(1).any(0)
+        if getattr(own, "_backward", None):  # a backward hook needs every head's gradient
+            changed = torch.ones_like(changed)
         normed = seen if holder.ln1 is None else normalise(holder.ln1, seen, affine=True)
         out = torch.einsum("bphm,mhk->bphk", normed, W)
         return (out if b is None else out + b), changed
@@ -566,6 +573,14 @@ class Mirror:
                 _MIRRORS.pop(key, None)
             for key in configs:
                 _BY_CONFIG.pop(key, None)
+
+
+def _with_heads(
+    heads: torch.Tensor, recomputed: torch.Tensor, changed: torch.Tensor
+) -> torch.Tensor:
+    """``heads`` with its ``changed`` heads taken from ``recomputed`` (both ``[batch, pos, head,
+    d_head]``), out of place: the others keep the projection's own bits."""
+    return torch.where(changed[:, None], recomputed.to(heads.dtype), heads)
 
 
 def _replace_heads(heads: torch.Tensor, recomputed: torch.Tensor, changed: torch.Tensor) -> None:

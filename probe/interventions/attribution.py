@@ -1,0 +1,244 @@
+"""Attribution patching: every head's patching effect at once, from gradients.
+
+Patching a head's activation a from the clean run into the corrupted one moves the metric by
+about (a_clean − a_corrupted) · ∂metric/∂a, the gradient taken at the corrupted run (Nanda's
+attribution patching, AtP). One forward pass of each input and one backward pass give it for
+every head. Three estimates:
+
+- ``"atp"``: the gradient at the corrupted run;
+- ``"atp*"``: AtP with Kramár et al.'s (2024) fix for saturated attention: for a query or key
+  point, the head's attention pattern with the clean query (key) is computed exactly, and only
+  the rest is linearised: (A_patched − A_corrupted) · ∂metric/∂A. At other points (``hook_z``:
+  the head's whole output, whose own softmax patching replaces outright) it equals AtP, and
+  ``attrs["note"]`` says so;
+- ``"ig"``: integrated gradients, the gradient averaged over ``steps`` runs whose start
+  (embeddings) is interpolated from the corrupted to the clean input (α = k/steps, k = 1…steps,
+  as EAP-IG takes it), in one stacked pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+import torch
+from torch import nn
+
+from probe.capture.hookpoints import hook_points, trace
+from probe.capture.names import point_of
+from probe.errors import ProbeError
+from probe.interventions.gradients import run, starts
+from probe.interventions.pairs import Metric, check_pairs, mean_intervals
+from probe.interventions.patching import LAYOUT
+
+METHODS = ("atp", "atp*", "ig")
+# The query and key points, each with the point it meets in the scores.
+PARTNER = {
+    "hook_q": "hook_k",
+    "hook_k": "hook_q",
+    "hook_rot_q": "hook_rot_k",
+    "hook_rot_k": "hook_rot_q",
+}
+
+
+def attribute(
+    model: nn.Module,
+    clean: Mapping[str, Any],
+    corrupted: Mapping[str, Any],
+    metric: Metric,
+    method: str = "atp",
+    *,
+    hook: str = "hook_z",
+    per_position: bool = False,
+    steps: int = 5,
+) -> pd.DataFrame:
+    """Estimate every head's patching effect (``probe.patch``'s ``effect``) from gradients.
+
+    Parameters
+    ----------
+    model : nn.Module
+        A Hugging Face model, a ``probe.MultiHeadAttention`` or a module built from them.
+    clean, corrupted : dict
+        Keyword arguments of ``model`` for a batch of prompt pairs, of the same shapes.
+    metric : callable
+        ``metric(output)``: one differentiable value per pair ``[pairs]`` (a scalar for one
+        pair), e.g. a logit difference or a log-probability.
+    method : {"atp", "atp*", "ig"}
+        See the module's description.
+    hook : str
+        A per-head point (``probe.patch``'s; ``hook_pattern`` and ``hook_attn_scores`` patched at
+        the query position).
+    per_position : bool
+        One row per head and position (the position's slice patched alone).
+    steps : int
+        Interpolation steps of ``"ig"``.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``layer``, ``head`` (0-based), ``position`` (with ``per_position``), ``attribution``
+        (mean over pairs) with its 95% t-interval ``attribution_low``, ``attribution_high``
+        (NaN for one pair). ``attrs``: ``method``, ``pairs``, ``clean`` and ``corrupted`` mean
+        metrics, and a ``note`` where ``"atp*"`` had nothing to fix.
+
+    Raises
+    ------
+    ProbeError
+        For an unknown method or point, pairs of different shapes, or a metric that is not
+        differentiable.
+    """
+    if method not in METHODS:
+        raise ProbeError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
+    if hook not in LAYOUT:
+        raise ProbeError(f"cannot attribute to {hook!r} per head; choose from {', '.join(LAYOUT)}")
+    if method == "ig" and steps < 1:
+        raise ProbeError(f"steps must be at least 1, not {steps}")
+    pairs = check_pairs(clean, corrupted)
+    head_dim, position_dim = LAYOUT[hook]
+    with hook_points(model) as points:
+        names = [name for name in points if point_of(name) == hook]
+        if not names:
+            raise ProbeError(f"the model has no {hook} points")
+        fix = method == "atp*" and hook in PARTNER
+        stems = [n[: -len(hook)] for n in names] if fix else []
+        patterns = [stem + "hook_pattern" for stem in stems]
+        around = [stem + p for stem in stems for p in ("hook_attn_scores", PARTNER.get(hook))]
+        with torch.no_grad(), trace(model, names) as cache:
+            clean_metric = float(torch.as_tensor(metric(model(**clean))).float().mean())
+        start = starts(model, clean, corrupted)
+        alphas = [k / steps for k in range(1, steps + 1)] if method == "ig" else [0.0]
+        keep = [*names, *patterns, *around]
+        values, grads, kept = run(
+            model, corrupted, metric, pairs, [*names, *patterns], start, alphas, keep
+        )
+        if method == "ig":  # the corrupted run's own activations and metric
+            with torch.no_grad(), trace(model, keep) as corrupted_cache:
+                corrupted_metric = float(torch.as_tensor(metric(model(**corrupted))).mean())
+            corrupted_acts = {n: corrupted_cache[n] for n in keep}
+        else:
+            corrupted_metric = float(values[0].mean())
+            corrupted_acts = {n: kept[n][0] for n in keep}
+
+    per_layer = []
+    for layer, name in enumerate(names):
+        delta = (cache[name] - corrupted_acts[name]).double()  # [pairs, ...]
+        grad = grads[name].double().mean(0)  # over the steps
+        if fix:
+            effect = _fixed(hook, stems[layer], name, cache, corrupted_acts, grads, per_position)
+        else:
+            product = delta * grad
+            effect = _per_head(product, head_dim, position_dim)  # [pairs, head, position]
+        per_layer.append(effect)
+
+    table = _table(per_layer, per_position, "attribution")
+    table.attrs = {
+        "method": method,
+        "pairs": pairs,
+        "clean": clean_metric,
+        "corrupted": corrupted_metric,
+    }
+    if method == "atp*" and not fix:
+        table.attrs["note"] = (
+            f"atp* fixes query and key points only; at {hook} it equals atp (the head's own "
+            "softmax is replaced outright by patching its output)"
+        )
+    return table
+
+
+def _fixed(hook, stem, name, cache, corrupted_acts, grads, per_position) -> torch.Tensor:
+    """AtP*'s term of one layer's query or key point, ``[pairs, head, position]``."""
+    at = {p: corrupted_acts[stem + p].double() for p in ("hook_attn_scores", PARTNER[hook])}
+    return _query_key_exact(
+        hook in ("hook_q", "hook_rot_q"),
+        cache[name].double(),
+        corrupted_acts[name].double(),
+        at[PARTNER[hook]],
+        at["hook_attn_scores"],
+        corrupted_acts[stem + "hook_pattern"].double(),
+        grads[stem + "hook_pattern"].double().mean(0),
+        per_position,
+        name,
+    )
+
+
+def _table(per_layer: list[torch.Tensor], per_position: bool, column: str) -> pd.DataFrame:
+    """Rows per head (and position) from each layer's ``[pairs, head, position]`` estimates:
+    their mean over pairs and its 95% interval, as ``column``, ``column_low``, ``column_high``."""
+    rows, values = [], []
+    for layer, effect in enumerate(per_layer):
+        n_heads, n_positions = effect.shape[1], effect.shape[2]
+        for head in range(n_heads):
+            if per_position:
+                for position in range(n_positions):
+                    rows.append({"layer": layer, "head": head, "position": position})
+                    values.append(effect[:, head, position])
+            else:  # every position at once: linear terms add up (atp*'s is joint already)
+                rows.append({"layer": layer, "head": head})
+                values.append(effect[:, head].sum(-1))
+    mean, low, high = mean_intervals(torch.stack(values))
+    table = pd.DataFrame(rows)
+    table[column], table[f"{column}_low"], table[f"{column}_high"] = (
+        mean.numpy(),
+        low.numpy(),
+        high.numpy(),
+    )
+    return table
+
+
+def _per_head(product: torch.Tensor, head_dim: int, position_dim: int) -> torch.Tensor:
+    """``[pairs, head, position]``: a per-head point's product summed over its other dimensions."""
+    dims = [d for d in range(1, product.dim()) if d not in (head_dim, position_dim)]
+    summed = product.sum(dims) if dims else product
+    # The remaining dimensions are (pairs, head, position) in the point's order.
+    return summed if head_dim < position_dim else summed.transpose(1, 2)
+
+
+def _query_key_exact(
+    query: bool,
+    clean: torch.Tensor,
+    corrupted: torch.Tensor,
+    other: torch.Tensor,
+    scores: torch.Tensor,
+    pattern: torch.Tensor,
+    grad_pattern: torch.Tensor,
+    per_position: bool,
+    name: str,
+) -> torch.Tensor:
+    """AtP*'s query/key term per pair, head and position: the pattern with the clean query (key)
+    computed exactly, times ∂metric/∂pattern.
+
+    ``clean``, ``corrupted`` ``[pairs, pos, head, d_head]``: the queries (``query``) or keys,
+    and ``other`` the keys (queries) they meet at the corrupted run; ``scores``, ``pattern``,
+    ``grad_pattern`` ``[pairs, head, q_pos, k_pos]``. Returns ``[pairs, head, position]``, or
+    ``[pairs, head, 1]`` for every position patched at once.
+    """
+    if other.shape[2] != clean.shape[2]:
+        raise ProbeError(f"{name}: atp* on grouped-query keys or queries is not supported")
+    queries, keys = (corrupted, other) if query else (other, corrupted)
+    raw = torch.einsum("bqhd,bkhd->bhqk", queries, keys)
+    real = scores > torch.finfo(torch.float32).min / 2
+    scale = (raw * scores)[real].sum() / (raw * raw)[real].sum().clamp_min(1e-30)
+    if not torch.allclose(scores[real], scale * raw[real], atol=1e-4, rtol=1e-3):
+        raise ProbeError(
+            f"{name}: atp* needs attention scores that are a scaled q·k (no position bias, "
+            "soft cap or rotation after this point); use method='atp'"
+        )
+    delta = clean - corrupted
+    shift = (
+        torch.einsum("bqhd,bkhd->bhqk", delta, other)  # row i moves by (q'_i - q_i)·k_j s
+        if query
+        else torch.einsum("bqhd,bkhd->bhqk", other, delta)  # column j by q_i·(k'_j - k_j) s
+    ) * scale
+    if query or not per_position:  # rows are independent: each query's new row, exact
+        new = torch.softmax((scores + shift).masked_fill(~real, -torch.inf), dim=-1).nan_to_num(0)
+        change = ((new - pattern) * grad_pattern).sum(-1)  # [pairs, head, q_pos]
+        return change if per_position else change.sum(-1, keepdim=True)
+    # Key j alone: each row i's column j moves by δ_ij. With r = 1 + A_ij (e^δ - 1), the new
+    # row is A/r except at j, A_ij e^δ / r: a closed form for every j at once.
+    shift = shift.masked_fill(~real, 0.0).clamp(-600, 600)
+    grown = pattern * (shift.exp() - 1)
+    r = 1 + grown
+    dot = (pattern * grad_pattern).sum(-1, keepdim=True)  # Σ_l A_il g_il
+    change = (1 / r - 1) * dot + grown / r * grad_pattern  # [pairs, head, q_pos, k_pos]
+    return change.sum(2)  # over the queries: [pairs, head, k_pos]

@@ -1,0 +1,338 @@
+"""Edges between components, and the circuit of the strongest: which head feeds which, through
+its query, key or value.
+
+In a pre-LayerNorm model every component reads the residual stream, the sum of what the
+embeddings, the heads and the MLPs before it wrote (plus biases, alike in every run). So each
+receiver's input is a sum over senders, and an edge is one sender's term in one receiver's input.
+Nodes: ``embed`` (the first block's input), ``L-H`` (head H of layer L, 0-based: its
+``hook_result``), ``mlpL`` (``hook_mlp_out``) and ``logits`` (the last block's output, before the
+final norm). Receivers: a head through its query, key or value input (``hook_q_input``,
+``hook_k_input``, ``hook_v_input``), an MLP (``hook_mlp_in``) and the logits.
+
+Edge attribution patching (EAP, Syed et al. 2023) scores an edge by (s_clean − s_corrupted) ·
+∂metric/∂(receiver's input); EAP-IG (Hanna et al. 2024) averages the gradient over runs
+interpolated from the corrupted to the clean input. ``circuit`` then patches edges exactly: the
+model runs on the clean input, and every edge outside the circuit gives its receiver the sender's
+corrupted value instead of its value in this run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+import torch
+from torch import nn
+
+from probe.capture.architectures import architecture, blocks, head_count, is_encoder_decoder
+from probe.capture.hookpoints import Hook, hook_points, hooks, trace
+from probe.capture.names import hook_name
+from probe.errors import ProbeError
+from probe.interventions.gradients import START, run, starts
+from probe.interventions.pairs import Metric, check_pairs, mean_intervals, per_pair, rows, stacked
+
+METHODS = ("eap", "eap-ig")
+
+
+@dataclass
+class Graph:
+    """A model's nodes and edges, in the order of the computation.
+
+    ``senders``: names, with their hook point and head (None for a whole point); ``receivers``:
+    (name, input) with their hook point and head; ``edges``: (sender index, receiver index) of
+    every sender upstream of the receiver.
+    """
+
+    senders: list[tuple[str, str, int | None]]
+    receivers: list[tuple[str, str, str, int | None]]
+    edges: list[tuple[int, int]]
+
+
+def graph(model: nn.Module) -> Graph:
+    """The nodes and edges of a pre-LayerNorm Hugging Face model.
+
+    Raises
+    ------
+    ProbeError
+        For a model whose components do not read one residual stream as a plain sum: an
+        encoder-decoder, a post-LayerNorm (BERT) or a parallel-attention model, or a module that
+        is not a Hugging Face model.
+    """
+    if getattr(model, "config", None) is None or is_encoder_decoder(model):
+        raise ProbeError("edges need a Hugging Face decoder or encoder with one residual stream")
+    arch = architecture(model)
+    if arch.post_ln or getattr(model.config, "use_parallel_residual", False):
+        raise ProbeError(
+            f"edges need a pre-LayerNorm model whose components read the residual stream as a "
+            f"sum; {type(model).__name__} normalises after each sum or runs attention and MLP "
+            "in parallel"
+        )
+    layers = range(len(blocks(model)))
+    with hook_points(model) as points:
+        needed = [START] + [hook_name("hook_mlp_in", layer) for layer in layers]
+        missing = [n for n in needed if n not in points]
+        if missing:
+            raise ProbeError(f"edges need the point {missing[0]}, which this model lacks")
+    n_heads = head_count(model)
+    senders: list[tuple[str, str, int | None]] = [("embed", START, None)]
+    receivers: list[tuple[str, str, str, int | None]] = []
+    edges: list[tuple[int, int]] = []
+    for layer in layers:
+        upstream = list(range(len(senders)))
+        for head in range(n_heads):
+            for part in "qkv":
+                receivers.append(
+                    (f"{layer}-{head}", part, hook_name(f"hook_{part}_input", layer), head)
+                )
+                edges += [(s, len(receivers) - 1) for s in upstream]
+        for head in range(n_heads):
+            senders.append((f"{layer}-{head}", hook_name("hook_result", layer), head))
+        receivers.append((f"mlp{layer}", "", hook_name("hook_mlp_in", layer), None))
+        edges += [(s, len(receivers) - 1) for s in range(len(senders))]
+        senders.append((f"mlp{layer}", hook_name("hook_mlp_out", layer), None))
+    receivers.append(("logits", "", hook_name("hook_resid_post", layers[-1]), None))
+    edges += [(s, len(receivers) - 1) for s in range(len(senders))]
+    return Graph(senders, receivers, edges)
+
+
+def _sender_values(cache: Mapping[str, torch.Tensor], g: Graph) -> torch.Tensor:
+    """``[sender, batch, pos, d_model]`` from a cache of the senders' points."""
+    values = []
+    for _, point, head in g.senders:
+        x = cache[point]
+        values.append(x if head is None else x[:, :, head])
+    return torch.stack(values)
+
+
+def edges(
+    model: nn.Module,
+    clean: Mapping[str, Any],
+    corrupted: Mapping[str, Any],
+    metric: Metric,
+    method: str = "eap-ig",
+    steps: int = 5,
+) -> pd.DataFrame:
+    """Score every edge from a sender's output into a receiver's input.
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel
+        A pre-LayerNorm model (GPT-2, Llama…), with its LM head where the metric reads logits.
+    clean, corrupted : dict
+        Keyword arguments of ``model`` for a batch of prompt pairs, of the same shapes.
+    metric : callable
+        ``metric(output)``: one differentiable value per pair ``[pairs]`` (a scalar for one).
+    method : {"eap", "eap-ig"}
+        Gradient at the corrupted run, or averaged over ``steps`` runs interpolated from the
+        corrupted to the clean input (α = k/steps, k = 1…steps).
+    steps : int
+        EAP-IG's interpolation steps.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per edge, in the order of the computation: ``sender`` (``embed``, ``L-H``,
+        ``mlpL``), ``receiver`` (``L-H``, ``mlpL``, ``logits``), ``input`` (``q``, ``k``, ``v``
+        into a head, empty otherwise), ``score`` (mean over pairs: the estimated change of the
+        metric when the edge alone is restored to its clean value in the corrupted run), with
+        its 95% interval ``score_low``, ``score_high``. ``attrs``: ``method``, ``steps``,
+        ``pairs``, ``clean`` and ``corrupted`` mean metrics.
+    """
+    if method not in METHODS:
+        raise ProbeError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
+    if steps < 1:
+        raise ProbeError(f"steps must be at least 1, not {steps}")
+    pairs = check_pairs(clean, corrupted)
+    g = graph(model)
+    sender_points = sorted({point for _, point, _ in g.senders})
+    receiver_points = sorted({point for *_, point, _ in g.receivers})
+    with hook_points(model):
+        found = {}
+        for side, inputs in (("clean", clean), ("corrupted", corrupted)):
+            with torch.no_grad(), trace(model, sender_points) as cache:
+                found[side] = float(torch.as_tensor(metric(model(**inputs))).float().mean())
+            found[side + "_senders"] = _sender_values(cache, g)
+        delta = (found["clean_senders"] - found["corrupted_senders"]).double()
+        alphas = [k / steps for k in range(1, steps + 1)] if method == "eap-ig" else [0.0]
+        start = starts(model, clean, corrupted)
+        _, grads, _ = run(model, corrupted, metric, pairs, receiver_points, start, alphas)
+    gradient = []
+    for _, _, point, head in g.receivers:
+        x = grads[point].double().mean(0)  # over the steps: [pairs, pos, (head,) d_model]
+        gradient.append(x if head is None else x[:, :, head])
+    gradient = torch.stack(gradient)  # [receiver, pairs, pos, d_model]
+    s_index = torch.tensor([s for s, _ in g.edges])
+    r_index = torch.tensor([r for _, r in g.edges])
+    scores = torch.einsum("sbpd,rbpd->srb", delta, gradient)[s_index, r_index]  # [edge, pairs]
+    mean, low, high = mean_intervals(scores)
+    table = pd.DataFrame(
+        {
+            "sender": [g.senders[s][0] for s, _ in g.edges],
+            "receiver": [g.receivers[r][0] for _, r in g.edges],
+            "input": [g.receivers[r][1] for _, r in g.edges],
+            "score": mean.numpy(),
+            "score_low": low.numpy(),
+            "score_high": high.numpy(),
+        }
+    )
+    table.attrs = {
+        "method": method,
+        "steps": steps if method == "eap-ig" else 0,
+        "pairs": pairs,
+        "clean": found["clean"],
+        "corrupted": found["corrupted"],
+    }
+    return table
+
+
+@torch.no_grad()
+def patch_edges(
+    model: nn.Module,
+    clean: Mapping[str, Any],
+    corrupted: Mapping[str, Any],
+    metric: Metric,
+    kept: Sequence[Sequence[bool]],
+    max_rows: int = 256,
+) -> torch.Tensor:
+    """The metric with only the ``kept`` edges carrying their clean values, exactly.
+
+    The model runs on the clean input; each receiver's input has, for every edge not kept, the
+    sender's value in this run replaced by its corrupted value. Several sets of edges run in one
+    forward pass, as stacked copies.
+
+    Parameters
+    ----------
+    kept : ``[sets, edges]`` bool
+        Per set of edges, which of ``graph(model).edges`` (the rows of ``edges``) are kept.
+
+    Returns
+    -------
+    ``[sets, pairs]`` float: the metric of each pair with each set.
+    """
+    pairs = check_pairs(clean, corrupted)
+    g = graph(model)
+    kept = torch.as_tensor(kept, dtype=torch.bool)
+    if kept.dim() != 2 or kept.shape[1] != len(g.edges):
+        raise ProbeError(f"kept must be [sets, {len(g.edges)}] (one flag per edge)")
+    sender_points = sorted({point for _, point, _ in g.senders})
+    # removed[set, sender, receiver]: the edge's receiver sees the sender's corrupted value.
+    removed = torch.zeros(len(kept), len(g.senders), len(g.receivers))
+    s_index = torch.tensor([s for s, _ in g.edges])
+    r_index = torch.tensor([r for _, r in g.edges])
+    removed[:, s_index, r_index] = (~kept).float()
+    by_point: dict[str, list[int]] = {}
+    for r, (*_, point, _) in enumerate(g.receivers):
+        by_point.setdefault(point, []).append(r)
+    senders_of = {p: [i for i, (_, q, _) in enumerate(g.senders) if q == p] for p in sender_points}
+    out = []
+    with hook_points(model):
+        with trace(model, sender_points) as cache:
+            model(**corrupted)
+        corrupted_values = _sender_values(cache, g)  # [sender, pairs, pos, d_model]
+        copies = max(1, max_rows // pairs)
+        for begin in range(0, len(kept), copies):
+            chunk = removed[begin : begin + copies]
+            n = len(chunk)
+            current: dict[int, torch.Tensor] = {}  # sender -> its value in this run
+
+            def record(x: torch.Tensor, hook: Hook, n=n, current=current) -> None:
+                for i in senders_of[str(hook)]:
+                    head = g.senders[i][2]
+                    value = x if head is None else x[:, :, head]
+                    current[i] = value.unflatten(0, (n, pairs))
+
+            def replace(x: torch.Tensor, hook: Hook, chunk=chunk, current=current) -> torch.Tensor:
+                receivers = by_point[str(hook)]
+                available = sorted(current)
+                diff = torch.stack([current[i] - corrupted_values[i] for i in available])
+                mask = chunk[:, available][:, :, receivers].to(diff)  # [copy, sender, receiver]
+                fix = torch.einsum("scbpd,csr->cbprd", diff, mask).flatten(0, 1)
+                return x - (fix if x.dim() == 4 else fix[:, :, 0])
+
+            fns = [(p, record) for p in sender_points] + [(p, replace) for p in by_point]
+            with hooks(model, fns):
+                output = model(**stacked(clean, n, pairs))
+            total = n * pairs
+            for c in range(n):
+                seen = output if n == 1 else rows(output, c * pairs, (c + 1) * pairs, total)
+                out.append(per_pair(metric(seen), pairs))
+    return torch.stack(out).float()
+
+
+def circuit(
+    model: nn.Module,
+    clean: Mapping[str, Any],
+    corrupted: Mapping[str, Any],
+    metric: Metric,
+    faithfulness: float = 0.8,
+    *,
+    scores: pd.DataFrame | None = None,
+    method: str = "eap-ig",
+    steps: int = 5,
+    points: int = 16,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The fewest top-scoring edges whose circuit reaches ``faithfulness``, and the curve.
+
+    Edges are ranked by the absolute value of their score (``edges``); the circuit of the top k
+    is measured exactly (``patch_edges``). Faithfulness is (metric of the circuit − corrupted) /
+    (clean − corrupted), the metrics averaged over pairs: 1 with every edge, 0 with none. The
+    curve is measured at ``points`` edge counts spread from 0 to every edge, then the smallest
+    count that reaches ``faithfulness`` is searched for by bisection between the last count
+    below it and the first above (taking the curve as rising there).
+
+    Returns
+    -------
+    circuit : pandas.DataFrame
+        The chosen edges, ``edges``'s rows, strongest first.
+    curve : pandas.DataFrame
+        ``edges`` (how many of the top edges are kept), ``total_edges`` and ``faithfulness``,
+        by ``edges``; ``attrs["target"]`` and ``attrs["chosen"]``.
+
+    Raises
+    ------
+    ProbeError
+        Where the clean and corrupted inputs score alike (faithfulness is then undefined).
+    """
+    if scores is None:
+        scores = edges(model, clean, corrupted, metric, method=method, steps=steps)
+    total = len(scores)
+    order = scores.score.abs().to_numpy().argsort(kind="stable")[::-1].copy()
+
+    def kept_for(counts: list[int]) -> torch.Tensor:
+        flags = torch.zeros(len(counts), total, dtype=torch.bool)
+        for i, k in enumerate(counts):
+            flags[i, torch.from_numpy(order[:k])] = True
+        return flags
+
+    def measure(counts: list[int]) -> dict[int, float]:
+        values = patch_edges(model, clean, corrupted, metric, kept_for(counts)).mean(-1)
+        return {k: float(v) for k, v in zip(counts, values, strict=True)}
+
+    ends = measure([total, 0])
+    spread = ends[total] - ends[0]
+    if abs(spread) < 1e-12:
+        raise ProbeError("the clean and corrupted inputs score alike: faithfulness is undefined")
+    grid = sorted({round(total * (i / (points - 1)) ** 2) for i in range(points)} - {0, total})
+    found = ends | measure(grid)
+
+    def faith(k: int) -> float:
+        return (found[k] - ends[0]) / spread
+
+    counts = sorted(found)
+    above = next(k for k in counts if faith(k) >= faithfulness or k == total)
+    below = max((k for k in counts if k < above), default=0)
+    while above - below > 1:
+        middle = (above + below) // 2
+        found |= measure([middle])
+        above, below = (middle, below) if faith(middle) >= faithfulness else (above, middle)
+    curve = pd.DataFrame(
+        {
+            "edges": sorted(found),
+            "total_edges": total,
+            "faithfulness": [faith(k) for k in sorted(found)],
+        }
+    )
+    curve.attrs = {"target": faithfulness, "chosen": above}
+    return scores.iloc[order[:above]], curve

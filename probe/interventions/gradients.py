@@ -1,0 +1,123 @@
+"""One forward and one backward pass over prompt pairs: the metric per pair, and its gradient at
+chosen hook points, with the run's start interpolated between the corrupted and the clean input.
+
+Attribution (``probe.attribute``) and edges (``probe.edges``) both need ∂metric/∂activation at
+many points of one run. The run starts from a leaf made here, so that the user's model is left
+as it is (no parameter gradients are computed or stored): for a Hugging Face model the input of
+the first block (``blocks.0.hook_resid_pre``: the embeddings, where both inputs share their
+positions), for probe's own modules the floating-point inputs. Integrated gradients run several
+interpolations between the two in one pass, as copies stacked along the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from probe.capture.hookpoints import Hook, hook_points, hooks, trace
+from probe.capture.names import hook_name
+from probe.interventions.pairs import Metric, per_pair, rows, stacked
+
+START = hook_name("hook_resid_pre", 0)
+
+
+def start_point(model: nn.Module) -> str | None:
+    """Where runs start: the first block's input of a Hugging Face model, else None."""
+    with hook_points(model) as points:
+        return START if START in points else None
+
+
+@torch.no_grad()
+def starts(
+    model: nn.Module, clean: Mapping[str, Any], corrupted: Mapping[str, Any]
+) -> tuple[Any, Any]:
+    """The clean and corrupted runs' starts: the tensors at ``START``, or the inputs themselves."""
+    name = start_point(model)
+    if name is None:
+        return clean, corrupted
+    found = []
+    for inputs in (clean, corrupted):
+        with trace(model, name) as cache:
+            model(**inputs)
+        found.append(cache[name])
+    return found[0], found[1]
+
+
+def run(
+    model: nn.Module,
+    corrupted: Mapping[str, Any],
+    metric: Metric,
+    pairs: int,
+    names: Sequence[str],
+    start: tuple[Any, Any],
+    alphas: Sequence[float] = (0.0,),
+    keep: Sequence[str] = (),
+) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Run the pairs from ``corrupted + α (clean - corrupted)`` at the start, for each α (stacked
+    copies), and take the gradient of the metric summed over pairs and copies.
+
+    Returns
+    -------
+    values : ``[copies, pairs]`` float
+        The metric of each copy.
+    grads : dict
+        Hook name -> ∂metric/∂activation, ``[copies, pairs, ...]`` (the pairs' rows of the
+        point's tensor per copy).
+    kept : dict
+        Hook name -> activation (detached), ``[copies, pairs, ...]``, for the names in ``keep``.
+    """
+    copies = len(alphas)
+    alpha = torch.tensor(list(alphas), dtype=torch.float32)
+    clean_start, corrupted_start = start
+    grads: dict[str, torch.Tensor] = {}
+    leaves: list[torch.Tensor] = []
+
+    def mix(c: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        a = alpha.to(x.device, x.dtype).view(copies, *(1,) * x.dim())
+        mixed = (x + a * (c - x)).flatten(0, 1)
+        leaf = mixed.detach().requires_grad_(True)
+        leaves.append(leaf)
+        return leaf
+
+    def collect(grad: torch.Tensor, hook: Hook) -> None:
+        grads[str(hook)] = grads.get(str(hook), 0) + grad.detach()
+
+    with torch.enable_grad():
+        if isinstance(clean_start, torch.Tensor):  # a Hugging Face model's first block's input
+
+            def begin(x: torch.Tensor, hook: Hook) -> torch.Tensor:
+                return mix(clean_start, corrupted_start)
+
+            inputs = stacked(corrupted, copies, pairs)
+            forward = [(START, begin)]
+        else:  # probe's own modules: their floating-point inputs
+            inputs = stacked(corrupted, copies, pairs)
+            for key, value in corrupted.items():
+                if isinstance(value, torch.Tensor) and value.is_floating_point():
+                    inputs[key] = mix(clean_start[key], value)
+            forward = []
+        with (
+            trace(model, list(keep)) as cache,
+            hooks(model, forward, backward=dict.fromkeys(names, collect)),
+        ):
+            output = model(**inputs)
+            values = [
+                per_pair(
+                    metric(
+                        output
+                        if copies == 1
+                        else rows(output, c * pairs, (c + 1) * pairs, copies * pairs)
+                    ),
+                    pairs,
+                    differentiable=True,
+                )
+                for c in range(copies)
+            ]
+            total = torch.stack(values).sum()
+            torch.autograd.grad(total, leaves, allow_unused=True)
+    split = {name: g.unflatten(0, (copies, pairs)) for name, g in grads.items()}
+    kept = {name: cache[name].unflatten(0, (copies, pairs)) for name in keep}
+    return torch.stack(values).detach(), split, kept
