@@ -3,8 +3,10 @@ drawn with seaborn for papers, into ``REPORT/figures`` by default.
 
 The figures are those each analysis declares (``Analysis.plots``; a comparison's are
 ``probe.app.compare.PLOTS``), drawn from the report's tables alone: no model is loaded. The
-folder is written whole or not at all, and replaced only with ``--overwrite`` (as ``probe
-analyze`` writes a report: ``probe.app.output``).
+folder is written whole or not at all, and replaced only with ``--overwrite`` and only if it
+holds figures probe drew (as ``probe analyze`` writes a report: ``probe.app.output``). The
+report's lock is held from the first table read to the last file written, so that no figure is
+drawn from tables that ``probe analyze --overwrite`` is replacing.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from probe.app.output import check_free, reserved
+from probe.app.output import check_free, locked, refuse_inputs, reserved
 from probe.errors import ProbeError
 
 if TYPE_CHECKING:
@@ -75,7 +77,13 @@ def write(report: Path, out: Path | None = None, format: str = "pdf",
     if not report.is_dir():
         raise ProbeError(f"{report} is not a folder; give a folder written by probe analyze")
     out = report / "figures" if out is None else out
-    check_free(out, overwrite)
+    refuse_inputs(out, [report])
+    check_free(out, overwrite, kind="figures")
+    with locked(report, reading=True):  # not while `analyze --overwrite` replaces the report
+        return _draw(report, out, format, overwrite)
+
+
+def _draw(report: Path, out: Path, format: str, overwrite: bool) -> tuple[Path, list[str]]:
     plots, tables = declared(report)
     drawn = [(name, plot) for name, plot in plots if plot.present(tables)]
     if not drawn:
@@ -88,7 +96,7 @@ def write(report: Path, out: Path | None = None, format: str = "pdf",
     from analyses.paper import draw_figure, theme
 
     names = []
-    with reserved(out, overwrite) as staging:
+    with reserved(out, overwrite, kind="figures") as staging:
         for name, plot in drawn:
             figure = draw_figure(plot, tables)
             names.append(f"{name}-{plot.id}.{format}")
