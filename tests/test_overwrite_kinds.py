@@ -42,7 +42,7 @@ def written(tiny_report, tmp_path_factory) -> dict[str, Path]:
     (experiment / MARKER).write_text(json.dumps({"probe": "x", "kind": "experiment"}))
     folders = {"report": report, "figures": root / "figures", "comparison": root / "comparison",
                "experiment": experiment}  # fmt: skip
-    assert {kind: kind_of(folder) for kind, folder in folders.items()} == dict(zip(KINDS, KINDS))
+    assert {kind: kind_of(folder) for kind, folder in folders.items()} == {k: k for k in KINDS}
     return folders
 
 
