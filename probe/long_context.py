@@ -16,6 +16,7 @@ import pandas as pd
 import torch
 from torch import nn
 
+from probe import arguments
 from probe.architectures import blocks
 from probe.errors import ProbeError
 from probe.rows import RowBlock, Scored, scored
@@ -33,6 +34,14 @@ def _inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> dic
         input_ids = input_ids[None]
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
     return {"input_ids": input_ids, "attention_mask": mask.reshape(input_ids.shape)}
+
+
+def _checked(model: nn.Module, input_ids, attention_mask, function: str) -> tuple:
+    """The arguments both functions take, checked at the door (``probe.arguments``): the ids
+    and mask as long ``[batch, pos]``."""
+    arguments.module(model, function)
+    ids = arguments.token_ids(model, input_ids)
+    return ids, arguments.attention_mask(attention_mask, ids)
 
 
 def _run(model: nn.Module, inputs: dict, receive, last: int) -> None:
@@ -72,6 +81,9 @@ def attention_rows(
     ``[batch, head, rows, k_pos]`` float32: the rows of ``blocks.{layer}.attn.hook_pattern``
     (within float32 rounding), keys a query cannot see at 0.
     """
+    input_ids, attention_mask = _checked(model, input_ids, attention_mask, "attention_rows")
+    arguments.whole_number(layer, "layer")
+    arguments.query_rows(rows)
     inputs = _inputs(input_ids, attention_mask)
     T, L = inputs["input_ids"].shape[1], len(blocks(model))
     start, stop, step = rows.indices(T)
@@ -106,6 +118,7 @@ def head_statistics(
         weight), ``first`` (the weight on position 0, the sink), ``self``, ``previous`` (on
         the token before), ``distance`` (Σ_j p_ij |i - j|, tokens), and ``queries``.
     """
+    input_ids, attention_mask = _checked(model, input_ids, attention_mask, "head_statistics")
     inputs = _inputs(input_ids, attention_mask)
     size, L = parse_size(budget, "budget"), len(blocks(model))
     real = inputs["attention_mask"].bool()
