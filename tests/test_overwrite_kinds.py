@@ -5,6 +5,10 @@ and left as it was; only the same kind is replaced."""
 
 import json
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -109,3 +113,39 @@ def test_folders_from_before_the_kind_was_recorded_are_told_by_their_files(tmp_p
         if other != kind:
             with pytest.raises(ProbeError, match="replaces only what the same command wrote"):
                 check_free(tmp_path, overwrite=True, kind=other)
+
+
+def test_figures_wait_for_no_run_replacing_their_report(written, tmp_path):
+    """While ``analyze --overwrite`` replaces the report (it holds the report's lock), figures
+    fail at once in one line and draw nothing from the tables being replaced."""
+    from probe.app.output import reserved
+
+    report = tmp_path / "report"
+    shutil.copytree(written["report"], report)
+    with pytest.raises(InterruptedError), reserved(report, overwrite=True):  # a run, stopped
+        result = invoke("figures", report, "-f", "svg", "-o", tmp_path / "figures")
+        assert result.exit_code == 1 and "another probe run is writing" in result.output
+        assert not (tmp_path / "figures").exists()
+        raise InterruptedError
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_signal_during_figures_leaves_nothing_behind(written, tmp_path, stop):
+    """Stopped while it draws, ``probe figures`` removes its staging folder and both locks (its
+    output's and the report's), and says so in one line."""
+    report = tmp_path / "report"
+    shutil.copytree(written["report"], report)
+    before = contents(report)
+    args = ["figures", str(report), "-f", "png", "-o", str(tmp_path / "figures")]
+    child = subprocess.Popen([sys.executable, "-m", "probe.app.cli", *args],
+                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not any(p.name.startswith(".figures.probe-") and p.is_dir() for p in tmp_path.iterdir()):
+        assert time.monotonic() < deadline and child.poll() is None, child.stderr.read()
+        time.sleep(0.01)
+    child.send_signal(stop)
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == 1 and err.startswith("error: stopped") and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]
+    assert contents(report) == before
