@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
 
-from analyses.vocabulary import Role, Thresholds
+from analyses.vocabulary import Role, Thresholds, unknown_to_report
 from probe.options import Option
 
 if TYPE_CHECKING:
@@ -433,6 +433,13 @@ def check_head_columns(cls: type[Analysis], part: pd.DataFrame) -> None:
     ContractError
         Naming the analysis and the columns that differ.
     """
+    for role in sorted(set(part.columns) & set(map(str, Role))):
+        lacks = unknown_to_report(role)
+        if lacks:  # the report could not draw or describe a head holding it
+            raise ContractError(
+                f"analysis {cls.name!r}: heads() gives the role {role!r}, for which the report "
+                f"lacks {'; '.join(lacks)}; add it there"
+            )
     columns = set(part.columns) - set(map(str, Role))
     missing = {"layer", "head", *cls.head_columns} - columns
     extra = columns - {"layer", "head", *cls.head_columns}

@@ -26,11 +26,7 @@ if TYPE_CHECKING:
 np = lazy("numpy")
 pd = lazy("pandas")
 
-LENGTHS = Option(
-    "retrieval_lengths",
-    "1024,2048,4096,8192",
-    "Haystack lengths in tokens, comma-separated (capped by the model's context).",
-)
+MAX_LENGTH = 1 << 24  # tokens: longer than any model's context
 OVERHEAD = 64  # tokens kept free for the special tokens, the needle, the question and the answer
 SHOWN = 4  # heads whose length × depth map the report draws
 
@@ -44,7 +40,19 @@ def parse_lengths(text: str) -> list[int]:
     if not lengths or lengths[0] < 1:
         raise ProbeError(f"--retrieval-lengths takes positive token counts such as 1024,2048, "
                          f"not {text!r}")  # fmt: skip
+    if lengths[-1] > MAX_LENGTH:  # the sentences read for it would be counted past any index
+        raise ProbeError(f"--retrieval-lengths {lengths[-1]} is longer than any model's context "
+                         f"(probe reads haystacks of up to {MAX_LENGTH:,} tokens); give lengths "
+                         "such as 1024,2048")  # fmt: skip
     return lengths
+
+
+LENGTHS = Option(
+    "retrieval_lengths",
+    "1024,2048,4096,8192",
+    "Haystack lengths in tokens, comma-separated (capped by the model's context).",
+    validate=parse_lengths,  # when the run is planned, before the model loads
+)
 
 
 class Retrieval(Analysis):

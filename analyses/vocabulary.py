@@ -66,6 +66,30 @@ _STYLE = {
     Role.RETRIEVAL: ("R", "#2e8b3e"),
 }
 
+# The order in which a head's roles are described, the most telling first (``findings``): a
+# head's one line names its first role here.
+DESCRIBED_FIRST = (Role.SYNTACTIC, Role.COREFERENCE, Role.RETRIEVAL, Role.INDUCTION,
+                   Role.DUPLICATE_TOKEN, Role.PREVIOUS_TOKEN, Role.NEXT_TOKEN, Role.COPYING,
+                   Role.SINK, Role.BROAD)  # fmt: skip
+
+
+def unknown_to_report(role: str) -> list[str]:
+    """What the report lacks to show ``role`` (a role column an analysis gives): its letter and
+    colour, its rule in words, its place in the order of description; empty when it lacks
+    nothing."""
+    try:
+        role = Role(role)
+    except ValueError:
+        return ["the role itself (it is no Role)"]
+    lacks = []
+    if role not in _STYLE:
+        lacks.append("a letter and colour (vocabulary._STYLE)")
+    if role not in Thresholds().describe():
+        lacks.append("a rule in words (Thresholds.describe)")
+    if role not in DESCRIBED_FIRST:
+        lacks.append("a place in vocabulary.DESCRIBED_FIRST")
+    return lacks
+
 
 @dataclass(frozen=True)
 class Thresholds:

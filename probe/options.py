@@ -8,7 +8,7 @@ Imports nothing heavy: the command line builds ``probe analyze`` from these befo
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +30,9 @@ class Option:
     min: float | None = None
     max: float | None = None
     choices: tuple[str, ...] | None = None
+    # What the value must be beyond its type and range, checked when the run is planned: a
+    # function of the typed value that raises ``ProbeError`` naming the flag (``None``: nothing).
+    validate: Callable[[Any], Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier() or self.name != self.name.lower():
@@ -71,6 +74,8 @@ class Option:
             self.max is not None and typed > self.max
         ):
             raise ProbeError(f"{self.flag} must be {self.range}, not {value!r}")
+        if self.validate is not None:
+            self.validate(typed)
         return typed
 
     @property

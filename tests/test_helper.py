@@ -260,3 +260,43 @@ def test_a_command_line_run_with_its_helper_writes_the_tables_of_one_without(tmp
         a, b = (pd.read_csv(tmp_path / run / f"{table}.csv") for run in "ab")
         pd.testing.assert_frame_equal(a, b, rtol=1e-12)
     assert pd.read_csv(tmp_path / "a" / "probe.csv").uas.notna().all()
+
+
+def test_a_stalled_helper_is_given_up_and_the_work_done_in_the_run():
+    """A helper stopped (SIGSTOP: as a machine that swaps it out for good) while the run waits
+    on it, for a small answer or for a message larger than the pipe holds, is killed once its
+    CPU time has not grown for ``STALL_S``, and the work is done in the run; a helper that
+    works longer than that, using CPU, is left to finish."""
+    got = python("""
+        import json, os, signal, time
+        import numpy as np
+        from probe.run import helper
+
+        def busy(seconds):  # known to the helper: defined before the fork
+            end = time.process_time() + seconds
+            while time.process_time() < end:
+                pass
+            return os.getpid()
+
+        helper.STALL_S = 1.0
+        helper.start([])
+        pid = helper.call(os.getpid)
+        worked = helper.call(busy, 3 * helper.STALL_S)  # longer than the deadline, working
+        os.kill(pid, signal.SIGSTOP)
+        small = helper.call(os.getpid)  # sent; the answer never comes
+        stopped_dead = not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read(
+            ).rsplit(")", 1)[1].split()[0] == "Z"
+        helper.start([])
+        second = helper.call(os.getpid)
+        os.kill(second, signal.SIGSTOP)
+        big = np.ones(4_000_000)  # 32 MB: more than the pipe holds, so the send itself waits
+        total = helper.call(np.sum, big)
+        print(json.dumps({"pid": pid, "worked": worked, "small": small, "dead": stopped_dead,
+                          "second": second, "total": float(total), "parent": os.getpid(),
+                          "after": helper.call(os.getpid)}))
+    """)
+    assert got["worked"] == got["pid"] != got["parent"]  # the long fit stayed in the helper
+    assert got["small"] == got["parent"] and got["dead"]
+    assert got["second"] != got["parent"] and got["total"] == 4_000_000
+    assert got["after"] == got["parent"]
+    assert not _alive(got["pid"]) and not _alive(got["second"])

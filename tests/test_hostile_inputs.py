@@ -270,7 +270,7 @@ def test_out_may_not_hold_the_treebank(tmp_path):
 
     folder = tmp_path / "old"
     folder.mkdir()
-    (folder / MARKER).write_text("{}")
+    (folder / MARKER).write_text('{"kind": "report"}')
     (folder / "mine.conllu").write_bytes(GOOD)
     one_line(cli("analyze", "-m", "x", "-t", str(folder / "mine.conllu"), "-o", str(folder),
                  "--overwrite"), "holds an input of this command")  # fmt: skip

@@ -34,7 +34,7 @@ def one_line(result: subprocess.CompletedProcess, message: str) -> None:
 def report(folder: Path, text: str = "old") -> Path:
     """A folder as probe writes it."""
     folder.mkdir(parents=True)
-    (folder / MARKER).write_text("{}")
+    (folder / MARKER).write_text('{"kind": "report"}')
     (folder / "index.html").write_text(text)
     return folder
 

@@ -291,3 +291,21 @@ def test_an_encoder_decoder_model_has_both_self_attentions_scored(bert_tokenizer
     untouched = found.loc["decoder.attn"].drop((1, 1))
     np.testing.assert_allclose(ours.induction.drop((1, 1)), untouched.induction, rtol=1e-5,
                                atol=1e-7)  # fmt: skip
+
+
+def test_any_count_of_sequences_streams(bert_tokenizer):
+    """``--repeat-sequences 10**12``: the first batches come at once and memory holds a batch,
+    not the count (sequences are generated from their index as they are read)."""
+    import tracemalloc
+    from itertools import islice
+
+    unit = RepeatedSequences(Source(seed=0), bert_tokenizer, 512,
+                             options={"repeat_sequences": 10**12, "repeat_length": 5})  # fmt: skip
+    tracemalloc.start()
+    try:
+        batches = list(islice(unit.batches(8), 3))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [b.index.tolist() for b in batches][2] == list(range(16, 24))
+    assert peak < 10 * 2**20, peak  # a list of the indices alone would take terabytes

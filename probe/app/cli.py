@@ -434,7 +434,7 @@ def experiment_heads(
 
     _catch_hangups()
     try:
-        check_free(out, overwrite)  # before any training
+        check_free(out, overwrite, kind="experiment")  # before any training
         from probe.app.experiment import run
         from probe.app.training import TASKS, VARIANTS
 
@@ -496,10 +496,13 @@ def figures_command(
     sized for a paper's column or page, one file each."""
     from probe.app.figures import write
 
+    _catch_hangups()  # a signal unwinds: no staging folder or lock is left behind
     try:
         path, names = write(folder, out, format.lower(), overwrite)
     except ProbeError as e:
         _fail(str(e))
+    except (KeyboardInterrupt, TerminatedError) as e:
+        _fail(f"stopped ({e or 'interrupted'}); no figures were written")
     typer.echo(f"figures: {path} ({len(names)} files)")
 
 

@@ -25,7 +25,7 @@ from analyses import svg
 from analyses.figures import Figure, Plot, page_figures
 from analyses.vocabulary import Role, Thresholds
 from probe.app.folder import disagreeing
-from probe.app.output import locked, refuse_inputs, reserved, write_file
+from probe.app.output import check_free, locked, refuse_inputs, reserved, write_file
 from probe.app.report import embed, environment, read_report
 from probe.inference import FDR, benjamini_hochberg
 from probe.numerics import pairwise_js
@@ -248,6 +248,7 @@ def _word_distributions(sentence: dict):
 def compare(a: Path, b: Path, out: Path, overwrite: bool = False) -> Path:
     """Write the comparison of report folders ``a`` and ``b`` into ``out``; returns it."""
     refuse_inputs(out, [a, b])
+    check_free(out, overwrite, kind="comparison")  # before the tables are read
     with locked(a, b, reading=True), disagreeing(a, b):  # not while analyze replaces one
         run_a, run_b, tables = compare_tables(Path(a), Path(b))  # errors before any write
         card = {
@@ -258,7 +259,7 @@ def compare(a: Path, b: Path, out: Path, overwrite: bool = False) -> Path:
             "created": datetime.now(UTC).isoformat(timespec="seconds"),
         }  # fmt: skip
         page = render(card, run_a, run_b, tables)
-    with reserved(out, overwrite) as folder:
+    with reserved(out, overwrite, kind="comparison") as folder:
         for name, table in tables.items():
             write_file(
                 folder / f"{name}.csv",

@@ -32,7 +32,7 @@ def run(
 ) -> Path:
     """Train every (task, variant, seed) and write the folder ``out`` (replaced only if it is
     probe's and ``overwrite``); returns its path."""
-    with reserved(out, overwrite) as folder:
+    with reserved(out, overwrite, kind="experiment") as folder:
         started = time.perf_counter()
         tables = science.run(steps, seeds, progress)
         seconds = time.perf_counter() - started

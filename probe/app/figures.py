@@ -3,10 +3,12 @@ drawn with seaborn for papers, into ``REPORT/figures`` by default.
 
 The figures are those each analysis declares (``Analysis.plots``; a comparison's are
 ``probe.app.compare.PLOTS``), drawn from the report's tables alone: no model is loaded. The
-folder is written whole or not at all (as ``probe analyze`` writes a report:
-``probe.app.output``). A report keeps one figures folder: a second format adds its files beside
-the first's, and the files of a format already there are replaced only with ``--overwrite``
-(which replaces the whole folder).
+folder is written whole or not at all, and replaced only with ``--overwrite`` and only if it
+holds figures probe drew (as ``probe analyze`` writes a report: ``probe.app.output``). A report
+keeps one figures folder: a second format adds its files beside the first's, and the files of a
+format already there are replaced only with ``--overwrite`` (which replaces the whole folder).
+The report's lock is held from the first table read to the last file written, so that no figure
+is drawn from tables that ``probe analyze --overwrite`` is replacing.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from probe.app.output import check_free, is_report, reserved
+from probe.app.output import check_free, is_report, locked, refuse_inputs, reserved
 from probe.errors import ProbeError
 
 if TYPE_CHECKING:
@@ -78,9 +80,17 @@ def write(report: Path, out: Path | None = None, format: str = "pdf",
     if not report.is_dir():
         raise ProbeError(f"{report} is not a folder; give a folder written by probe analyze")
     out = report / "figures" if out is None else out
+    refuse_inputs(out, [report])
     kept = [] if overwrite else _other_formats(out, format)
-    adding = bool(kept)  # the folder is replaced by one that holds its files and the new ones
-    check_free(out, overwrite or adding)
+    # with files of another format there, the folder is replaced by one that holds them too
+    check_free(out, overwrite or bool(kept), kind="figures")
+    with locked(report, reading=True):  # not while `analyze --overwrite` replaces the report
+        return _draw(report, out, format, overwrite, kept)
+
+
+def _draw(
+    report: Path, out: Path, format: str, overwrite: bool, kept: list[Path]
+) -> tuple[Path, list[str]]:
     plots, tables = declared(report)
     drawn = [(name, plot) for name, plot in plots if plot.present(tables)]
     if not drawn:
@@ -93,7 +103,7 @@ def write(report: Path, out: Path | None = None, format: str = "pdf",
     from analyses.paper import draw_figure, theme
 
     names = []
-    with reserved(out, overwrite or adding) as staging:
+    with reserved(out, overwrite or bool(kept), kind="figures") as staging:
         for path in kept:
             shutil.copy2(path, staging / path.name)
         for name, plot in drawn:

@@ -12,7 +12,7 @@ import math
 
 import pandas as pd
 
-from analyses.vocabulary import Direction, Role
+from analyses.vocabulary import DESCRIBED_FIRST, Direction, Role
 from probe.heads import HeadId
 from probe.inference import FDR, MIN_CLUSTERS, MIN_EFFECT
 
@@ -65,6 +65,7 @@ def _role_line(role: Role, row: dict) -> str | None:
         Role.INDUCTION: lambda: f"induction score {row['induction_score']:.2f}",
         Role.DUPLICATE_TOKEN: lambda: f"duplicate-token score {row['duplicate_token_score']:.2f}",
         Role.COPYING: lambda: f"copying score {row['copying_score']:.2f}",
+        Role.RETRIEVAL: lambda: f"retrieval score {row['retrieval_score']:.2f}",
     }
     try:
         return lines[role]()
@@ -87,9 +88,7 @@ def describe(row: dict) -> str:
     """One line of what the head does: its first role's statistic, else its best relation where
     one was named, else "no role: attention spread over …"."""
     roles = [Role(r) for r in str(row.get("roles", "")).split(";") if r]
-    order = [Role.SYNTACTIC, Role.COREFERENCE, Role.INDUCTION, Role.DUPLICATE_TOKEN,
-             Role.PREVIOUS_TOKEN, Role.NEXT_TOKEN, Role.COPYING, Role.SINK, Role.BROAD]  # fmt: skip
-    for role in sorted(roles, key=order.index):
+    for role in sorted(roles, key=DESCRIBED_FIRST.index):
         line = _role_line(role, row)
         if line:
             return f"{role}: {line}"

@@ -35,7 +35,13 @@ from probe.files import WriteError, write_file
 
 __all__ = ["WriteError", "write_file"]  # the writer of every file, here beside the folders it fills
 
-MARKER = ".probe-report"  # in every report probe writes: what --overwrite may replace
+MARKER = ".probe-report"  # in every folder probe writes: what --overwrite may replace
+# What each command writes, named in its marker: --overwrite replaces only a folder of the same
+# kind, so that `probe figures R --out R --overwrite` cannot replace the report R with figures.
+KINDS = {"report": "a report (probe analyze)", "figures": "figures (probe figures)",
+         "comparison": "a comparison (probe compare)",
+         "experiment": "an experiment's report (probe experiment)"}  # fmt: skip
+FIGURE_FILES = (".pdf", ".svg", ".png")
 RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2  # renameat2's flags, from linux/fs.h
 AT_FDCWD = -100
 # The longest name beside ``out`` that a run makes: ``.<name>.probe-<pid>-<monotonic ns>``.
@@ -111,20 +117,50 @@ def default_out(
     return Path("reports") / "-".join(names)
 
 
-def is_report(folder: Path) -> bool:
-    """Whether ``folder`` is a report probe wrote (it holds the marker)."""
-    return folder.is_dir() and not folder.is_symlink() and (folder / MARKER).is_file()
+def is_report(folder: Path, kind: str | None = None) -> bool:
+    """Whether ``folder`` is a folder probe wrote (it holds the marker), and of ``kind`` if
+    given."""
+    if not (folder.is_dir() and not folder.is_symlink() and (folder / MARKER).is_file()):
+        return False
+    return kind is None or kind_of(folder) == kind
 
 
-def check_free(out: Path, overwrite: bool) -> None:
-    """Fail now, before any compute, if the report could not be written to ``out``.
+def kind_of(folder: Path) -> str | None:
+    """What probe wrote into ``folder``: its marker's ``kind``; for a folder written before the
+    kind was recorded, told by the files that only that command writes; None if unknown."""
+    try:
+        marker = json.loads((folder / MARKER).read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    kind = marker.get("kind") if isinstance(marker, dict) else None
+    if kind is not None:
+        return kind if kind in KINDS else None
+    if (folder / "compare.json").is_file():
+        return "comparison"
+    if (folder / "run.json").is_file():
+        try:
+            card = json.loads((folder / "run.json").read_text())
+        except (OSError, ValueError, UnicodeDecodeError):
+            return None
+        return "experiment" if isinstance(card, dict) and "experiment" in card else "report"
+    files = [p for p in folder.iterdir() if p.name != MARKER]
+    if files and all(p.is_file() and p.suffix in FIGURE_FILES for p in files):
+        return "figures"
+    return None
+
+
+def check_free(out: Path, overwrite: bool, kind: str = "report") -> None:
+    """Fail now, before any compute, if the folder of ``kind`` (``KINDS``) could not be
+    written to ``out``.
 
     Raises
     ------
     ProbeError
-        If ``out`` is a link or a file, exists without ``--overwrite``, is not a report probe
-        wrote, holds the current folder, or cannot be created.
+        If ``out`` is a link or a file, exists without ``--overwrite``, is not a folder of
+        ``kind`` that probe wrote, holds the current folder, or cannot be created.
     """
+    if kind not in KINDS:
+        raise ValueError(f"kind {kind!r} is none of {', '.join(KINDS)}")
     if out.name == "..":
         raise ProbeError(f"--out {out} ends in '..', which names no new folder; give the folder's "
                          "own name, e.g. reports/mine")  # fmt: skip
@@ -148,6 +184,13 @@ def check_free(out: Path, overwrite: bool) -> None:
                 f"{out} is not a probe report (no {MARKER} in it): --overwrite replaces only "
                 "reports probe wrote; choose another --out"
             )
+        found = kind_of(out)
+        if found != kind:
+            what = KINDS[found] if found else "a folder of unknown kind"
+            raise ProbeError(
+                f"{out} holds {what}, not {KINDS[kind]}: --overwrite replaces only what the "
+                "same command wrote; choose another --out"
+            )
         here = Path.cwd().resolve()
         if out.resolve() == here or out.resolve() in here.parents:
             raise ProbeError(f"--out {out} holds the current folder; run from elsewhere")
@@ -167,7 +210,7 @@ def check_free(out: Path, overwrite: bool) -> None:
 
 
 @contextmanager
-def reserved(out: Path, overwrite: bool) -> Iterator[Path]:
+def reserved(out: Path, overwrite: bool, kind: str = "report") -> Iterator[Path]:
     """Reserve ``out`` for the body, which writes the report into the folder yielded; when the
     body completes the report takes ``out``'s place at once, and otherwise nothing changes.
 
@@ -177,7 +220,7 @@ def reserved(out: Path, overwrite: bool) -> Iterator[Path]:
         As ``check_free``; or when another run is writing to ``out``; or when ``out`` was taken
         by something else while the body ran.
     """
-    check_free(out, overwrite)
+    check_free(out, overwrite, kind)
     parent = out.absolute().parent
     created = _make_parents(parent)
     staging, published = None, False
@@ -188,12 +231,13 @@ def reserved(out: Path, overwrite: bool) -> Iterator[Path]:
             staging.mkdir()  # the user's umask applies, as to any folder they make
             try:
                 yield staging
-                marker = {"probe": _version(), "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+                marker = {"probe": _version(), "kind": kind,
+                          "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")}  # fmt: skip
                 write_file(staging / MARKER, json.dumps(marker))
             except WriteError as e:  # name the report, not the staging folder
                 raise ProbeError(f"cannot write {out / e.path.name} ({e.reason}); nothing was "
                                  "replaced") from None  # fmt: skip
-            _publish(staging, out, overwrite)
+            _publish(staging, out, overwrite, kind)
             published = True
     finally:
         if staging is not None and staging.exists():
@@ -204,9 +248,10 @@ def reserved(out: Path, overwrite: bool) -> Iterator[Path]:
                     folder.rmdir()
 
 
-def _publish(staging: Path, out: Path, overwrite: bool) -> None:
-    """Move the finished report into place: never over something that is not a probe report."""
-    if out.is_symlink() or (out.exists() and not (overwrite and is_report(out))):
+def _publish(staging: Path, out: Path, overwrite: bool, kind: str) -> None:
+    """Move the finished folder into place: never over something that is not probe's folder of
+    the same kind."""
+    if out.is_symlink() or (out.exists() and not (overwrite and is_report(out, kind))):
         raise ProbeError(f"{out} was created by something else while probe ran; nothing replaced")
     if out.exists():
         if _renameat2(staging, out, RENAME_EXCHANGE):

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from probe.errors import ProbeError
+from probe.inputs.unreadable import explain, first_line, not_text
 
 if TYPE_CHECKING:
     from datasets import IterableDataset
@@ -77,7 +78,12 @@ def corpus_spec(spec: str, column: str = "text") -> CorpusSpec:
         found = CorpusSpec(spec, *_local(Path(spec)), column=column)
     empty = found.files and not any(os.path.getsize(f) for f in found.files)
     with _torch_unseen():
-        first = None if empty else next(iter(_open(found)), None)
+        try:
+            first = None if empty else next(iter(_open(found)), None)
+        except ProbeError:
+            raise
+        except Exception as e:  # a file datasets cannot parse: where, in one line
+            raise explain(spec, found.builder, found.files, e) from None
     if first is None:
         raise ProbeError(f"corpus {spec} holds no text; give a corpus with at least one")
     if found.column not in first:
@@ -86,6 +92,8 @@ def corpus_spec(spec: str, column: str = "text") -> CorpusSpec:
             f"corpus {spec} has no column {found.column!r}; its columns are {columns}: "
             "name one with --text-column"
         )
+    if not isinstance(first[found.column], str | None):
+        raise not_text(spec, found.column, 0, first[found.column])
     return found
 
 
@@ -117,6 +125,10 @@ def _local(path: Path) -> tuple[str, tuple[str, ...]]:
             raise ProbeError(f"corpus folder {path} mixes {' and '.join(kinds)} files; "
                              "give a folder of one kind")  # fmt: skip
         return kinds[0], tuple(map(str, files))
+    if path.exists() and not path.is_file():  # a pipe, a device, a socket
+        raise ProbeError(f"corpus {path} is not a regular file (a pipe or a device): the plan "
+                         "reads its first text and the run reads it again; save it to a file "
+                         "and give that")  # fmt: skip
     if not path.is_file():
         raise ProbeError(f"corpus {path} does not exist (give a {accepted} file, a folder of "
                          "them, or hf:NAME[:CONFIG][@SPLIT])")  # fmt: skip
@@ -132,6 +144,10 @@ def _hub_spec(spec: str, column: str) -> CorpusSpec:
     name, _, config = rest.partition(":")
     if not name:
         raise ProbeError(f"corpus {spec}: name a hub dataset, as hf:NAME[:CONFIG][@SPLIT]")
+    if name.startswith(("/", ".", "~")) or Path(name).exists():  # datasets would read it
+        raise ProbeError(f"corpus {spec}: {name} is a local path, not a hub dataset (datasets "
+                         f"would read the local one); give it without hf: (--corpus {name}), "
+                         "or run from a folder where no such path exists")  # fmt: skip
     return CorpusSpec(spec, name, (), config or None, split or "train", column)
 
 
@@ -142,7 +158,7 @@ def _open(spec: CorpusSpec) -> IterableDataset:
     if spec.hub:
         _offline_unless_reachable(datasets)
     datasets.disable_progress_bars()
-    datasets.logging.set_verbosity_error()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its errors come as ours
     try:
         if spec.hub:
             return datasets.load_dataset(spec.builder, spec.config, split=spec.split,
@@ -153,10 +169,10 @@ def _open(spec: CorpusSpec) -> IterableDataset:
     except ConnectionError as e:
         raise ProbeError(
             f"corpus {spec.name}: the hub cannot be reached (offline?) and the dataset is not in "
-            f"the datasets cache ({_first_line(e)}); give a local file instead"
+            f"the datasets cache ({first_line(e)}); give a local file instead"
         ) from None
     except Exception as e:  # datasets raises many kinds; the user needs the one line
-        raise ProbeError(f"corpus {spec.name} cannot be read: {_first_line(e)}") from None
+        raise explain(spec.name, spec.builder, spec.files, e) from None
 
 
 def _offline_unless_reachable(datasets) -> None:
@@ -168,17 +184,28 @@ def _offline_unless_reachable(datasets) -> None:
         datasets.config.HF_HUB_OFFLINE = datasets.config.HF_DATASETS_OFFLINE = True
 
 
-def _first_line(error: Exception) -> str:
-    text = str(error).strip() or type(error).__name__
-    return text.splitlines()[0]
-
-
 def texts(spec: CorpusSpec, max_texts: int | None = None) -> IterableDataset:
     """The corpus's texts (one column, ``text``), streamed, the first ``max_texts`` of them."""
     rows = _open(spec)
     rows = rows.select_columns([spec.column]).rename_column(spec.column, "text") if (
         spec.column != "text") else rows.select_columns(["text"])  # fmt: skip
-    return rows if max_texts is None else rows.take(max_texts)
+    rows = rows if max_texts is None else rows.take(max_texts)
+    return rows.map(_TextsOnly(spec), batched=True, batch_size=TEXTS_PER_MAP)
+
+
+class _TextsOnly:
+    """Passes a stream's batches of texts on, and refuses a text that is not a string (a
+    number, an object) in one line naming its row and type, which the tokenizer would not."""
+
+    def __init__(self, spec: CorpusSpec) -> None:
+        self.spec, self.read = spec, 0
+
+    def __call__(self, batch: dict[str, list]) -> dict[str, list]:
+        for i, text in enumerate(batch["text"]):
+            if not isinstance(text, str | None):
+                raise not_text(self.spec.name, self.spec.column, self.read + i, text)
+        self.read += len(batch["text"])
+        return batch
 
 
 class Cutter:
@@ -326,4 +353,4 @@ def windows(
     except ProbeError:
         raise
     except Exception as e:  # a row that cannot be parsed, a column that changes type…
-        raise ProbeError(f"corpus {spec.name} cannot be read: {_first_line(e)}") from None
+        raise explain(spec.name, spec.builder, spec.files, e) from None

@@ -144,11 +144,19 @@ def head_types(
     """
     import pandas as pd
 
+    from probe.capture import arguments
     from probe.capture.architectures import is_encoder_decoder
     from probe.capture.hookpoints import trace
     from probe.capture.names import Attention
     from probe.run.runner import decoder_inputs
 
+    arguments.module(model, "head_types")
+    sequences = arguments.token_ids(model, sequences, "sequences")
+    arguments.whole_number(n, "n", at_least=1)
+    arguments.repeated(sequences, n)
+    if nulls is not None:
+        nulls = arguments.token_ids(model, nulls, "nulls")
+        arguments.same_shape(nulls, sequences, "nulls")
     start = int(attention == Attention.DECODER)
 
     def scores(ids: torch.Tensor) -> torch.Tensor:  # [layer, 3, head]

@@ -16,6 +16,7 @@ import pandas as pd
 import torch
 from torch import nn
 
+from probe.capture import arguments
 from probe.capture.architectures import blocks, check_length
 from probe.capture.rows import RowBlock, Scored, scored
 from probe.errors import ProbeError
@@ -33,6 +34,14 @@ def _inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> dic
         input_ids = input_ids[None]
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
     return {"input_ids": input_ids, "attention_mask": mask.reshape(input_ids.shape)}
+
+
+def _checked(model: nn.Module, input_ids, attention_mask, function: str) -> tuple:
+    """The arguments both functions take, checked at the door (``probe.capture.arguments``): the ids
+    and mask as long ``[batch, pos]``."""
+    arguments.module(model, function)
+    ids = arguments.token_ids(model, input_ids)
+    return ids, arguments.attention_mask(attention_mask, ids)
 
 
 def _run(model: nn.Module, inputs: dict, receive, last: int) -> None:
@@ -74,6 +83,9 @@ def attention_rows(
     ``[batch, head, rows, k_pos]`` float32: the rows of ``blocks.{layer}.attn.hook_pattern``
     (within float32 rounding), keys a query cannot see at 0.
     """
+    input_ids, attention_mask = _checked(model, input_ids, attention_mask, "attention_rows")
+    arguments.whole_number(layer, "layer")
+    arguments.query_rows(rows)
     inputs = _inputs(input_ids, attention_mask)
     T, L = inputs["input_ids"].shape[1], len(blocks(model))
     start, stop, step = rows.indices(T)
@@ -108,6 +120,7 @@ def head_statistics(
         weight), ``first`` (the weight on position 0, the sink), ``self``, ``previous`` (on
         the token before), ``distance`` (Σ_j p_ij |i - j|, tokens), and ``queries``.
     """
+    input_ids, attention_mask = _checked(model, input_ids, attention_mask, "head_statistics")
     inputs = _inputs(input_ids, attention_mask)
     size, L = parse_size(budget, "budget"), len(blocks(model))
     real = inputs["attention_mask"].bool()

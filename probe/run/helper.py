@@ -23,14 +23,20 @@ import pickle
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterable
-from contextlib import suppress
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, suppress
 from multiprocessing.connection import Connection
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
 _connection: Connection | None = None  # to the helper, while it lives
+_process: multiprocessing.process.BaseProcess | None = None  # the helper, while it lives
+# The helper is given up when its CPU time has not grown for this long while the run waits on
+# it; where its CPU time cannot be read (no /proc), when it has not answered in UNMEASURED_S.
+STALL_S = 60.0
+UNMEASURED_S = 1800.0
 _exchange = threading.Lock()  # held while the pipe is written or read
 
 
@@ -51,7 +57,7 @@ def start(warmups: Iterable[str]) -> bool:
     bool
         Whether a helper now runs.
     """
-    global _connection
+    global _connection, _process
     if _connection is not None:
         return True
     if "torch" in sys.modules or "fork" not in multiprocessing.get_all_start_methods():
@@ -62,7 +68,7 @@ def start(warmups: Iterable[str]) -> bool:
     )
     process.start()
     theirs.close()
-    _connection = ours
+    _connection, _process = ours, process
     atexit.register(_stop, process)  # before multiprocessing's own, which waits for it
     return True
 
@@ -176,8 +182,9 @@ def submit(function: Callable[..., T], *args: Any) -> Pending[T]:
                 message = _pickled((function, args))
         if message is not None:
             try:
-                _send(_connection, message)
-            except OSError:  # the helper has died
+                with _watched():  # a message larger than the pipe waits for the helper to read
+                    _send(_connection, message)
+            except OSError:  # the helper has died (or was given up)
                 _let_go()
             except BaseException:  # an interrupt mid-message: the helper would misread the next
                 _let_go()
@@ -203,8 +210,9 @@ def _receive() -> None:
     global _waiting
     pending = _waiting
     try:
-        head, buffers = _receive_message(_connection)
-    except (EOFError, OSError):  # the helper has died: the work is done here
+        with _watched():
+            head, buffers = _receive_message(_connection)
+    except (EOFError, OSError):  # the helper has died (or was given up): the work is done here
         _let_go()
     except BaseException:  # an interrupt mid-exchange: the pipe may hold a stale answer
         _let_go()
@@ -219,9 +227,63 @@ def _receive() -> None:
 
 def _let_go() -> None:
     """Stop using the helper: later work is done in this process."""
-    global _connection
+    global _connection, _process
     _connection.close()
     _connection = None
+    if _process is not None:  # a helper let go mid-exchange may still be working: end it
+        with suppress(Exception):
+            _process.kill()
+        _process = None
+
+
+@contextmanager
+def _watched() -> Iterator[None]:
+    """Kill the helper if it makes no progress while the block exchanges with it, so that a
+    send or receive blocked on a stalled helper ends (in ``EOFError`` or ``OSError``)."""
+    process = _process
+    if process is None or process.pid is None:
+        yield
+        return
+    done = threading.Event()
+    watchdog = threading.Thread(target=_watch, args=(process, done), daemon=True)
+    watchdog.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watchdog.join()
+
+
+def _watch(process: multiprocessing.process.BaseProcess, done: threading.Event) -> None:
+    """Until ``done``: kill ``process`` once its CPU time has not grown for ``STALL_S`` (or,
+    where it cannot be read, once ``UNMEASURED_S`` have passed)."""
+    last, since = _cpu_ticks(process.pid), time.monotonic()
+    started = since
+    while not done.wait(min(1.0, STALL_S / 4)):
+        now, ticks = time.monotonic(), _cpu_ticks(process.pid)
+        if ticks is None:
+            stalled = now - started >= UNMEASURED_S
+        else:
+            if ticks != last:
+                last, since = ticks, now
+            stalled = now - since >= STALL_S
+        if stalled:
+            with suppress(Exception):
+                process.kill()  # SIGKILL ends a stopped process too; its pipe end closes
+            return
+
+
+def _cpu_ticks(pid: int) -> int | None:
+    """The CPU time ``pid`` has used (user + system, in clock ticks), or None where it cannot be
+    read (no /proc, or the process has gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    if fields[0] in (b"Z", b"X"):  # ended: its pipe closes, or has closed
+        return None
+    return int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of stat(5)
 
 
 _lent: int | None = None  # torch's thread count before a core was left to the helper

@@ -182,6 +182,11 @@ def copying_scores(model: nn.Module, chunk: int = 8192) -> pd.DataFrame:
         in [-1, 1]) and ``unembedding``, what stood for W_U (an ``Unembedding``:
         ``tied``, ``output_embedding``, ``input_embedding_transposed``).
     """
+    from probe.capture import arguments
+
+    arguments.module(model, "copying_scores")
+    arguments.embedded(model, "copying_scores")
+    arguments.whole_number(chunk, "chunk", at_least=1)
     rows = []
     for attention in attentions(model):
         if attention == Attention.CROSS:

@@ -65,7 +65,7 @@ class RepeatedSequences(Unit):
         """Batches of whole pairs (at least one pair per batch), in the order of their index."""
         self.read = 0
         rank, size = self.shard
-        mine = list(range(rank, self.sequences, size))
+        mine = range(rank, self.sequences, size)  # a range, not a list: any count streams
         per_batch = max(1, batch_size // 2)
         for start in range(0, len(mine), per_batch):
             chosen = mine[start : start + per_batch]
