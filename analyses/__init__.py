@@ -133,11 +133,9 @@ class Analysis:
     captures: ClassVar[tuple[str, ...]] = ()
     # What the model reads for it (``probe.inputs.units.UNITS``): single sentences, or "window"s of
     # consecutive sentences of one document (``probe.inputs.coreference.Windows``), whose batches
-    # hold
-    # ``Window``s; several, as a tuple (``Batch.unit`` tells a batch's); a choice, as
+    # hold ``Window``s; several, as a tuple (``Batch.unit`` tells a batch's); a choice, as
     # ``probe.inputs.units.Either("text", "sentence")`` (a corpus when given, else sentences); None
-    # for
-    # an analysis of the weights alone, which needs neither treebank nor forward pass.
+    # for an analysis of the weights alone, which needs neither treebank nor forward pass.
     unit: ClassVar[str | tuple[str, ...] | None] = "sentence"
     # Which attention's captures it reads (``probe.capture.architectures.attentions``); None for the
     # model's first: its only one, or an encoder-decoder model's encoder self-attention.

@@ -2,14 +2,13 @@
 the head word of a coreferent mention, is the head word of one of the mention's antecedents.
 
 The model reads windows of whole sentences of one document (``probe.inputs.coreference``), not
-single
-sentences. Per layer, only the rows of word-level attention that are scored are computed (one
-per scored mention, every head at once), not a window's whole word map. The 95% intervals use
-the Poisson bootstrap over documents, with weights keyed to the document: they depend on the
-data and the seed only, not on batches or processes. They are widened to at least Wilson's
-interval and not drawn on fewer than ``probe.inference.MIN_CLUSTERS`` documents; a head "beats"
-the baselines only where its margin over the best of them holds after the Benjamini–Hochberg
-correction over every head and mention type (``probe.inference``).
+single sentences. Per layer, only the rows of word-level attention that are scored are computed (one
+per scored mention, every head at once), not a window's whole word map. The 95% intervals use the
+Poisson bootstrap over documents, with weights keyed to the document: they depend on the data and
+the seed only, not on batches or processes. They are widened to at least Wilson's interval and not
+drawn on fewer than ``probe.inference.MIN_CLUSTERS`` documents; a head "beats" the baselines only
+where its margin over the best of them holds after the Benjamini–Hochberg correction over every head
+and mention type (``probe.inference``).
 """
 
 from __future__ import annotations

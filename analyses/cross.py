@@ -51,19 +51,18 @@ class CrossAttention(Analysis):
 
     @classmethod
     def unsupported(cls, model) -> str | None:
-        from probe.capture.architectures import is_encoder_decoder
+        from probe.capture.spec import describe
 
-        if not is_encoder_decoder(model):
+        if not describe(model).encoder_decoder:
             return "cross-attention needs an encoder-decoder model (BART, T5…)"
         return None
 
     def __init__(self, context: Context) -> None:
         super().__init__(context)
-        from probe.capture.architectures import blocks, iter_head_weights
+        from probe.capture.spec import describe
 
-        model = context.model
-        self.n_layers = len(blocks(model, ATTENTION))
-        self.n_heads = next(iter_head_weights(model, ATTENTION)).n_heads
+        cross = describe(context.model).attention(ATTENTION)
+        self.n_layers, self.n_heads = cross.n_layers, cross.n_heads
         self.sums = torch.zeros(len(METRICS), self.n_layers, self.n_heads, dtype=torch.float64)
         self.queries = 0  # real target positions
         self.normalisable = 0  # real target positions whose sentence has more than one token

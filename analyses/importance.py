@@ -55,9 +55,9 @@ class Importance(Analysis):
 
     @classmethod
     def unsupported(cls, model) -> str | None:
-        from probe.capture.architectures import is_encoder_decoder
+        from probe.capture.spec import describe
 
-        if is_encoder_decoder(model):
+        if describe(model).encoder_decoder:
             return "importance does not handle encoder-decoder models yet"
         return None
 

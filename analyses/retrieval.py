@@ -2,9 +2,8 @@
 
 The haystack is the treebank's text (the sentence unit's sentences, joined; any iterable of
 strings would do, ``probe.patterns.retrieval.haystack``); the trials, their scores and their nulls
-are
-``probe.patterns.retrieval``'s. Each head's score is its mean over lengths and depths, with a 95%
-t-interval over the trials; the null is the same mean with the needle left out. A head whose
+are ``probe.patterns.retrieval``'s. Each head's score is its mean over lengths and depths, with a
+95% t-interval over the trials; the null is the same mean with the needle left out. A head whose
 score exceeds the ``retrieval`` threshold holds the ``retrieval`` role.
 """
 
@@ -79,12 +78,11 @@ class Retrieval(Analysis):
 
     @classmethod
     def unsupported(cls, model) -> str | None:
-        from probe.capture.architectures import is_causal
-        from probe.capture.rows import rows_unsupported
+        from probe.capture.spec import describe
 
-        if not is_causal(model):
+        if not describe(model).causal:
             return "retrieval heads are read on decoders, which generate the answer"
-        return rows_unsupported(model)
+        return describe(model).rows_unsupported
 
     def __init__(self, context: Context) -> None:
         super().__init__(context)

@@ -3,11 +3,10 @@ induction heads on repeated random sequences, each beside its null; copying from
 attention sinks (Gu et al.'s α) on the treebank's sentences, or a ``--corpus``'s windows.
 
 The scores are defined in ``probe.patterns.headtypes``; here they are streamed (per-sequence sums
-and sums
-of squares, so that each mean has a 95% normal interval over sequences, exact under merging),
-tabled, and turned into roles: a head is an induction (duplicate-token) head when the lower end
-of its score's interval lies at least a threshold above the score's null. ``copying`` is
-Σ Re λ / Σ |λ| over the eigenvalues of the head's full OV circuit W_E W_V W_O W_U (Elhage et al.
+and sums of squares, so that each mean has a 95% normal interval over sequences, exact under
+merging), tabled, and turned into roles: a head is an induction (duplicate-token) head when the
+lower end of its score's interval lies at least a threshold above the score's null. ``copying`` is Σ
+Re λ / Σ |λ| over the eigenvalues of the head's full OV circuit W_E W_V W_O W_U (Elhage et al.
 2021), from ``probe.weights.copying``.
 """
 
@@ -266,15 +265,14 @@ def _intervals(sums, squares, count: int):
 def _self_attentions(context: Context) -> dict[str, tuple[int, int]]:
     """Layers and heads of each self-attention the model has: its only one, or an
     encoder-decoder model's encoder and decoder (cross-attention has no repeat to find)."""
-    model = context.model
-    if model is None:
+    if context.model is None:
         return {str(Attention.BLOCKS): (context.n_layers, context.n_heads)}
-    from probe.capture.architectures import attentions, blocks, head_count
+    from probe.capture.spec import describe
 
     return {
-        str(a): (len(blocks(model, a)), head_count(model, a))
-        for a in attentions(model)
-        if a != Attention.CROSS
+        a.name: (a.n_layers, a.n_heads)
+        for a in describe(context.model).attentions
+        if a.name != Attention.CROSS
     }
 
 
@@ -302,8 +300,8 @@ def _example(model, tokenizer, seed: int) -> pd.DataFrame:
     columns = ["layer", "head", "query", "key", "weight"]
     if model is None or tokenizer is None:
         return pd.DataFrame(columns=columns)
-    from probe.capture.architectures import is_encoder_decoder
     from probe.capture.hookpoints import trace
+    from probe.capture.spec import describe
     from probe.inputs.units import Source
     from probe.inputs.units.repeats import RepeatedSequences
     from probe.run.loading import main_device
@@ -314,7 +312,7 @@ def _example(model, tokenizer, seed: int) -> pd.DataFrame:
     ids = torch.tensor([unit.pair(0)[0]], device=main_device(model))
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     first = None  # the cards are the first attention's heads: an encoder-decoder's encoder
-    if is_encoder_decoder(model):
+    if describe(model).encoder_decoder:
         inputs, first = decoder_inputs(model, inputs), Attention.ENCODER
     with torch.inference_mode(), trace(model, "hook_pattern") as cache:
         model(**inputs)

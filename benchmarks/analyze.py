@@ -8,10 +8,9 @@ default attention, no attention output) over the very batches that probe analyze
 Ours: a fresh `probe analyze` process, every analysis, loading and rendering included, with its
 helper process (``probe.run.helper``, which imports scikit-learn while torch imports and does its
 fits): its CPU seconds are counted with the run's, and the peak is the larger of the two
-processes'. Both are timed as whole processes; peak memory is each process's maximum resident
-size. The analyses
-stage (reading, tokenizing, the mirrored forward pass and every analysis, streamed together) is
-compared with the floor's forward pass alone.
+processes'. Both are timed as whole processes; peak memory is each process's maximum resident size.
+The analyses stage (reading, tokenizing, the mirrored forward pass and every analysis, streamed
+together) is compared with the floor's forward pass alone.
 
 Also: a weights-only run (`--analyses spectra`) on EWT dev against the same on the bundled
 sample, which must cost the same, since it reads no treebank.

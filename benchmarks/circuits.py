@@ -8,8 +8,8 @@ hidden state (MiniLM has no LM head), one value per pair.
 
 - patching: ``probe.patch`` of every head (72 on MiniLM) on the batch of pairs, against as many
   plain forward passes of the batch (goal ≤ 1.2x);
-- attribution: ``probe.attribute`` (AtP) of every head, against one forward pass of the batch
-  of pairs (goal ≤ 4x);
+- attribution: ``probe.attribute`` (AtP) of every head, against one forward pass of the batch of
+pairs (goal ≤ 4x);
 - EAP-IG with 5 steps: ``probe.edges``, against one forward pass (goal ≤ 15x). MiniLM is a
   post-LayerNorm model, whose edges are not a sum, so this one runs on a randomly initialised
   GPT-2 of MiniLM's shape (6 layers, 12 heads, d_model 384, LM head).

@@ -1,8 +1,7 @@
-"""The public functions check their arguments at the door (``probe.capture.arguments``): a wrong
-one is
-a ``ValueError``/``TypeError`` naming it (or a ``ProbeError``), never an error from inside torch
-or transformers, a table of NaN, or numbers read from the wrong tokens. Hypothesis drives them
-with arbitrary shapes, dtypes and values, and accepts only those errors or the right answer
+"""The public functions check their arguments at the door (``probe.capture.arguments``): a wrong one
+is a ``ValueError``/``TypeError`` naming it (or a ``ProbeError``), never an error from inside torch
+or transformers, a table of NaN, or numbers read from the wrong tokens. Hypothesis drives them with
+arbitrary shapes, dtypes and values, and accepts only those errors or the right answer
 (the whole patterns of ``probe.trace``)."""
 
 import re

@@ -76,10 +76,8 @@ def by_hand(source: str, facts: bool = True) -> list[tuple[int, str]]:
 
 def test_no_hook_name_is_built_by_hand():
     """Outside probe/capture/names.py, no module of probe or analyses formats, splits or parses a
-    hook
-    name itself, and outside probe/capture/architectures.py none reads is_encoder_decoder,
-    is_decoder
-    or num_attention_heads off a config."""
+    hook name itself, and outside probe/capture/architectures.py none reads is_encoder_decoder,
+    is_decoder or num_attention_heads off a config."""
     files = sorted([*(ROOT / "probe").rglob("*.py"), *(ROOT / "analyses").rglob("*.py")])
     assert len(files) > 20
     problems = []

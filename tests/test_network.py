@@ -162,8 +162,7 @@ def hub_repos(tmp_path_factory):
 
 
 # What probe.inputs.hub.bound_waits sets in a process's environment: earlier tests that ran the
-# command
-# line in this process left them here, and a child given them would not derive its own.
+# command line in this process left them here, and a child given them would not derive its own.
 BOUND = ("HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT", "HF_HUB_DISABLE_XET")
 
 

@@ -1,6 +1,5 @@
 """Head types (analyses.taxonomy, probe.patterns.headtypes, the repeated-sequence unit): each score
-on
-patterns worked out by hand, the unit's sequences, intervals that do not depend on batching,
+on patterns worked out by hand, the unit's sequences, intervals that do not depend on batching,
 the Python entry point against the analysis, and the known heads of a trained model."""
 
 import json

@@ -3,8 +3,8 @@
 The run has three stages:
 
 - ``plan`` resolves the analyses (checking their contract), their options, the tables' schemas,
-  the input and the output folder: everything that can be checked is checked here, before torch
-  is imported;
+  the input and the output folder: everything that can be checked is checked here, before torch is
+  imported;
 - ``execute`` loads the model and streams every input unit a chosen analysis reads
   (``probe.inputs.units``) through it, handing each layer's captures to the analyses that read that
   unit, then merges the processes' states exactly (``probe.distributed``);
@@ -69,8 +69,7 @@ class Settings:
         ATTENTION_BUDGET  # a block of attention rows' bytes (probe.capture.rows)
     )
     # Plain text for the analyses that need no annotation (``probe.inputs.texts``): a file, folder
-    # or
-    # hf:NAME[:CONFIG][@SPLIT]; its text column, its first texts, the tokens per window.
+    # or hf:NAME[:CONFIG][@SPLIT]; its text column, its first texts, the tokens per window.
     corpus: str | None = None
     text_column: str = "text"
     max_texts: int | None = None
@@ -302,6 +301,7 @@ class RunCard:
     schema: int = SCHEMA  # the folder's layout version (probe.app.folder)
     corpus: str | None = None  # the plain-text corpus the text unit read
     context: int | None = None  # its tokens per window, as used (capped at the model's limit)
+    spec: dict[str, Any] = field(default_factory=dict)  # probe.capture.spec.ModelSpec
 
     def as_dict(self) -> dict[str, Any]:
         """The card as ``run.json`` holds it, with the sentence and coreference counts also at
@@ -450,14 +450,15 @@ def _begin(run: Plan, model, tokenizer) -> tuple[list[analyses.Analysis], Any]:
     """The analyses that can run on ``model``, created; and the head cards' example sentences,
     when a unit that gives them is streamed for an analysis of patterns."""
     from probe.app.examples import Examples
-    from probe.capture.architectures import blocks, head_count, is_causal
+    from probe.capture.spec import describe
 
     classes = _applicable(run, model)
-    n_layers, n_heads = len(blocks(model)), head_count(model)
+    spec = describe(model)
+    n_layers, n_heads = spec.n_layers, spec.n_heads
     chosen = []
     for cls in classes:
         context = analyses.Context(
-            n_layers, n_heads, is_causal(model), run.settings.seed, run.thresholds, model,
+            n_layers, n_heads, spec.causal, run.settings.seed, run.thresholds, model,
             run.options_of(cls.options), tokenizer.mask_token_id, tokenizer,
         )  # fmt: skip
         chosen.append(cls(context))
@@ -479,7 +480,7 @@ def _freeze() -> None:
 def _stream_unit(run: Plan, name: str, readers, examples, model, tokenizer, ranks, progress,
                  status) -> dict:  # fmt: skip
     """Stream unit ``name`` through ``model`` for the analyses that read it; its tally."""
-    from probe.capture.rows import rows_unsupported
+    from probe.capture.spec import describe
     from probe.inputs.corpus import max_tokens
     from probe.run.runner import stream, stream_rows
 
@@ -499,7 +500,7 @@ def _stream_unit(run: Plan, name: str, readers, examples, model, tokenizer, rank
     # Patterns in blocks of rows, beside the model's sdpa kernel, when every consumer that reads
     # captures takes them (importance reads none: only the batches)
     rows = all(getattr(c, "rows", False) or getattr(c, "captures", None) == () for c in consumers)
-    if set(wanted) == {"hook_pattern"} and rows and rows_unsupported(model) is None:
+    if set(wanted) == {"hook_pattern"} and rows and describe(model).rows_unsupported is None:
         stream_rows(model.base_model, batches, consumers, parse_size(run.settings.attention_budget))
     else:
         stream(model.base_model, batches, consumers, wanted)  # no language-model head needed
@@ -527,11 +528,11 @@ def _check_input(run: Plan, tally: dict) -> None:
 
 
 def _card(run: Plan, model, tokenizer, chosen, ranks, tally) -> RunCard:
-    from probe.capture.architectures import blocks, head_count, is_causal
+    from probe.capture.spec import describe
     from probe.inputs.corpus import max_tokens
     from probe.run.loading import describe_source, main_device
 
-    settings, config = run.settings, model.config
+    settings, config, spec = run.settings, model.config, describe(model)
     limit = max_tokens(config, tokenizer)
     used = dict(run.options)  # as the units used them: a window capped at the model's limit
     for name in run.units:
@@ -542,10 +543,11 @@ def _card(run: Plan, model, tokenizer, chosen, ranks, tally) -> RunCard:
         model_type=config.model_type,
         revision=settings.revision or getattr(config, "_commit_hash", None),
         tokenizer=type(tokenizer).__name__,
-        layers=len(blocks(model)),
-        heads=head_count(model),
-        d_model=config.hidden_size,
-        causal=is_causal(model),
+        layers=spec.n_layers,
+        heads=spec.n_heads,
+        d_model=spec.d_model,
+        causal=spec.causal,
+        spec=spec.as_dict(),
         device=str(main_device(model)),
         device_map=_device_map(model),
         processes=ranks.size,

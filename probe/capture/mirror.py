@@ -15,9 +15,8 @@ Qwen3's and Gemma 3's query and key norms, as TransformerLens has them) are forw
 projections, so that an edit of them flows through the norms and the rotation. The residual
 stream's, the norms' and the MLP's points are hooks on the model's own modules (``Mirror``).
 
-This module does not import ``probe.capture.hookpoints``, which imports it: the hook points are
-made by
-the ``point`` factory that ``mirrored`` is given (``probe.capture.hookpoints.HookPoint``).
+This module does not import ``probe.capture.hookpoints``, which imports it: the hook points are made
+by the ``point`` factory that ``mirrored`` is given (``probe.capture.hookpoints.HookPoint``).
 """
 
 from __future__ import annotations
@@ -36,10 +35,8 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from probe.capture.architectures import (
     Architecture,
-    attentions,
+    architecture,
     blocks,
-    head_count,
-    head_dim,
     materialized,
     model_part,
     output_weights,
@@ -63,6 +60,7 @@ from probe.capture.names import (
     Attention,
     hook_name,
 )
+from probe.capture.spec import describe
 
 IMPLEMENTATION = "probe"
 
@@ -94,9 +92,8 @@ def _is_norm(module: nn.Module | None) -> bool:
 
 def _norms(arch: Architecture, block: nn.Module) -> dict[str, nn.Module]:
     """A block's norms by the part their points are named by (``probe.capture.names.NORMS``): a
-    decoder
-    block's with a cross-attention are TransformerLens's ln1, ln2 (the cross-attention's) and ln3
-    (the MLP's)."""
+    decoder block's with a cross-attention are TransformerLens's ln1, ln2 (the cross-attention's)
+    and ln3 (the MLP's)."""
     paths = {part: getattr(arch, part, "") for part in NORMS}
     if arch.ln_cross:
         paths |= {"ln2": arch.ln_cross, "ln3": arch.ln2}
@@ -115,24 +112,22 @@ class Mirror:
     """Hook points for every attention and block of one model, and what is needed to run them.
 
     Names are ``probe.capture.names``'s. An attention's hooks live in probe's attention function,
-    but
-    for a rotary model's ``hook_q`` and ``hook_k``: forward hooks on the query and key
-    projections (``Architecture.q``/``k``, or the fused ``qkv``). The rest are hooks on the
-    model's own modules, so that an edit flows on: ``hook_resid_pre`` on a block's input,
-    ``hook_attn_out`` (``hook_cross_attn_out``) on the attention's output projection (or the
-    norm after it, ``Architecture.attn_out``), ``hook_mlp_out`` on the MLP's last module,
-    ``mlp.hook_pre`` and ``mlp.hook_post`` on the MLP's projections, ``ln1``/``ln2``/``ln_final``
-    on the norms (scale and normalised input computed beside them; the norm's output
-    recomputed only when a hook edits them). ``hook_resid_mid`` is resid_pre + attn_out (an
-    edit reaches the stream through attn_out) in pre-LayerNorm blocks; in post-LayerNorm ones
-    (``Architecture.post_ln``) it and ``hook_resid_post`` are the inputs of ``ln1`` and
-    ``ln2``. The model's own points: ``hook_embed`` on the token embedding (an encoder-decoder
-    model's encoder's), ``hook_pos_embed`` on the position embedding, the embeddings' and final
-    norms' (per stack in an encoder-decoder model), ``hook_unembed`` on the output embedding.
-    Qwen3's and Gemma 3's query and key norms have their points as the blocks' norms do, and
-    ``hook_q_normed``/``hook_k_normed`` on their outputs. ``hook_attn_in`` and
-    ``hook_{q,k,v}_input`` are computed from the block's input; an edit recomputes the edited
-    heads of the projection's output (of its part of a fused one) from them.
+    but for a rotary model's ``hook_q`` and ``hook_k``: forward hooks on the query and key
+    projections (``Architecture.q``/``k``, or the fused ``qkv``). The rest are hooks on the model's
+    own modules, so that an edit flows on: ``hook_resid_pre`` on a block's input, ``hook_attn_out``
+    (``hook_cross_attn_out``) on the attention's output projection (or the norm after it,
+    ``Architecture.attn_out``), ``hook_mlp_out`` on the MLP's last module, ``mlp.hook_pre`` and
+    ``mlp.hook_post`` on the MLP's projections, ``ln1``/``ln2``/``ln_final`` on the norms (scale and
+    normalised input computed beside them; the norm's output recomputed only when a hook edits
+    them). ``hook_resid_mid`` is resid_pre + attn_out (an edit reaches the stream through attn_out)
+    in pre-LayerNorm blocks; in post-LayerNorm ones (``Architecture.post_ln``) it and
+    ``hook_resid_post`` are the inputs of ``ln1`` and ``ln2``. The model's own points:
+    ``hook_embed`` on the token embedding (an encoder-decoder model's encoder's), ``hook_pos_embed``
+    on the position embedding, the embeddings' and final norms' (per stack in an encoder-decoder
+    model), ``hook_unembed`` on the output embedding. Qwen3's and Gemma 3's query and key norms have
+    their points as the blocks' norms do, and ``hook_q_normed``/``hook_k_normed`` on their outputs.
+    ``hook_attn_in`` and ``hook_{q,k,v}_input`` are computed from the block's input; an edit
+    recomputes the edited heads of the projection's output (of its part of a fused one) from them.
     """
 
     def __init__(self, model: PreTrainedModel, point: Callable[[], Point]) -> None:
@@ -145,8 +140,10 @@ class Mirror:
         self.output_of: dict[int, nn.Module] = {}  # id(attention hooks) -> output projection
         # id(attention hooks) -> its layout: (Architecture.fused, query heads, head width)
         self.layout: dict[int, tuple[str, int, int]] = {}
-        for name, arch in attentions(model).items():
-            layout = (arch.fused, head_count(model, name), head_dim(model, name))
+        spec = describe(model)  # derived once, as the model is first mirrored
+        for attention in spec.attentions:
+            name, arch = Attention(attention.name), architecture(model, attention.name)
+            layout = (arch.fused, attention.n_heads, attention.d_head)
             names = ATTENTION_POINTS + (ROTARY_POINTS if arch.rotary else ())
             qk_norms = {n: path for n in QK_NORMS if (path := getattr(arch, n))}
             names += tuple(f"{n}.{p}" for n in qk_norms for p in NORM_POINTS)
@@ -621,8 +618,7 @@ def mirrored(model: PreTrainedModel, point: Callable[[], Point]) -> Iterator[dic
         A supported architecture (``probe.capture.architectures.SUPPORTED``).
     point : callable
         Makes one hook point (``probe.capture.hookpoints.HookPoint``); nested blocks share the
-        points
-        of the outermost.
+        points of the outermost.
     """
     mirror = _ACTIVE.get(id(model))
     if mirror is not None:

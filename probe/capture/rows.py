@@ -25,7 +25,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from probe.capture.architectures import architecture, blocks, is_encoder_decoder
+from probe.capture.architectures import architecture, blocks
 from probe.errors import ProbeError
 from probe.numerics import entropy
 from probe.sizes import parse_size  # noqa: F401 (where users of rows find it)
@@ -253,14 +253,9 @@ class Scored:
 
 def rows_unsupported(model: nn.Module) -> str | None:
     """Why ``model``'s patterns cannot be computed in rows beside its sdpa kernel, or None."""
-    if is_encoder_decoder(model):
-        return "an encoder-decoder model's three attentions are read whole"
-    config = getattr(model, "config", None)
-    if getattr(config, "attn_logit_softcapping", None) is not None:
-        return "sdpa cannot soft-cap the scores (Gemma 2)"
-    if getattr(config, "model_type", "") in ("t5", "mt5"):
-        return "T5's position bias is read whole"
-    return None
+    from probe.capture.spec import describe
+
+    return describe(model).rows_unsupported
 
 
 _RECEIVERS: dict[int, Callable[[nn.Module, Scored], None]] = {}  # id(attention) -> its receiver
@@ -302,8 +297,7 @@ def scored(model: nn.Module, receive: Callable[[int, Scored], None]) -> Iterator
     attention meets its queries and keys; the model's implementation is restored on exit.
 
     Layers are counted from 0 in the order of ``probe.capture.architectures.blocks``; a module
-    shared by
-    several layers (ALBERT) is told apart by its call order within a forward pass.
+    shared by several layers (ALBERT) is told apart by its call order within a forward pass.
     """
     why = rows_unsupported(model)
     if why is not None:

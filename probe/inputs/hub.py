@@ -8,10 +8,9 @@ downloads that follow wait at most as long on each read (``HF_HUB_DOWNLOAD_TIMEO
 ``HF_HUB_ETAG_TIMEOUT``, set by ``bound_waits`` before the hub client is imported), and the whole
 download of a model, every file and every call to the hub, keeps the pace a treebank download
 keeps (``paced``; ``probe.inputs.download.Pace``). Files the hub keeps in its chunked storage come
-as
-plain HTTP downloads through that client, paced too: ``bound_waits`` sets
-``HF_HUB_DISABLE_XET=1`` unless the user set it, since ``hf_xet``'s own transfers bypass the
-client and its deadlines (``HF_HUB_DISABLE_XET=0`` for its speed, without the pace).
+as plain HTTP downloads through that client, paced too: ``bound_waits`` sets
+``HF_HUB_DISABLE_XET=1`` unless the user set it, since ``hf_xet``'s own transfers bypass the client
+and its deadlines (``HF_HUB_DISABLE_XET=0`` for its speed, without the pace).
 """
 
 from __future__ import annotations

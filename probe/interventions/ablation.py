@@ -9,9 +9,9 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from probe.capture.architectures import architecture, blocks, head_count, is_encoder_decoder
 from probe.capture.hookpoints import Hook, hook_points, hooks
 from probe.capture.names import Attention, Stack, hook_name, point_of
+from probe.capture.spec import describe
 from probe.errors import ProbeError
 
 MODES = ("zero", "mean")
@@ -23,18 +23,18 @@ def z_points(model: nn.Module, attention: str | None = None) -> tuple[list[str],
     ``attention`` picks one attention of an encoder-decoder model: ``"encoder.attn"`` (the
     default), ``"decoder.attn"`` or ``"decoder.cross_attn"``.
     """
-    if getattr(model, "config", None) is not None and is_encoder_decoder(model):
-        attention = attention or Attention.ENCODER
-        architecture(model, attention)  # an unknown attention is a clear error
-        layers = range(len(blocks(model, attention)))
-        names = [hook_name("hook_z", layer, attention) for layer in layers]
-        return names, head_count(model, attention)
+    spec = describe(model) if getattr(model, "config", None) is not None else None
+    if spec is not None and spec.encoder_decoder:
+        chosen = spec.attention(attention or Attention.ENCODER)  # an unknown one: a clear error
+        layers = range(chosen.n_layers)
+        names = [hook_name("hook_z", layer, chosen.name) for layer in layers]
+        return names, chosen.n_heads
     if attention is not None:
         raise ProbeError(f"attention={attention!r} is for encoder-decoder models")
     with hook_points(model) as points:
         names = [name for name in points if point_of(name) == "hook_z"]
     own = [m for m in model.modules() if hasattr(m, "n_heads") and hasattr(m, "W_O")]
-    n_heads = own[0].n_heads if own else head_count(model)
+    n_heads = own[0].n_heads if own else spec.n_heads
     return names, n_heads
 
 

@@ -26,9 +26,10 @@ import pandas as pd
 import torch
 from torch import nn
 
-from probe.capture.architectures import architecture, blocks, head_count, is_encoder_decoder
+from probe.capture.architectures import architecture
 from probe.capture.hookpoints import Hook, hook_points, hooks, trace
 from probe.capture.names import hook_name
+from probe.capture.spec import describe
 from probe.errors import ProbeError
 from probe.interventions.gradients import START, run, starts
 from probe.interventions.pairs import Metric, check_pairs, mean_intervals, per_pair, rows, stacked
@@ -60,7 +61,7 @@ def graph(model: nn.Module) -> Graph:
         encoder-decoder, a post-LayerNorm (BERT) or a parallel-attention model, or a module that
         is not a Hugging Face model.
     """
-    if getattr(model, "config", None) is None or is_encoder_decoder(model):
+    if getattr(model, "config", None) is None or describe(model).encoder_decoder:
         raise ProbeError("edges need a Hugging Face decoder or encoder with one residual stream")
     arch = architecture(model)
     if arch.post_ln or getattr(model.config, "use_parallel_residual", False):
@@ -69,13 +70,13 @@ def graph(model: nn.Module) -> Graph:
             f"sum; {type(model).__name__} normalises after each sum or runs attention and MLP "
             "in parallel"
         )
-    layers = range(len(blocks(model)))
+    layers = range(describe(model).n_layers)
     with hook_points(model) as points:
         needed = [START] + [hook_name("hook_mlp_in", layer) for layer in layers]
         missing = [n for n in needed if n not in points]
         if missing:
             raise ProbeError(f"edges need the point {missing[0]}, which this model lacks")
-    n_heads = head_count(model)
+    n_heads = describe(model).n_heads
     senders: list[tuple[str, str, int | None]] = [("embed", START, None)]
     receivers: list[tuple[str, str, str, int | None]] = []
     edges: list[tuple[int, int]] = []

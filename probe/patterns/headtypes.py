@@ -145,9 +145,9 @@ def head_types(
     import pandas as pd
 
     from probe.capture import arguments
-    from probe.capture.architectures import is_encoder_decoder
     from probe.capture.hookpoints import trace
     from probe.capture.names import Attention
+    from probe.capture.spec import describe
     from probe.run.runner import decoder_inputs
 
     arguments.module(model, "head_types")
@@ -158,10 +158,11 @@ def head_types(
         nulls = arguments.token_ids(model, nulls, "nulls")
         arguments.same_shape(nulls, sequences, "nulls")
     start = int(attention == Attention.DECODER)
+    encoder_decoder = getattr(model, "config", None) is not None and describe(model).encoder_decoder
 
     def scores(ids: torch.Tensor) -> torch.Tensor:  # [layer, 3, head]
         inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-        if is_encoder_decoder(model):
+        if encoder_decoder:
             inputs = decoder_inputs(model, inputs)
         with torch.inference_mode(), trace(model, "hook_pattern") as cache:
             model(**inputs)

@@ -17,8 +17,9 @@ import torch
 from torch import nn
 
 from probe.capture import arguments
-from probe.capture.architectures import blocks, check_length
+from probe.capture.architectures import check_length
 from probe.capture.rows import RowBlock, Scored, scored
+from probe.capture.spec import describe
 from probe.errors import ProbeError
 from probe.sizes import ATTENTION_BUDGET, parse_size
 
@@ -87,7 +88,7 @@ def attention_rows(
     arguments.whole_number(layer, "layer")
     arguments.query_rows(rows)
     inputs = _inputs(input_ids, attention_mask)
-    T, L = inputs["input_ids"].shape[1], len(blocks(model))
+    T, L = inputs["input_ids"].shape[1], describe(model).n_layers
     start, stop, step = rows.indices(T)
     if not 0 <= layer < L or step != 1 or start >= stop:
         raise ProbeError(
@@ -122,7 +123,7 @@ def head_statistics(
     """
     input_ids, attention_mask = _checked(model, input_ids, attention_mask, "head_statistics")
     inputs = _inputs(input_ids, attention_mask)
-    size, L = parse_size(budget, "budget"), len(blocks(model))
+    size, L = parse_size(budget, "budget"), describe(model).n_layers
     real = inputs["attention_mask"].bool()
     sums = torch.zeros(L, 0, dtype=torch.float64)
 

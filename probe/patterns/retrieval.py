@@ -25,8 +25,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from probe.capture.architectures import blocks
 from probe.capture.rows import RowBlock, Scored, scored
+from probe.capture.spec import describe
 
 DEPTHS = tuple(i / 10 for i in range(11))  # 0 %, 10 %, … 100 %
 NEEDLE = " The special magic number is{answer}"
@@ -77,7 +77,7 @@ def scores(model: nn.Module, trials: Iterable[Trial]) -> Iterator[np.ndarray]:
     """Each trial's score of every head, ``[layer, head]``, in order: one forward pass per trial
     on the model's sdpa kernel, and only the answer's query rows of each layer's pattern."""
     device = next(model.parameters()).device
-    L = len(blocks(model))
+    L = describe(model).n_layers
     for trial in trials:
         ids = torch.tensor(trial.ids, device=device)
         rows = slice(trial.answer.start - 1, trial.answer.stop - 1)

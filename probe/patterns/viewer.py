@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from probe.capture.names import Attention, HookName, parse, point_of
+from probe.capture.spec import describe
 from probe.errors import ProbeError
 
 FULL_TOKENS = 64  # longer inputs keep each token's TOP_K largest weights
@@ -222,9 +223,7 @@ def _layered(name: str) -> HookName | None:
 
 
 def _from_model(model, tokenizer, text, attention: str | None) -> View:
-    from probe.capture.architectures import is_encoder_decoder
     from probe.capture.hookpoints import trace
-    from probe.capture.rows import rows_unsupported
 
     if tokenizer is None or text is None:
         raise TypeError("probe.show(model, tokenizer, text) needs the tokenizer and the text")
@@ -247,12 +246,12 @@ def _from_model(model, tokenizer, text, attention: str | None) -> View:
                 f"text {number} is {inputs['input_ids'].shape[1]} tokens long; the model takes at "
                 f"most {limit}: show a shorter text"
             )
-        if is_encoder_decoder(model):
+        if describe(model).encoder_decoder:
             from probe.run.runner import decoder_inputs
 
             inputs = decoder_inputs(model, inputs)
         if inputs["input_ids"].shape[1] > FULL_TOKENS and attention is None and \
-                rows_unsupported(model) is None:  # fmt: skip
+                describe(model).rows_unsupported is None:  # fmt: skip
             patterns.append(top_keys(model, inputs))
         else:
             with torch.no_grad(), trace(model, "hook_pattern") as cache:

@@ -12,7 +12,8 @@ import torch
 from safetensors import SafetensorError
 from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from probe.capture.architectures import UnsupportedModelError, architecture, is_causal
+from probe.capture.architectures import UnsupportedModelError, is_causal
+from probe.capture.spec import describe
 from probe.errors import ProbeError
 from probe.inputs import hub
 from probe.inputs.download import hub_address, hub_reachable  # noqa: F401 (re-exported)
@@ -156,7 +157,7 @@ def load(
             ) from e
         raise ProbeError(_explain(name_or_path, source, e, unreached)) from e
     try:
-        architecture(model)
+        describe(model)  # the model's description, derived once here and read after
     except UnsupportedModelError as e:
         raise ProbeError(f"{name_or_path}: {e}") from e
     if not tokenizer.is_fast:

@@ -17,9 +17,9 @@ from typing import Protocol
 import torch
 from transformers import PreTrainedModel
 
-from probe.capture.architectures import attentions, blocks, is_encoder_decoder
 from probe.capture.hookpoints import hooks
 from probe.capture.names import hook_name, parse
+from probe.capture.spec import describe
 from probe.errors import ProbeError
 from probe.inputs.alignment import WordAlignment
 from probe.inputs.corpus import Batch
@@ -104,8 +104,7 @@ class Consumer(Protocol):
     """What the runner needs of whatever reads the captures (an analysis, say). A consumer may
     name the ``attention`` it reads (``"decoder.cross_attn"``; see
     ``probe.capture.architectures.attentions``), or a tuple of them (each capture says which it is,
-    in
-    ``capture.attention``); by default the model's first: its only attention, or an
+    in ``capture.attention``); by default the model's first: its only attention, or an
     encoder-decoder model's encoder self-attention."""
 
     def begin_batch(self, batch: Batch) -> None:
@@ -187,7 +186,8 @@ def stream(
     """
     fix_mmap_threshold()
     device = main_device(model)  # a model spread over devices is analysed on the first
-    first = next(iter(attentions(model)))
+    spec = describe(model)
+    first = spec.attention().name
     readers: dict[str, list[Consumer]] = {}
     for consumer in consumers:
         read = getattr(consumer, "attention", None) or first
@@ -197,12 +197,12 @@ def stream(
     # Each name's (attention, layer) and point, parsed once here rather than on every capture.
     where: dict[str, tuple[tuple[str, int], str]] = {}
     for site in readers:
-        for layer in range(len(blocks(model, site))):
+        for layer in range(spec.attention(site).n_layers):
             for suffix in wanted:
                 name = hook_name(suffix, layer, site)  # encoder.attn -> encoder.3.attn.hook_z
                 where[name] = (site, layer), parse(name).point
-    last = {site: len(blocks(model, site)) - 1 for site in readers}
-    encoder_decoder = is_encoder_decoder(model)
+    last = {site: spec.attention(site).n_layers - 1 for site in readers}
+    encoder_decoder = spec.encoder_decoder
     pending: dict[tuple[str, int], dict[str, torch.Tensor]] = {}
     batch: Batch
     alignment: WordAlignment
@@ -263,7 +263,7 @@ def stream_rows(
 
     fix_mmap_threshold()
     device = main_device(model)
-    last = len(blocks(model)) - 1
+    last = describe(model).n_layers - 1
     batch: Batch
     takers = [c for c in consumers if getattr(c, "rows", False)]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from probe.capture.architectures import is_causal, is_encoder_decoder
+from probe.capture.spec import describe
 
 SAFETENSORS, SAFETENSORS_INDEX = "model.safetensors", "model.safetensors.index.json"
 BIN, BIN_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"
@@ -40,7 +40,7 @@ def unembedding(model: nn.Module) -> tuple[torch.Tensor | None, bool]:
         input embedding (a tied language-model head, or a masked-LM head whose other weights the
         checkpoint holds). ``(None, False)``: the checkpoint holds no unembedding.
     """
-    head = _head(model.config)
+    head = _head(model)
     if head is None:
         return None, False
     name, tied = head
@@ -56,14 +56,15 @@ def unembedding(model: nn.Module) -> tuple[torch.Tensor | None, bool]:
     return _read(files[key], key), False
 
 
-def _head(config) -> tuple[str, bool] | None:
+def _head(model: nn.Module) -> tuple[str, bool] | None:
     """The qualified name of the language-model class's output embedding, and whether it is
     tied to the input embedding; None where the architecture has no such class."""
     import transformers as tf
 
-    if is_encoder_decoder(config):
+    spec, config = describe(model), model.config
+    if spec.encoder_decoder:
         auto = tf.AutoModelForSeq2SeqLM
-    elif is_causal(config):
+    elif spec.causal:
         auto = tf.AutoModelForCausalLM
     else:
         auto = tf.AutoModelForMaskedLM

@@ -33,8 +33,9 @@ import pandas as pd
 import torch
 from torch import nn
 
-from probe.capture.architectures import attentions, iter_head_weights, materialized
+from probe.capture.architectures import iter_head_weights, materialized
 from probe.capture.names import Attention, Stack
+from probe.capture.spec import describe
 from probe.errors import ProbeError
 
 COLUMNS = ["attention", "layer", "head", "copying", "unembedding"]
@@ -188,7 +189,7 @@ def copying_scores(model: nn.Module, chunk: int = 8192) -> pd.DataFrame:
     arguments.embedded(model, "copying_scores")
     arguments.whole_number(chunk, "chunk", at_least=1)
     rows = []
-    for attention in attentions(model):
+    for attention in (a.name for a in describe(model).attentions):
         if attention == Attention.CROSS:
             continue
         W_UE, unembedding = _vocabulary(model, Attention(attention), chunk)

@@ -19,11 +19,10 @@ from torch import nn
 from probe.attention import MultiHeadAttention
 from probe.capture.architectures import (
     HeadWeights,
-    attentions,
-    is_encoder_decoder,
     iter_head_weights,
 )
 from probe.capture.names import Attention, Stack
+from probe.capture.spec import describe
 
 COLUMNS = [
     "layer",
@@ -129,13 +128,13 @@ def spectra(model: nn.Module | Iterable[HeadWeights]) -> pd.DataFrame:
         ``keys_from``, the stream its W_K and W_V read (``encoder`` for cross-attention, whose
         QK circuit pairs the decoder's queries with the encoder's keys).
     """
-    if getattr(model, "config", None) is not None and is_encoder_decoder(model):
+    if getattr(model, "config", None) is not None and describe(model).encoder_decoder:
         tables = [
             spectra(iter_head_weights(model, name)).assign(
                 attention=name,
                 keys_from=(Stack.ENCODER if name == Attention.CROSS else name.stack).value,
             )
-            for name in attentions(model)
+            for name in (Attention(a.name) for a in describe(model).attentions)
         ]
         return pd.concat(tables, ignore_index=True)[["attention", "keys_from", *COLUMNS]]
     if isinstance(model, MultiHeadAttention):
