@@ -167,3 +167,17 @@ def test_a_bad_task_file_is_one_line_before_the_model_loads(tmp_path, content, s
     assert result.exit_code == 1, result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and str(path) in lines[0] and said in lines[0], lines
+
+
+def test_the_section_is_drawn_again_from_the_tables(report):
+    """``probe report`` draws the same section from the CSV files (the edges' empty ``input``
+    of an MLP or the logits included)."""
+
+    def section(html: str) -> str:
+        start = html.index('<section id="circuit"')
+        return html[start : html.index("</section>", start)]
+
+    before = section((report / "index.html").read_text())
+    result = runner.invoke(app, ["report", str(report)])
+    assert result.exit_code == 0, result.output
+    assert section((report / "index.html").read_text()) == before
