@@ -49,6 +49,7 @@ REGISTRY: dict[str, str] = {
     "importance": "analyses.importance:Importance",
     "taxonomy": "analyses.taxonomy:Taxonomy",
     "retrieval": "analyses.retrieval:Retrieval",
+    "circuit": "analyses.circuit:Circuit",
 }
 
 # A table's columns and their types: "int", "float", "str", "bool", or "Int64" (an integer

@@ -90,9 +90,8 @@ def test_batched_equals_one_head_at_a_time(model, hook):
         )
         assert row.metric == pytest.approx(sum(values) / 5, abs=1e-5)
         assert row.effect == pytest.approx(float(effects.mean()), abs=1e-5)
-        half = (
-            2.7764451051977987 * float(effects.std()) / math.sqrt(5)
-        )  # t(0.975, 4 degrees of freedom)
+        # t(0.975) with 4 degrees of freedom
+        half = 2.7764451051977987 * float(effects.std()) / math.sqrt(5)
         assert row.effect_low == pytest.approx(float(effects.mean()) - half, abs=1e-5)
         assert row.effect_high == pytest.approx(float(effects.mean()) + half, abs=1e-5)
     assert table.attrs["corrupted"] == pytest.approx(sum(base) / 5, abs=1e-5)

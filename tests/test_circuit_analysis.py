@@ -1,0 +1,183 @@
+"""``probe analyze -a circuit`` on the induction model (tests/induction.py): the induction heads
+rank high by attribution and by exact patching, the previous-token head feeds their keys and
+composes with them most, a quarter of the edges keep 80% of the behaviour; a task file's metric
+against one computed here; and the one-line errors."""
+
+import json
+import math
+
+import pandas as pd
+import pytest
+import torch
+from induction import INDUCTION, MODEL, PREVIOUS_TOKEN
+from typer.testing import CliRunner
+
+from analyses.circuit import Circuit, file_task, repeats_task
+from probe.app.cli import app
+
+runner = CliRunner()
+INDUCTION_HEADS = {(1, h) for h in range(4)}  # all four layer-1 heads do it (tests/induction.py)
+MISSING = "/nonexistent/model-folder"  # a check after loading would report this instead
+
+
+def analyze(*args: str):
+    return runner.invoke(app, ["analyze", "-t", "sample", "-q", *args])
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("circuit") / "r"
+    result = analyze("--model", str(MODEL), "-a", "circuit", "--lm-head", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_tables_have_their_columns(report):
+    for name, schema in Circuit.tables.items():
+        table = pd.read_csv(report / f"{name}.csv", keep_default_na=False)
+        assert list(table.columns) == list(schema), name
+        assert len(table), name
+    heads = pd.read_csv(report / "heads.csv")
+    assert {"circuit_attribution", "circuit_effect"} <= set(heads.columns)
+    html = (report / "index.html").read_text()
+    assert 'id="circuit' in html or "Circuit" in html
+    assert html.count("<svg") >= 2 and "Faithfulness curve" in html
+
+
+def test_induction_heads_rank_high(report):
+    heads = pd.read_csv(report / "circuit_heads.csv").set_index(["layer", "head"])
+    assert heads.patched.all()  # 8 heads, at most 24 patched: every one
+    by_patching = set(heads.effect.nlargest(4).index)
+    by_attribution = set(heads.attribution.abs().nlargest(4).index)
+    print(heads[["attribution", "effect", "effect_low", "effect_high"]].round(3).to_string())
+    assert by_patching == INDUCTION_HEADS and by_attribution == INDUCTION_HEADS
+    assert (heads.loc[list(INDUCTION_HEADS), "effect_low"] > 0).all()
+    assert heads.loc[INDUCTION, "in_circuit"]
+    # The attribution's ranking against exact patching, on the same pairs.
+    run = pd.read_csv(report / "circuit_run.csv").iloc[0]
+    ranks = [heads[c].rank() for c in ("attribution", "effect")]
+    assert run.spearman == pytest.approx(ranks[0].corr(ranks[1]))
+    assert run.spearman > 0.5
+
+
+def test_previous_token_head_feeds_the_induction_keys(report):
+    edges = pd.read_csv(report / "circuit_edges.csv", keep_default_na=False)
+    keys = edges[(edges.input == "k") & edges.sender.str.startswith("0-")]
+    previous = "{}-{}".format(*PREVIOUS_TOKEN)
+    for receiver in sorted({f"1-{h}" for _, h in INDUCTION_HEADS}):
+        into = keys[keys.receiver == receiver]
+        assert into.loc[into.score.idxmax()].sender == previous, receiver
+    composition = pd.read_csv(report / "circuit_composition.csv")
+    k = composition[(composition.kind == "K") & (composition.layer_from == 0)]
+    for (_, head), into in k.groupby(["layer_to", "head_to"]):
+        best = into.loc[into.score.idxmax()]
+        assert (best.layer_from, best.head_from) == PREVIOUS_TOKEN, head
+        assert best.score > best.baseline
+
+
+def test_circuit_reaches_faithfulness_with_a_quarter_of_the_edges(report):
+    curve = pd.read_csv(report / "circuit_faithfulness.csv").set_index("edges")
+    run = pd.read_csv(report / "circuit_run.csv").iloc[0]
+    total = int(curve.total_edges.iloc[0])
+    chosen = int(run.chosen_edges)
+    assert curve.faithfulness[chosen] >= 0.8 > curve.faithfulness[chosen - 1]
+    assert chosen <= total / 4
+    assert curve.faithfulness[0] == pytest.approx(0, abs=1e-6)
+    assert curve.faithfulness[total] == pytest.approx(1, abs=1e-6)
+    edges = pd.read_csv(report / "circuit_edges.csv", keep_default_na=False)
+    assert edges.in_circuit.sum() == chosen == run.chosen_edges
+
+
+def test_repeats_task_pairs():
+    """Clean BOS + A + A, corrupted BOS + A' + A; the metric reads the second copy's
+    predictable tokens, computed here one position at a time."""
+    from transformers import AutoTokenizer, GPT2LMHeadModel
+
+    tokenizer = AutoTokenizer.from_pretrained(MODEL)
+    clean, corrupted, metric = repeats_task(tokenizer, 0, 3, 5, 128)
+    ids, other = clean["input_ids"], corrupted["input_ids"]
+    assert ids.shape == other.shape == (3, 11)
+    assert (ids[:, 0] == 0).all() and torch.equal(ids[:, 1:6], ids[:, 6:])
+    assert torch.equal(other[:, 6:], ids[:, 6:]) and not torch.equal(other[:, 1:6], ids[:, 1:6])
+    model = GPT2LMHeadModel.from_pretrained(MODEL).eval()
+    with torch.no_grad():
+        logits = model(**clean).logits
+    expected = [
+        sum(torch.log_softmax(logits[b, i], -1)[ids[b, i + 1]] for i in range(6, 10)) / 4
+        for b in range(3)
+    ]
+    torch.testing.assert_close(metric(model(**clean)), torch.stack(expected))
+
+
+def test_task_file_metric(tmp_path):
+    """A logit difference at each pair's last real position, pairs of different lengths padded
+    alike; without ``wrong``, the answer's log-probability."""
+    from transformers import AutoTokenizer, GPT2LMHeadModel
+
+    tokenizer = AutoTokenizer.from_pretrained(MODEL)
+    model = GPT2LMHeadModel.from_pretrained(MODEL).eval()
+    lines = [
+        {"clean": "t5 t6 t7 t5 t6", "corrupted": "t9 t6 t7 t5 t6", "answer": "t7", "wrong": "t9"},
+        {"clean": "t3 t4 t3", "corrupted": "t8 t4 t3", "answer": "t4", "wrong": "t8"},
+    ]
+    path = tmp_path / "task.jsonl"
+    path.write_text("\n".join(json.dumps(row) for row in lines) + "\n")
+    clean, corrupted, metric, kind = file_task(path, tokenizer, 16, 128)
+    assert "logit difference" in kind
+    assert torch.equal(clean["attention_mask"], corrupted["attention_mask"])
+    with torch.no_grad():
+        values = metric(model(**clean))
+        for b, (row, last, answer, wrong) in enumerate([(lines[0], 5, 7, 9), (lines[1], 3, 4, 8)]):
+            alone = model(**tokenizer(row["clean"], return_tensors="pt")).logits[0, last]
+            assert math.isclose(float(values[b]), float(alone[answer] - alone[wrong]), abs_tol=1e-4)
+    for row in lines:
+        del row["wrong"]
+    path.write_text("\n".join(json.dumps(row) for row in lines))
+    _, _, metric, kind = file_task(path, tokenizer, 1, 128)
+    assert "log-probability" in kind
+    with torch.no_grad():
+        logp = torch.log_softmax(model(**tokenizer(lines[0]["clean"], return_tensors="pt"))
+                                 .logits[0, 5], -1)  # fmt: skip
+        one = {k: v[:1] for k, v in clean.items()}
+        assert math.isclose(float(metric(model(**one))[0]), float(logp[7]), abs_tol=1e-4)
+
+
+def test_without_the_lm_head_one_line_says_to_add_it(tmp_path):
+    result = analyze("--model", str(MODEL), "-a", "circuit", "--out", str(tmp_path / "r"))
+    assert result.exit_code == 1, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "--lm-head" in lines[0] and "circuit" in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        ('{"clean": "t1 t2", "corrupted": "t3 t2"}\n', "line 1: no field 'answer'"),
+        ('{"clean": "t1", "corrupted": "t3", "answer": "t2"}\n{"clean": ', "line 2: not JSON"),
+        ('{"clean": "t1", "corrupted": "t3", "answer": 2}\n', "line 1: field 'answer' must be"),
+        ('{"clean": "a", "corrupted": "b", "answer": "c", "wrong": "d"}\n'
+         '{"clean": "a", "corrupted": "b", "answer": "c"}\n', "line 2: field 'wrong'"),
+    ],
+)  # fmt: skip
+def test_a_bad_task_file_is_one_line_before_the_model_loads(tmp_path, content, said):
+    path = tmp_path / "task.jsonl"
+    path.write_text(content)
+    result = analyze("--model", MISSING, "-a", "circuit", "--lm-head", "--task", str(path),
+                     "--out", str(tmp_path / "r"))  # fmt: skip
+    assert result.exit_code == 1, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and str(path) in lines[0] and said in lines[0], lines
+
+
+def test_the_section_is_drawn_again_from_the_tables(report):
+    """``probe report`` draws the same section from the CSV files (the edges' empty ``input``
+    of an MLP or the logits included)."""
+
+    def section(html: str) -> str:
+        start = html.index('<section id="circuit"')
+        return html[start : html.index("</section>", start)]
+
+    before = section((report / "index.html").read_text())
+    result = runner.invoke(app, ["report", str(report)])
+    assert result.exit_code == 0, result.output
+    assert section((report / "index.html").read_text()) == before
