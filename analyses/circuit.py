@@ -188,11 +188,11 @@ class Circuit(Analysis):
 
     @classmethod
     def unsupported(cls, model) -> str | None:
-        from probe.capture.architectures import is_causal
+        from probe.capture.spec import describe
 
         if model.get_output_embeddings() is None:
             return "the circuit's metric reads the model's predictions; add --lm-head"
-        if not is_causal(model):
+        if not describe(model).causal:
             return "the circuit's tasks predict the next token: it needs a causal language model"
         from probe.interventions.edges import graph
 
