@@ -159,8 +159,9 @@ def test_an_input_longer_than_the_models_positions_is_one_line(minilm, entry):
         elif entry == "trace":
             with probe.trace(model, "hook_pattern"):
                 model(input_ids=ids)
-        else:
-            probe.head_types(model, ids[:, :1999], n=999)
+        else:  # a first token, then 999 tokens twice
+            first = ids[:, 1:1000]
+            probe.head_types(model, torch.cat([ids[:, :1], first, first], 1), n=999)
     message = str(caught.value)
     length = 1999 if entry == "head_types" else 4000
     assert f"input is {length} tokens long" in message and "512 positions" in message

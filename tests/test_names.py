@@ -16,6 +16,7 @@ import probe
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = ROOT / "probe" / "capture" / "names.py"
 ARCHITECTURES = ROOT / "probe" / "capture" / "architectures.py"
+SPEC = ROOT / "probe" / "capture" / "spec.py"  # the model's description: derived from them
 
 # A hook name written out: "attn.hook_pattern", "blocks.0.attn.hook_z", ".hook_z".
 _LITERAL = re.compile(r"\.?(?:\w+\.)+hook_\w+")
@@ -76,15 +77,16 @@ def by_hand(source: str, facts: bool = True) -> list[tuple[int, str]]:
 
 def test_no_hook_name_is_built_by_hand():
     """Outside probe/capture/names.py, no module of probe or analyses formats, splits or parses a
-    hook name itself, and outside probe/capture/architectures.py none reads is_encoder_decoder,
-    is_decoder or num_attention_heads off a config."""
+    hook name itself, and outside probe/capture/architectures.py (and the description derived from
+    it, probe/capture/spec.py) none reads is_encoder_decoder, is_decoder or num_attention_heads
+    off a config."""
     files = sorted([*(ROOT / "probe").rglob("*.py"), *(ROOT / "analyses").rglob("*.py")])
     assert len(files) > 20
     problems = []
     for path in files:
         if path == NAMES:
             continue
-        found = by_hand(path.read_text(), facts=path != ARCHITECTURES)
+        found = by_hand(path.read_text(), facts=path not in (ARCHITECTURES, SPEC))
         name = path.relative_to(ROOT).as_posix()
         if found:
             problems += [f"{name}:{line}: {what}" for line, what in found]

@@ -43,22 +43,22 @@ def unembedding(model: nn.Module) -> tuple[torch.Tensor | None, bool]:
     head = _head(model)
     if head is None:
         return None, False
-    name, tied = head
+    name, holder, tied = head
     files = _files(_source(model))
     if tied:
         # A causal head is the tied linear alone; a masked-LM head also has its transform, which
         # a checkpoint without the head (a sentence encoder's) lacks.
-        prefix = name.rpartition(".")[0]
-        return None, not prefix or any(key.startswith(prefix + ".") for key in files)
+        return None, not holder or any(key.startswith(holder + ".") for key in files)
     key = f"{name}.weight"
     if key not in files:
         return None, False
     return _read(files[key], key), False
 
 
-def _head(model: nn.Module) -> tuple[str, bool] | None:
-    """The qualified name of the language-model class's output embedding, and whether it is
-    tied to the input embedding; None where the architecture has no such class."""
+def _head(model: nn.Module) -> tuple[str, str, bool] | None:
+    """The qualified names of the language-model class's output embedding and of the module that
+    holds it (empty: the model itself), and whether it is tied to the input embedding; None where
+    the architecture has no such class."""
     import transformers as tf
 
     spec, config = describe(model), model.config
@@ -77,7 +77,8 @@ def _head(model: nn.Module) -> tuple[str, bool] | None:
     if output is None:
         return None
     name = next(n for n, m in lm.named_modules() if m is output)
-    return name, output.weight is embedding.weight
+    holder = next(n for n, m in lm.named_modules() if any(c is output for c in m.children()))
+    return name, holder, output.weight is embedding.weight
 
 
 def _source(model: nn.Module) -> str:
