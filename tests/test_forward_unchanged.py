@@ -103,3 +103,51 @@ def test_an_edit_still_changes_the_output():
             zeroed = model(ids)[0]
     assert not torch.allclose(plain, edited)
     assert not torch.allclose(plain, zeroed)
+
+
+@pytest.mark.parametrize("kind", sorted([*CONFIGS, *SEQ2SEQ]))
+def test_an_eager_models_own_pattern_is_captured(kind, monkeypatch):
+    """Under eager attention the pattern captured is the one the model's kernel computed (no
+    second computation): equal, bit for bit, to what the untouched model returns as its
+    attentions, and the output unchanged."""
+    from probe.capture import mirror
+
+    def computed_again(*args):
+        raise AssertionError("the pattern was computed beside the eager kernel")
+
+    monkeypatch.setattr(mirror, "_pattern_beside", computed_again)
+    model = small_model(kind, attn_implementation="eager")
+    ids = torch.randint(3, 99, (2, 7), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    if kind in SEQ2SEQ:
+        inputs = decoder_inputs(model, inputs)
+    with torch.no_grad():
+        plain = model(**inputs, output_attentions=True)
+        with probe.trace(model, ["hook_pattern", "hook_z"]) as cache:
+            traced = model(**inputs)
+    assert torch.equal(plain[0], traced[0])
+    own = plain.encoder_attentions if kind in SEQ2SEQ else plain.attentions
+    first = "encoder.attn" if kind in SEQ2SEQ else None
+    for layer, pattern in enumerate(cache.stack("hook_pattern", attention=first)):
+        assert torch.equal(pattern, own[layer])
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2", "bert"])
+def test_an_edited_pattern_acts_alike_under_eager_and_sdpa(kind):
+    """An edit of the pattern gives the same output whichever kernel the model runs: under
+    eager, z comes from the edited pattern the kernel handed on."""
+    ids = torch.randint(3, 99, (1, 6), generator=torch.Generator().manual_seed(1))
+
+    def uniform(pattern, hook):
+        return torch.ones_like(pattern) / pattern.shape[-1]
+
+    outputs = []
+    for implementation in ("eager", "sdpa"):
+        model = small_model(kind, attn_implementation=implementation)
+        with torch.no_grad(), probe.hooks(model, {"blocks.0.attn.hook_pattern": uniform}):
+            outputs.append(model(ids)[0])
+        with torch.no_grad():
+            assert not torch.allclose(model(ids)[0], outputs[-1])
+    torch.testing.assert_close(outputs[0], outputs[1], atol=1e-5, rtol=1e-5)

@@ -677,7 +677,9 @@ def probe_attention(
         value = p.hook_v(value.transpose(1, 2)).transpose(1, 2)
 
     z = weights = None
-    if p.hook_attn_scores.active or p.hook_pattern.active:
+    if p.hook_pattern.active and not p.hook_attn_scores.active and _returns_pattern(mirror, module):
+        z, weights = _pattern_of_eager(mirror, p, module, query, key, value, attention_mask, kwargs)
+    elif p.hook_attn_scores.active or p.hook_pattern.active:
         z, weights = _pattern_beside(mirror, p, module, query, key, value, attention_mask, kwargs)
     if z is None:  # nothing edited the scores or the pattern: the model's own kernel
         own = mirror.implementation(module)
@@ -694,6 +696,28 @@ def probe_attention(
             if edited is not result:  # the layer output becomes Σ_i result_i + b^O, edits and all
                 mirror.pending[id(o)] = edited.sum(dim=2) + (0 if o.bias is None else o.bias)
     return z, weights
+
+
+def _returns_pattern(mirror, module) -> bool:
+    """Whether the model's own kernel computes the pattern and returns it: eager attention, out
+    of training (where dropout would have changed what it returns)."""
+    return mirror.previous == "eager" and not module.training
+
+
+def _pattern_of_eager(mirror, p, module, query, key, value, attention_mask, kwargs):
+    """The model's eager attention, its own pattern handed to ``hook_pattern``: no second
+    computation of what it has just computed. Returns (z, pattern); where a hook edited the
+    pattern, z is computed from the edited one."""
+    own = mirror.implementation(module)
+    z, pattern = own(module, query, key, value, attention_mask, **kwargs)
+    if pattern is None:  # a kernel that keeps its pattern to itself: compute it beside
+        return _pattern_beside(mirror, p, module, query, key, value, attention_mask, kwargs)
+    seen = p.hook_pattern(pattern)
+    if seen is not pattern:
+        group = query.shape[1] // value.shape[1]
+        value = value.repeat_interleave(group, dim=1) if group > 1 else value
+        z = torch.matmul(seen, value).transpose(1, 2).contiguous()
+    return z, seen
 
 
 def _pattern_beside(mirror, p, module, query, key, value, attention_mask, kwargs):
