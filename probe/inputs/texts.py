@@ -2,11 +2,16 @@
 
 ``corpus_spec`` resolves what the user gave (``--corpus``, ``--text-column``) and checks it when
 the run is planned, before torch: the file exists, its kind is known, the text column is there
-and the corpus holds a text. ``windows`` streams it as an iterable dataset, so memory does not
-grow with the corpus: texts are tokenized in batches, each cut into consecutive windows of at
-most the context's tokens, and the windows are shared between torchrun's processes by
-``datasets.distributed.split_dataset_by_node``, one window in turn to each: the same windows
-whatever the number of processes, each numbered by its place in the whole stream.
+and the corpus holds a text. ``windows`` streams it, so memory does not grow with the corpus
+nor with its longest text: short texts are tokenized in batches, each cut into consecutive
+windows of at most the context's tokens; a text longer than ``PIECE_CHARS`` characters is read,
+tokenized and cut in pieces (``probe.inputs.pieces``), giving the windows its whole would. The
+windows are shared between torchrun's processes one in turn to each: the same windows whatever
+the number of processes, each numbered by its place in the whole stream.
+
+``.txt`` files are read here, line by line in bounded pieces (datasets' text builder holds a
+whole line, however long); the other kinds through datasets, which holds each text whole (a
+few times its size), and which probe then tokenizes in pieces as well.
 
 Imports nothing heavy until it reads: ``datasets`` (about half a second) on the first call.
 """
@@ -14,14 +19,15 @@ Imports nothing heavy until it reads: ``datasets`` (about half a second) on the 
 from __future__ import annotations
 
 import os
-import unicodedata
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from probe.errors import ProbeError
+from probe.inputs.pieces import PIECE_CHARS, punctuation, tokens_in_pieces
 from probe.inputs.unreadable import explain, first_line, not_text
 
 if TYPE_CHECKING:
@@ -35,6 +41,7 @@ TEXTS_PER_MAP = 256  # texts tokenized together
 # Bytes of a .txt or .json file that datasets reads at once (its default, 10 MiB, holds a
 # hundred thousand lines in memory however few of them the run reads).
 CHUNK_BYTES = 1 << 20
+READ_CHARS = 1 << 20  # characters of a .txt file read at once
 
 
 @dataclass(frozen=True)
@@ -79,7 +86,7 @@ def corpus_spec(spec: str, column: str = "text") -> CorpusSpec:
     empty = found.files and not any(os.path.getsize(f) for f in found.files)
     with _torch_unseen():
         try:
-            first = None if empty else next(iter(_open(found)), None)
+            first = None if empty else _first(found)
         except ProbeError:
             raise
         except Exception as e:  # a file datasets cannot parse: where, in one line
@@ -95,6 +102,14 @@ def corpus_spec(spec: str, column: str = "text") -> CorpusSpec:
     if not isinstance(first[found.column], str | None):
         raise not_text(spec, found.column, 0, first[found.column])
     return found
+
+
+def _first(spec: CorpusSpec) -> dict[str, Any] | None:
+    """The corpus's first row, or None; of a .txt file, its first line's first piece (a line
+    may be longer than memory allows to hold)."""
+    if spec.builder == "text" and not spec.hub:
+        return next(({"text": piece} for piece, _ in _txt_pieces(spec.files)), None)
+    return next(iter(_open(spec)), None)
 
 
 @contextmanager
@@ -212,28 +227,71 @@ class Cutter:
     """Tokenizes texts and cuts each into consecutive windows of at most ``context`` tokens,
     the tokenizer's special tokens included (each window gets them, as a text of its own would).
     A text with no tokens gives one window with none, so that it is counted where it falls.
-    Each window also carries ``text``, its text's place in the corpus."""
+    Each window also carries ``text``, its text's place in the corpus, and ``inexact``: why its
+    tokens may differ from those of its whole text ("" where they do not; ``probe.inputs.pieces``).
+
+    Texts that come in one piece are tokenized ``TEXTS_PER_MAP`` together; a longer one is
+    tokenized in pieces as it is read (``probe.inputs.pieces.tokens_in_pieces``)."""
 
     def __init__(self, tokenizer, context: int) -> None:
         self.tokenizer = tokenizer
-        self.read = 0  # texts cut so far: datasets maps a stream's batches in order
+        self.read = 0  # texts cut so far
         self.prefix, self.suffix = special_tokens(tokenizer)
         self.width = context - len(self.prefix) - len(self.suffix)
         if self.width < 1:
             raise ProbeError(f"--context {context} leaves no room for text beside the "
                              f"{context - self.width} special tokens; give more")  # fmt: skip
 
-    def __call__(self, batch: dict[str, list]) -> dict[str, list]:
-        width, out = self.width, {"input_ids": [], "punct": [], "window": [], "text": []}
-        for ids, punct in tokenize(self.tokenizer, [t or "" for t in batch["text"]]):
+    def cut(self, pieces: Iterable[tuple[str, bool]]) -> Iterator[dict[str, Any]]:
+        """The windows of the texts given as ``(piece, last)``: a text's pieces in order, the
+        last one marked."""
+        pieces, batch = iter(pieces), []
+        for piece, last in pieces:
+            if last:
+                batch.append(piece)
+                if len(batch) < TEXTS_PER_MAP:
+                    continue
+            yield from self._whole(batch)
+            batch = []
+            if not last:
+                yield from self._long(_rest_of_text(piece, pieces))
+        yield from self._whole(batch)
+
+    def _whole(self, texts: list[str]) -> Iterator[dict[str, Any]]:
+        """The windows of texts tokenized whole, together."""
+        width = self.width
+        for ids, punct in tokenize(self.tokenizer, texts) if texts else []:
             for w, start in enumerate(range(0, len(ids), width) if ids else [0]):
-                out["text"].append(self.read)
-                window = ids[start : start + width]
-                out["input_ids"].append([*self.prefix, *window, *self.suffix] if ids else [])
-                out["punct"].append(punct[start : start + width])
-                out["window"].append(w)
+                yield self._window(ids[start : start + width], punct[start : start + width], w,
+                                   bool(ids), "")  # fmt: skip
             self.read += 1
-        return out
+
+    def _long(self, chunks: Iterator[str]) -> Iterator[dict[str, Any]]:
+        """The windows of a text tokenized in pieces: each as soon as its tokens are known."""
+        ids, punct, w, why, any_tokens = [], [], 0, "", False
+        for run, run_punct, cut in tokens_in_pieces(self.tokenizer, chunks):
+            why, any_tokens = why or cut, any_tokens or bool(run)
+            ids += run
+            punct += run_punct
+            while len(ids) >= self.width:
+                yield self._window(ids[: self.width], punct[: self.width], w, True, why)
+                ids, punct, w, why = ids[self.width :], punct[self.width :], w + 1, ""
+        if ids or not any_tokens:
+            yield self._window(ids, punct, w, any_tokens, why)
+        self.read += 1
+
+    def _window(self, ids: list[int], punct: list[bool], w: int, tokens: bool, why: str) -> dict:
+        return {"input_ids": [*self.prefix, *ids, *self.suffix] if tokens else [],
+                "punct": punct, "window": w, "text": self.read, "inexact": why}  # fmt: skip
+
+
+def _rest_of_text(first: str, pieces: Iterator[tuple[str, bool]]) -> Iterator[str]:
+    """A text's pieces: ``first``, then those of ``pieces`` up to its last."""
+    yield first
+    for piece, last in pieces:
+        yield piece
+        if last:
+            return
 
 
 def tokenize(tokenizer, batch: list[str]) -> list[tuple[list[int], list[bool]]]:
@@ -241,7 +299,7 @@ def tokenize(tokenizer, batch: list[str]) -> list[tuple[list[int], list[bool]]]:
     characters, spaces aside, are all Unicode punctuation (category P)."""
     if not tokenizer.is_fast:  # no offsets: each token decoded alone
         ids = tokenizer(batch, add_special_tokens=False, verbose=False)["input_ids"]
-        return [(row, [_punctuation(tokenizer.decode([i])) for i in row]) for row in ids]
+        return [(row, [punctuation(tokenizer.decode([i])) for i in row]) for row in ids]
     encoded = tokenizer(
         batch,
         add_special_tokens=False,
@@ -251,12 +309,7 @@ def tokenize(tokenizer, batch: list[str]) -> list[tuple[list[int], list[bool]]]:
         verbose=False,
     )
     rows = zip(batch, encoded["input_ids"], encoded["offset_mapping"], strict=True)
-    return [(ids, [_punctuation(text[a:b]) for a, b in offsets]) for text, ids, offsets in rows]
-
-
-def _punctuation(text: str) -> bool:
-    text = "".join(text.split())
-    return bool(text) and all(unicodedata.category(c).startswith("P") for c in text)
+    return [(ids, [punctuation(text[a:b]) for a, b in offsets]) for text, ids, offsets in rows]
 
 
 def special_tokens(tokenizer) -> tuple[list[int], list[int]]:
@@ -285,6 +338,48 @@ def special_tokens(tokenizer) -> tuple[list[int], list[int]]:
 SAMPLES = ("a", "the", "0", ".", "x y z")
 
 
+def pieces(spec: CorpusSpec, max_texts: int | None = None) -> Iterator[tuple[str, bool]]:
+    """The corpus's first ``max_texts`` texts, each in pieces of at most ``PIECE_CHARS``
+    characters, as ``(piece, last)``: a ``.txt`` corpus read here (``_txt_pieces``), the others
+    through datasets, each text whole and then sliced."""
+    if spec.builder == "text" and not spec.hub:
+        yield from _txt_pieces(spec.files, max_texts)
+        return
+    for row in texts(spec, max_texts):
+        yield from _sliced(row["text"] or "")
+
+
+def _sliced(text: str) -> Iterator[tuple[str, bool]]:
+    for start in range(0, len(text), PIECE_CHARS) if text else [0]:
+        yield text[start : start + PIECE_CHARS], start + PIECE_CHARS >= len(text)
+
+
+def _txt_pieces(files: Iterable[str], max_texts: int | None = None) -> Iterator[tuple[str, bool]]:
+    """The lines of ``.txt`` files as datasets' text builder reads them (UTF-8, universal
+    newlines, no line break kept, no last empty line after a final one), in pieces: a line never
+    held whole, so that memory is bounded whatever its length."""
+    read = 0
+    for path in files:
+        with open(path, encoding="utf-8") as f:  # newline=None: \r\n and \r read as \n
+            line = ""  # the current line's characters read and not given
+            while block := f.read(READ_CHARS):
+                *ended, rest = block.split("\n")
+                for end in ended:
+                    yield from _sliced(line + end)
+                    line, read = "", read + 1
+                    if read == max_texts:
+                        return
+                line += rest
+                while len(line) > PIECE_CHARS:  # a long line: given as it comes
+                    yield line[:PIECE_CHARS], False
+                    line = line[PIECE_CHARS:]
+            if line:
+                yield from _sliced(line)
+                read += 1
+                if read == max_texts:
+                    return
+
+
 def count_texts(spec: CorpusSpec) -> int | None:
     """How many texts a local corpus holds, counted without parsing it (progress bars): the
     lines of ``.txt`` files (universal newlines, as datasets reads them), the non-blank lines
@@ -294,7 +389,7 @@ def count_texts(spec: CorpusSpec) -> int | None:
         return None
     suffixes = {Path(f).suffix.lower() for f in spec.files}
     if suffixes == {".txt"}:
-        return sum(_lines(f, blank=True) for f in spec.files)
+        return sum(_txt_lines(f) for f in spec.files)
     if suffixes == {".jsonl"}:
         return sum(_lines(f, blank=False) for f in spec.files)
     if suffixes == {".parquet"}:
@@ -302,6 +397,16 @@ def count_texts(spec: CorpusSpec) -> int | None:
 
         return sum(pq.read_metadata(f).num_rows for f in spec.files)
     return None
+
+
+def _txt_lines(path: str) -> int:
+    """The lines of a .txt file, as ``_txt_pieces`` reads them, counted in blocks (a line may
+    be longer than memory allows to hold)."""
+    lines, last = 0, "\n"
+    with open(path, encoding="utf-8", errors="replace") as f:  # newline=None: universal
+        while block := f.read(READ_CHARS):
+            lines, last = lines + block.count("\n"), block[-1]
+    return lines + (last != "\n")
 
 
 def _lines(path: str, blank: bool) -> int:
@@ -321,8 +426,9 @@ def windows(
 ) -> Iterator[dict[str, Any]]:
     """This process's windows, streamed: dicts of ``input_ids`` (special tokens included; empty
     for a text without tokens), ``punct`` (per text token), ``window`` (its place in its text),
-    ``text`` (its text's place in the corpus) and ``index`` (its place among every process's
-    windows).
+    ``text`` (its text's place in the corpus), ``inexact`` (why its tokens may not be those of
+    its whole text, or "": ``probe.inputs.pieces``) and ``index`` (its place among every
+    process's windows).
 
     Parameters
     ----------
@@ -337,19 +443,13 @@ def windows(
     shard : (int, int)
         ``(rank, size)``: the windows whose index is ``rank`` modulo ``size``.
     """
-    from datasets.distributed import split_dataset_by_node
-
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # datasets may fork
-    cut = texts(spec, max_texts).map(Cutter(tokenizer, context), batched=True,
-                                     batch_size=TEXTS_PER_MAP, remove_columns=["text"])  # fmt: skip
-    if stop is not None:
-        cut = cut.take(stop)
+    cut = islice(Cutter(tokenizer, context).cut(pieces(spec, max_texts)), stop)
     rank, size = shard
-    if size > 1:
-        cut = split_dataset_by_node(cut, rank=rank, world_size=size, strategy="examples")
     try:
         for i, row in enumerate(cut):
-            yield row | {"index": rank + i * size}
+            if i % size == rank:
+                yield row | {"index": i}
     except ProbeError:
         raise
     except Exception as e:  # a row that cannot be parsed, a column that changes type…

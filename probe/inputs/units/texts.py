@@ -44,6 +44,7 @@ class Texts(Unit):
         super().__init__(*args, **kwargs)
         self.context = min(self.source.context or DEFAULT_CONTEXT, self.limit)
         self.texts = self.windows = self.tokens = self.empty = 0
+        self.inexact: dict[str, int] = {}  # windows whose tokens may not be their text's, by why
 
     def size(self) -> int | None:
         """The texts to read (the progress bar counts texts, each batch its ``progress``), where
@@ -63,6 +64,7 @@ class Texts(Unit):
         from probe.inputs.texts import special_tokens, windows
 
         self.texts = self.windows = self.tokens = self.empty = 0
+        self.inexact = {}
         source = self.source
         stream = windows(source.corpus, self.tokenizer, self.context, max_texts=source.max_texts,
                          stop=self.stop, shard=self.shard)  # fmt: skip
@@ -78,14 +80,22 @@ class Texts(Unit):
             self.empty += len(chunk) - len(kept)
             self.windows += len(kept)
             self.tokens += sum(len(row["punct"]) for row in kept)
+            for row in chunk:
+                if row["inexact"]:
+                    self.inexact[row["inexact"]] = self.inexact.get(row["inexact"], 0) + 1
             for group in _groups([len(row["input_ids"]) for row in kept], batch_size, cells):
                 batch = collate([kept[i] for i in group], first)
                 batch.progress, owed = owed, 0
                 yield batch
 
     def tally(self) -> Tally:
+        """Texts, windows, tokens, the empty texts skipped, and, where a long text had to be
+        cut where its tokens may differ from its whole's (``probe.inputs.pieces``), how many
+        windows hold such a cut, by reason (``inexact``, absent when none)."""
+        inexact = {"inexact": Tally(self.inexact)} if self.inexact else {}
         return Tally(texts=self.texts, windows=self.windows, tokens=self.tokens,
-                     skipped=Tally({EMPTY: self.empty} if self.empty else {}))  # fmt: skip
+                     skipped=Tally({EMPTY: self.empty} if self.empty else {}),
+                     **inexact)  # fmt: skip
 
 
 def _chunks(stream: Iterator[dict[str, Any]]) -> Iterator[tuple[list[dict[str, Any]], bool]]:
