@@ -176,6 +176,7 @@ def _environment() -> dict[str, str]:
                          "OMP_NUM_THREADS": "1"}  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_one_line_corpus_is_read_in_bounded_memory(one_line, tokenizer):  # noqa: F811
     """Reading and cutting the windows of a 20 MB line, in a subprocess: its peak memory grows
     by far less than the line, as much as reading a few pieces of it does."""
@@ -204,8 +205,8 @@ def test_a_one_line_corpus_is_read_in_bounded_memory(one_line, tokenizer):  # no
 
 
 def _wait_until_reading(process: subprocess.Popen, path: Path) -> None:
-    """Until the run has read a few megabytes of ``path`` for its windows (not the plan's first
-    piece, not the quick count of its lines): where its descriptor of the file stands."""
+    """Until the run has read a megabyte of ``path`` for its windows (past the plan's first
+    piece, and not the quick count of its lines): where its descriptor of the file stands."""
     deadline, seen = time.monotonic() + 600, 0
     while time.monotonic() < deadline:
         assert process.poll() is None, process.communicate()
@@ -214,7 +215,7 @@ def _wait_until_reading(process: subprocess.Popen, path: Path) -> None:
                 if os.readlink(fd) == str(path.resolve()):
                     info = Path(f"/proc/{process.pid}/fdinfo/{fd.name}").read_text()
                     position = int(info.split()[1])
-                    seen = seen + 1 if 3 << 20 <= position < path.stat().st_size else 0
+                    seen = seen + 1 if 1 << 20 <= position < path.stat().st_size else 0
             except (FileNotFoundError, ValueError):
                 continue
         if seen >= 3:  # three looks in a row: the slow reader, which tokenizes as it reads
@@ -223,6 +224,7 @@ def _wait_until_reading(process: subprocess.Popen, path: Path) -> None:
     raise AssertionError("the run never read the corpus")
 
 
+@pytest.mark.slow
 def test_ctrl_c_on_a_one_line_corpus_is_answered_in_one_line(one_line, tmp_path):
     """SIGINT while probe analyze reads the long line: one line, no report, soon."""
     out = tmp_path / "r"
