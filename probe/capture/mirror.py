@@ -434,9 +434,11 @@ class Mirror:
         seen = own(x) if own.active else x
         if seen is x and not edited:
             return None
-        changed = (seen != self.stream[id(holder)].unsqueeze(2)).flatten(3).any(-1).any(1).any(0)
         if getattr(own, "_backward", None):  # a backward hook needs every head's gradient
-            changed = torch.ones_like(changed)
+            changed = torch.ones(seen.shape[2], dtype=torch.bool, device=seen.device)
+        else:
+            stream = self.stream[id(holder)].unsqueeze(2)
+            changed = (seen != stream).flatten(3).any(-1).any(1).any(0)
         normed = seen if holder.ln1 is None else normalise(holder.ln1, seen, affine=True)
         out = torch.einsum("bphm,mhk->bphk", normed, W)
         return (out if b is None else out + b), changed
@@ -577,6 +579,8 @@ def _with_heads(
 ) -> torch.Tensor:
     """``heads`` with its ``changed`` heads taken from ``recomputed`` (both ``[batch, pos, head,
     d_head]``), out of place: the others keep the projection's own bits."""
+    if changed.all():
+        return recomputed.to(heads.dtype)
     return torch.where(changed[:, None], recomputed.to(heads.dtype), heads)
 
 
@@ -589,6 +593,8 @@ def _replace_heads(heads: torch.Tensor, recomputed: torch.Tensor, changed: torch
 def normalise(norm: nn.Module, x: torch.Tensor, affine: bool) -> torch.Tensor:
     """``norm`` (LayerNorm or RMSNorm) applied to ``x`` by its own statistics, with its weight
     and bias where ``affine``, without running the module (and the hooks on it)."""
+    if type(norm) is nn.LayerNorm and affine:  # torch's own kernel: one pass, as the model
+        return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
     centred = x - x.mean(-1, keepdim=True) if isinstance(norm, nn.LayerNorm) else x
     eps = getattr(norm, "eps", None) or getattr(norm, "variance_epsilon", 1e-6)
     normalized = centred / (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt()
