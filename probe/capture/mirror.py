@@ -439,8 +439,12 @@ class Mirror:
         else:
             stream = self.stream[id(holder)].unsqueeze(2)
             changed = (seen != stream).flatten(3).any(-1).any(1).any(0)
-        normed = seen if holder.ln1 is None else normalise(holder.ln1, seen, affine=True)
-        out = torch.einsum("bphm,mhk->bphk", normed, W)
+        # Heads first, in one copy: the norm and the per-head product then read it in place,
+        # and the gradient comes back in the same order (no copy per step either way).
+        by_head = seen.permute(2, 0, 1, 3).contiguous()  # [head, batch, pos, d_model]
+        normed = by_head if holder.ln1 is None else normalise(holder.ln1, by_head, affine=True)
+        out = torch.bmm(normed.flatten(1, 2), W.transpose(0, 1))
+        out = out.unflatten(1, seen.shape[:2]).permute(1, 2, 0, 3)  # [batch, pos, head, d_head]
         return (out if b is None else out + b), changed
 
     def _attn_in(self, holder) -> tuple[torch.Tensor, bool]:

@@ -32,7 +32,14 @@ from probe.capture.names import hook_name
 from probe.capture.spec import describe
 from probe.errors import ProbeError
 from probe.interventions.gradients import START, clean_start, run
-from probe.interventions.pairs import Metric, check_pairs, mean_intervals, per_pair, rows, stacked
+from probe.interventions.pairs import (
+    Metric,
+    check_pairs,
+    copies_of,
+    mean_intervals,
+    per_pair,
+    stacked,
+)
 
 METHODS = ("eap", "eap-ig")
 
@@ -165,7 +172,8 @@ def edges(
     delta = delta.transpose(0, 1).flatten(2)  # [pairs, sender, pos·d_model]
     columns = {}
     for point in receiver_points:
-        x = grads[point].double().mean(0)  # over the steps: [pairs, pos, (head,) d_model]
+        # The mean over the steps: [pairs, pos, (head,) d_model].
+        x = grads[point].mean(0).double()
         x = x.unsqueeze(2) if x.dim() == 3 else x
         columns[point] = torch.bmm(delta, x.transpose(1, 2).flatten(2).transpose(1, 2))
     scores = torch.stack(
@@ -263,9 +271,7 @@ def patch_edges(
             fns = [(p, record) for p in sender_points] + [(p, replace) for p in by_point]
             with hooks(model, fns):
                 output = model(**stacked(clean, n, pairs))
-            total = n * pairs
-            for c in range(n):
-                seen = output if n == 1 else rows(output, c * pairs, (c + 1) * pairs, total)
+            for seen in copies_of(output, n, pairs):
                 out.append(per_pair(metric(seen), pairs))
     return torch.stack(out).float()
 

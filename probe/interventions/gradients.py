@@ -19,7 +19,7 @@ from torch import nn
 
 from probe.capture.hookpoints import Hook, hook_points, hooks, trace
 from probe.capture.names import hook_name
-from probe.interventions.pairs import Metric, per_pair, rows, stacked
+from probe.interventions.pairs import Metric, copies_of, per_pair, stacked
 
 START = hook_name("hook_resid_pre", 0)
 
@@ -76,7 +76,8 @@ def run(
         return leaf
 
     def collect(grad: torch.Tensor, hook: Hook) -> None:
-        grads[str(hook)] = grads.get(str(hook), 0) + grad.detach()
+        name = str(hook)
+        grads[name] = grad.detach() if name not in grads else grads[name] + grad.detach()
 
     with torch.enable_grad():
         if isinstance(clean_start, torch.Tensor):  # a Hugging Face model's first block's input
@@ -98,16 +99,8 @@ def run(
         ):
             output = model(**inputs)
             values = [
-                per_pair(
-                    metric(
-                        output
-                        if copies == 1
-                        else rows(output, c * pairs, (c + 1) * pairs, copies * pairs)
-                    ),
-                    pairs,
-                    differentiable=True,
-                )
-                for c in range(copies)
+                per_pair(metric(seen), pairs, differentiable=True)
+                for seen in copies_of(output, copies, pairs)
             ]
             total = torch.stack(values).sum()
             torch.autograd.grad(total, leaves, allow_unused=True)
