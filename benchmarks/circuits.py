@@ -17,7 +17,8 @@ hidden state (MiniLM has no LM head), one value per pair.
 
 Each measurement and its floor run in pairs, alternating which goes first, after a warm-up of
 both: the ratio is the median of the rounds' ratios, so that load shared with other processes
-(printed, from /proc/loadavg) falls alike on both.
+(printed, from /proc/loadavg) falls alike on both. On a shared machine ``--threads 1`` gives
+steadier numbers: there, two threads' plain forward passes were seen to swing tenfold.
 """
 
 from __future__ import annotations
