@@ -434,11 +434,17 @@ class Mirror:
         seen = own(x) if own.active else x
         if seen is x and not edited:
             return None
-        changed = (seen != self.stream[id(holder)].unsqueeze(2)).flatten(3).any(-1).any(1).any(0)
         if getattr(own, "_backward", None):  # a backward hook needs every head's gradient
-            changed = torch.ones_like(changed)
-        normed = seen if holder.ln1 is None else normalise(holder.ln1, seen, affine=True)
-        out = torch.einsum("bphm,mhk->bphk", normed, W)
+            changed = torch.ones(seen.shape[2], dtype=torch.bool, device=seen.device)
+        else:
+            stream = self.stream[id(holder)].unsqueeze(2)
+            changed = (seen != stream).flatten(3).any(-1).any(1).any(0)
+        # Heads first, in one copy: the norm and the per-head product then read it in place,
+        # and the gradient comes back in the same order (no copy per step either way).
+        by_head = seen.permute(2, 0, 1, 3).contiguous()  # [head, batch, pos, d_model]
+        normed = by_head if holder.ln1 is None else normalise(holder.ln1, by_head, affine=True)
+        out = torch.bmm(normed.flatten(1, 2), W.transpose(0, 1))
+        out = out.unflatten(1, seen.shape[:2]).permute(1, 2, 0, 3)  # [batch, pos, head, d_head]
         return (out if b is None else out + b), changed
 
     def _attn_in(self, holder) -> tuple[torch.Tensor, bool]:
@@ -577,6 +583,8 @@ def _with_heads(
 ) -> torch.Tensor:
     """``heads`` with its ``changed`` heads taken from ``recomputed`` (both ``[batch, pos, head,
     d_head]``), out of place: the others keep the projection's own bits."""
+    if changed.all():
+        return recomputed.to(heads.dtype)
     return torch.where(changed[:, None], recomputed.to(heads.dtype), heads)
 
 
@@ -589,6 +597,8 @@ def _replace_heads(heads: torch.Tensor, recomputed: torch.Tensor, changed: torch
 def normalise(norm: nn.Module, x: torch.Tensor, affine: bool) -> torch.Tensor:
     """``norm`` (LayerNorm or RMSNorm) applied to ``x`` by its own statistics, with its weight
     and bias where ``affine``, without running the module (and the hooks on it)."""
+    if type(norm) is nn.LayerNorm and affine:  # torch's own kernel: one pass, as the model
+        return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
     centred = x - x.mean(-1, keepdim=True) if isinstance(norm, nn.LayerNorm) else x
     eps = getattr(norm, "eps", None) or getattr(norm, "variance_epsilon", 1e-6)
     normalized = centred / (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt()

@@ -28,7 +28,7 @@ from torch import nn
 from probe.capture.hookpoints import hook_points, trace
 from probe.capture.names import point_of
 from probe.errors import ProbeError
-from probe.interventions.gradients import run, starts
+from probe.interventions.gradients import clean_start, run, start_point
 from probe.interventions.pairs import Metric, check_pairs, mean_intervals
 from probe.interventions.patching import LAYOUT
 
@@ -104,9 +104,10 @@ def attribute(
         stems = [n[: -len(hook)] for n in names] if fix else []
         patterns = [stem + "hook_pattern" for stem in stems]
         around = [stem + p for stem in stems for p in ("hook_attn_scores", PARTNER.get(hook))]
-        with torch.no_grad(), trace(model, names) as cache:
+        first = [p for p in [start_point(model)] if p is not None and p not in names]
+        with torch.no_grad(), trace(model, [*names, *first]) as cache:
             clean_metric = float(torch.as_tensor(metric(model(**clean))).float().mean())
-        start = starts(model, clean, corrupted)
+        start = clean_start(model, clean, cache)
         alphas = [k / steps for k in range(1, steps + 1)] if method == "ig" else [0.0]
         keep = [*names, *patterns, *around]
         values, grads, kept = run(

@@ -31,8 +31,15 @@ from probe.capture.hookpoints import Hook, hook_points, hooks, trace
 from probe.capture.names import hook_name
 from probe.capture.spec import describe
 from probe.errors import ProbeError
-from probe.interventions.gradients import START, run, starts
-from probe.interventions.pairs import Metric, check_pairs, mean_intervals, per_pair, rows, stacked
+from probe.interventions.gradients import START, clean_start, run
+from probe.interventions.pairs import (
+    Metric,
+    check_pairs,
+    copies_of,
+    mean_intervals,
+    per_pair,
+    stacked,
+)
 
 METHODS = ("eap", "eap-ig")
 
@@ -155,18 +162,27 @@ def edges(
             with torch.no_grad(), trace(model, sender_points) as cache:
                 found[side] = float(torch.as_tensor(metric(model(**inputs))).float().mean())
             found[side + "_senders"] = _sender_values(cache, g)
+            if side == "clean":  # the embeddings, START, are a sender: the runs' start
+                start = clean_start(model, clean, cache)
         delta = (found["clean_senders"] - found["corrupted_senders"]).double()
         alphas = [k / steps for k in range(1, steps + 1)] if method == "eap-ig" else [0.0]
-        start = starts(model, clean, corrupted)
         _, grads, _ = run(model, corrupted, metric, pairs, receiver_points, start, alphas)
-    gradient = []
-    for _, _, point, head in g.receivers:
-        x = grads[point].double().mean(0)  # over the steps: [pairs, pos, (head,) d_model]
-        gradient.append(x if head is None else x[:, :, head])
-    gradient = torch.stack(gradient)  # [receiver, pairs, pos, d_model]
+    # Each edge's score is δ_sender · gradient_receiver summed over positions and d_model:
+    # one batched product per receiver point (all its heads at once), [pair, sender, receiver].
+    delta = delta.transpose(0, 1).flatten(2)  # [pairs, sender, pos·d_model]
+    columns = {}
+    for point in receiver_points:
+        # The mean over the steps: [pairs, pos, (head,) d_model].
+        x = grads[point].mean(0).double()
+        x = x.unsqueeze(2) if x.dim() == 3 else x
+        columns[point] = torch.bmm(delta, x.transpose(1, 2).flatten(2).transpose(1, 2))
+    scores = torch.stack(
+        [columns[point][:, :, 0 if head is None else head] for *_, point, head in g.receivers],
+        dim=-1,
+    )  # [pairs, sender, receiver]
     s_index = torch.tensor([s for s, _ in g.edges])
     r_index = torch.tensor([r for _, r in g.edges])
-    scores = torch.einsum("sbpd,rbpd->srb", delta, gradient)[s_index, r_index]  # [edge, pairs]
+    scores = scores[:, s_index, r_index].T  # [edge, pairs]
     mean, low, high = mean_intervals(scores)
     table = pd.DataFrame(
         {
@@ -255,9 +271,7 @@ def patch_edges(
             fns = [(p, record) for p in sender_points] + [(p, replace) for p in by_point]
             with hooks(model, fns):
                 output = model(**stacked(clean, n, pairs))
-            total = n * pairs
-            for c in range(n):
-                seen = output if n == 1 else rows(output, c * pairs, (c + 1) * pairs, total)
+            for seen in copies_of(output, n, pairs):
                 out.append(per_pair(metric(seen), pairs))
     return torch.stack(out).float()
 

@@ -19,7 +19,7 @@ from torch import nn
 
 from probe.capture.hookpoints import Hook, hook_points, hooks, trace
 from probe.capture.names import hook_name
-from probe.interventions.pairs import Metric, per_pair, rows, stacked
+from probe.interventions.pairs import Metric, copies_of, per_pair, stacked
 
 START = hook_name("hook_resid_pre", 0)
 
@@ -30,20 +30,10 @@ def start_point(model: nn.Module) -> str | None:
         return START if START in points else None
 
 
-@torch.no_grad()
-def starts(
-    model: nn.Module, clean: Mapping[str, Any], corrupted: Mapping[str, Any]
-) -> tuple[Any, Any]:
-    """The clean and corrupted runs' starts: the tensors at ``START``, or the inputs themselves."""
-    name = start_point(model)
-    if name is None:
-        return clean, corrupted
-    found = []
-    for inputs in (clean, corrupted):
-        with trace(model, name) as cache:
-            model(**inputs)
-        found.append(cache[name])
-    return found[0], found[1]
+def clean_start(model: nn.Module, clean: Mapping[str, Any], cache: Mapping[str, Any]) -> Any:
+    """The clean run's start: its tensor at ``START`` from ``cache`` (a trace of the clean run
+    that included ``start_point(model)``), or the clean inputs themselves."""
+    return clean if start_point(model) is None else cache[START]
 
 
 def run(
@@ -52,12 +42,14 @@ def run(
     metric: Metric,
     pairs: int,
     names: Sequence[str],
-    start: tuple[Any, Any],
+    start: Any,
     alphas: Sequence[float] = (0.0,),
     keep: Sequence[str] = (),
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Run the pairs from ``corrupted + α (clean - corrupted)`` at the start, for each α (stacked
     copies), and take the gradient of the metric summed over pairs and copies.
+
+    ``start`` is the clean run's start (``clean_start``); the corrupted one is this run's own.
 
     Returns
     -------
@@ -71,25 +63,27 @@ def run(
     """
     copies = len(alphas)
     alpha = torch.tensor(list(alphas), dtype=torch.float32)
-    clean_start, corrupted_start = start
+    clean_start = start
     grads: dict[str, torch.Tensor] = {}
     leaves: list[torch.Tensor] = []
 
     def mix(c: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         a = alpha.to(x.device, x.dtype).view(copies, *(1,) * x.dim())
-        mixed = (x + a * (c - x)).flatten(0, 1)
+        # lerp: exactly x at α = 0 and exactly c at α = 1.
+        mixed = torch.lerp(x.unsqueeze(0), c.unsqueeze(0), a).flatten(0, 1)
         leaf = mixed.detach().requires_grad_(True)
         leaves.append(leaf)
         return leaf
 
     def collect(grad: torch.Tensor, hook: Hook) -> None:
-        grads[str(hook)] = grads.get(str(hook), 0) + grad.detach()
+        name = str(hook)
+        grads[name] = grad.detach() if name not in grads else grads[name] + grad.detach()
 
     with torch.enable_grad():
         if isinstance(clean_start, torch.Tensor):  # a Hugging Face model's first block's input
 
             def begin(x: torch.Tensor, hook: Hook) -> torch.Tensor:
-                return mix(clean_start, corrupted_start)
+                return mix(clean_start, x[:pairs])  # every copy's rows start alike
 
             inputs = stacked(corrupted, copies, pairs)
             forward = [(START, begin)]
@@ -105,16 +99,8 @@ def run(
         ):
             output = model(**inputs)
             values = [
-                per_pair(
-                    metric(
-                        output
-                        if copies == 1
-                        else rows(output, c * pairs, (c + 1) * pairs, copies * pairs)
-                    ),
-                    pairs,
-                    differentiable=True,
-                )
-                for c in range(copies)
+                per_pair(metric(seen), pairs, differentiable=True)
+                for seen in copies_of(output, copies, pairs)
             ]
             total = torch.stack(values).sum()
             torch.autograd.grad(total, leaves, allow_unused=True)

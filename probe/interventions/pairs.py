@@ -4,7 +4,7 @@ same shape, a metric read per pair, and means with 95% intervals over the pairs.
 A metric is ``metric(output)`` of the model's output on a batch of pairs, and returns one value
 per pair (``[batch]``) or, for a single pair, a scalar. Patching stacks several patched copies of
 the batch along the batch dimension; the metric is then read from each copy's rows of the output
-(``rows``), so a metric written for the user's batch works unchanged.
+(``copies_of``), so a metric written for the user's batch works unchanged.
 """
 
 from __future__ import annotations
@@ -71,19 +71,30 @@ def stacked(inputs: Mapping[str, Any], copies: int, pairs: int) -> dict[str, Any
     }
 
 
-def rows(output: Any, start: int, stop: int, total: int) -> Any:
-    """Rows ``start:stop`` of a model's output whose batch has ``total`` rows: tensors, tuples and
-    ``ModelOutput``s sliced along the batch; other objects (a key-value cache) become None, so
-    that a metric cannot read another copy's rows by mistake."""
+def copies_of(output: Any, copies: int, pairs: int) -> list[Any]:
+    """Each copy's rows of a model's output whose batch is ``copies`` stacked copies of ``pairs``
+    rows: tensors, tuples and ``ModelOutput``s split along the batch; other objects (a key-value
+    cache) become None, so that a metric cannot read another copy's rows by mistake.
+
+    One split per tensor, not a slice per copy: a gradient through the copies' metrics then
+    meets in one concatenation, not in a zero-filled tensor of the whole batch per copy.
+    """
+    if copies == 1:
+        return [output]
+    total = copies * pairs
     if isinstance(output, torch.Tensor):
-        return output[start:stop] if output.dim() and output.shape[0] == total else output
+        if output.dim() and output.shape[0] == total:
+            return list(output.split(pairs))
+        return [output] * copies
     if isinstance(output, Mapping):
-        return type(output)(**{k: rows(v, start, stop, total) for k, v in output.items()})
+        parts = {k: copies_of(v, copies, pairs) for k, v in output.items()}
+        return [type(output)(**{k: v[c] for k, v in parts.items()}) for c in range(copies)]
     if isinstance(output, tuple | list):
-        return type(output)(rows(v, start, stop, total) for v in output)
+        split = [copies_of(v, copies, pairs) for v in output]
+        return [type(output)(v[c] for v in split) for c in range(copies)]
     if output is None or isinstance(output, int | float | bool | str):
-        return output
-    return None
+        return [output] * copies
+    return [None] * copies
 
 
 def per_pair(value: Any, pairs: int, *, differentiable: bool = False) -> torch.Tensor:

@@ -15,7 +15,14 @@ from probe.capture.hookpoints import Hook, hook_points, hooks, trace
 from probe.capture.names import ROTARY_POINTS, point_of
 from probe.errors import ProbeError
 from probe.interventions.ablation import check_heads
-from probe.interventions.pairs import Metric, check_pairs, mean_intervals, per_pair, rows, stacked
+from probe.interventions.pairs import (
+    Metric,
+    check_pairs,
+    copies_of,
+    mean_intervals,
+    per_pair,
+    stacked,
+)
 
 # Per-head hook points: (head dimension, position dimension) of their tensors.
 LAYOUT = {
@@ -120,11 +127,7 @@ def patch(
             }
             with hooks(model, fns):
                 output = model(**stacked(corrupted, len(chunk), pairs))
-            total = len(chunk) * pairs
-            for c in range(len(chunk)):
-                seen = (
-                    output if len(chunk) == 1 else rows(output, c * pairs, (c + 1) * pairs, total)
-                )
+            for seen in copies_of(output, len(chunk), pairs):
                 patched.append(per_pair(metric(seen), pairs))
 
     values = torch.stack(patched).double() if patched else torch.zeros(0, pairs)
