@@ -369,8 +369,6 @@ def analyses_page() -> str:
 
 
 def cli_page() -> str:
-    import click
-
     lines = [
         "# Command line",
         "",
@@ -378,13 +376,13 @@ def cli_page() -> str:
     ]
     for name, command in _commands().items():
         lines += ["", f"## `probe {name}`", "", _doc_text(command.help), ""]
-        arguments = [p for p in command.params if isinstance(p, click.Argument)]
+        arguments = [p for p in command.params if p.param_type_name == "argument"]
         if arguments:
             usage = " ".join(p.name.upper() for p in arguments)
             lines += [f"`probe {name} {usage} [OPTIONS]`", ""]
         lines += ["| option | default | what |", "|---|---|---|"]
         for p in command.params:
-            if isinstance(p, click.Argument):
+            if p.param_type_name == "argument":
                 continue
             flags = ", ".join(f"`{f}`" for f in p.opts + p.secondary_opts)
             default = "" if p.default is None or p.is_flag else f"`{_value(p.default)}`"

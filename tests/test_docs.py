@@ -177,8 +177,9 @@ def test_the_front_page_is_short_and_says_how_to_set_up_run_and_test():
 
 def test_the_site_check_finds_a_link_to_nothing(tmp_path):
     (tmp_path / "a").mkdir()
-    (tmp_path / "a" / "index.html").write_text('<a href="../b/">b</a> <a href="../a/#x">a</a>')
-    generate.on_post_build({"site_dir": str(tmp_path)})  # ../a/ exists
+    (tmp_path / "b.png").write_bytes(b"")
+    (tmp_path / "a" / "index.html").write_text('<a href="../b.png">b</a> <a href="../a/#x">a</a>')
+    generate.on_post_build({"site_dir": str(tmp_path)})  # both exist
     (tmp_path / "a" / "index.html").write_text('<a href="../missing/">gone</a>')
     with pytest.raises(ValueError, match=r"a/index\.html: \.\./missing/"):
         generate.on_post_build({"site_dir": str(tmp_path)})
