@@ -25,6 +25,8 @@ from probe.inputs.download import fetch
 from probe.inputs.treebank import SAMPLE, UD_TREEBANKS, download_url, read_conllu
 from probe.run.loading import hub_address
 
+pytestmark = pytest.mark.slow  # runs real models or the whole command line
+
 COMMIT = "0" * 40
 # The page of the docs that gives the commands to run with network access.
 COMMANDS = Path(__file__).resolve().parents[1] / "docs" / "guide" / "command-line.md"

@@ -2,9 +2,12 @@
 
 from pathlib import Path
 
+import pytest
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
+@pytest.mark.slow
 def test_readme_api_example_runs(minilm, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # it saves a page
     text = README.read_text()
