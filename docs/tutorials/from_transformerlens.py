@@ -104,17 +104,22 @@ for method, kwargs in [
     assert labels == our_labels and gap < 1e-3
 
 # %% [markdown]
-# `logit_attrs` projects components onto the unembedding direction of tokens: here each head's
-# direct contribution to the logit of the token that the sequence's second half predicts.
+# `logit_attrs` projects components onto the unembedding direction of a token: here each head's
+# direct contribution, at the last position, to the logit of the token an induction head should
+# predict there (the last token, 7, was followed by 5 the first time).
 
 # %%
+answer = tokens[0, 5]
 heads, labels = cache.stack_head_results(layer=-1, return_labels=True, pos_slice=-1)
-attrs = cache.logit_attrs(heads, tokens=tokens[0, 2], pos_slice=-1)  # token 9 follows 5
+attrs = cache.logit_attrs(heads, tokens=answer, pos_slice=-1)
 attrs_tl = cache_tl.logit_attrs(
-    cache_tl.stack_head_results(layer=-1, pos_slice=-1), tokens=tokens[0, 2], pos_slice=-1
+    cache_tl.stack_head_results(layer=-1, pos_slice=-1), tokens=answer, pos_slice=-1
 )
-print(dict(zip(labels, attrs.flatten().round(decimals=2).tolist(), strict=True)))
+print(
+    {label: round(value, 2) for label, value in zip(labels, attrs.flatten().tolist(), strict=True)}
+)
 assert torch.allclose(attrs, attrs_tl, atol=1e-3)
+assert attrs.flatten()[4:].sum() > 0  # layer 1's heads, together, push the answer up
 
 # %% [markdown]
 # ## Hooks that edit
