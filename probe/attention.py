@@ -26,6 +26,10 @@ from probe.capture.hookpoints import HookPoint
 class MultiHeadAttention(nn.Module):
     """Multi-head attention whose per-head Q, K, V, scores, pattern, z and result are hookable.
 
+    It can stand in for ``torch.nn.MultiheadAttention`` (see ``from_torch``), e.g. as the
+    ``self_attn`` of a ``torch.nn.TransformerEncoderLayer``: ``forward`` takes torch's
+    keywords, and returns torch's ``(output, weights)`` when ``need_weights`` is given.
+
     Parameters
     ----------
     d_model : int
@@ -46,18 +50,15 @@ class MultiHeadAttention(nn.Module):
         Inputs and outputs are ``[batch, pos, d_model]`` (probe's way, the default); False for
         ``[pos, batch, d_model]``, as ``torch.nn.MultiheadAttention`` has by default.
 
-    It can stand in for ``torch.nn.MultiheadAttention`` (see ``from_torch``), e.g. as the
-    ``self_attn`` of a ``torch.nn.TransformerEncoderLayer``: ``forward`` takes torch's
-    keywords, and returns torch's ``(output, weights)`` when ``need_weights`` is given.
-
     Attributes
     ----------
     W_Q, W_K, W_V : ``[n_heads, d_model, d_head]``
         ``[n_heads, d_model, d_model]`` for W_Q and W_K with qk="bilinear" (W_K is then a
         fixed identity); with qk="shared", W_K is W_Q, one parameter.
     W_O : Parameter ``[n_heads, d_head, d_model]``
-    b_Q, b_K, b_V : ``[n_heads, d_head]`` (b_Q and b_K ``[n_heads, d_model]`` with bilinear,
-        b_K fixed at zero);  b_O : ``[d_model]``
+    b_Q, b_K, b_V : ``[n_heads, d_head]``
+        b_Q and b_K ``[n_heads, d_model]`` with qk="bilinear", b_K fixed at zero.
+    b_O : ``[d_model]``
     """
 
     QK = ("factored", "bilinear", "shared")

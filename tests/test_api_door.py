@@ -102,6 +102,7 @@ def valid_inputs(ids, mask) -> tuple[torch.Tensor, torch.Tensor] | None:
 
 @FUZZ
 @given(case=ids_and_masks())
+@pytest.mark.slow
 def test_head_statistics_answers_right_or_names_the_argument(model, case):
     ids, mask = case
     try:

@@ -7,6 +7,7 @@ import json
 import re
 
 import numpy as np
+import pytest
 import torch
 from test_cli import chromium, console_messages, needs_chromium
 
@@ -16,6 +17,8 @@ from probe.app.examples import COREFERENCE, Examples, _Candidate, coreference_li
 from probe.app.report import gold_arcs, head_view
 from probe.heads import HeadId
 from probe.inputs.treebank import Sentence
+
+pytestmark = pytest.mark.slow  # runs real models or the whole command line
 
 # Reads every card's view as the page left it, then picks another sentence in the first card
 # that has several.

@@ -35,6 +35,7 @@ def test_factored_equals_dense_svd(d_model, d_head):
         assert abs(0.5 * (1 + trace_square[i].item() / frob) - symmetry) < 1e-12
 
 
+@pytest.mark.slow
 def test_every_minilm_head_equals_dense_svd(minilm):
     model, _ = minilm
     table = spectra(model)

@@ -159,6 +159,7 @@ def test_enough_sentences_are_not_preliminary(sample_report, tmp_path):
 
 
 @needs_ewt()
+@pytest.mark.slow
 def test_ewt_dev_hundred_sentences(tmp_path, minilm):
     out = tmp_path / "ewt"
     dev = EWT / "en_ewt-ud-dev.conllu"
@@ -170,6 +171,7 @@ def test_ewt_dev_hundred_sentences(tmp_path, minilm):
     check_html(out / "index.html")
 
 
+@pytest.mark.slow
 def test_thresholds_can_be_overridden(tmp_path, minilm):
     out = tmp_path / "lenient"
     result = analyze("--out", str(out), "--threshold", "sink=0.01", "--threshold", "broad=0")
@@ -206,6 +208,7 @@ INJECTION = """# text = hostile words
 """
 
 
+@pytest.mark.slow
 def test_text_from_the_treebank_is_escaped(tmp_path, minilm):
     treebank = tmp_path / "hostile.conllu"
     treebank.write_text(INJECTION)
@@ -292,6 +295,7 @@ def test_existing_output_folder(tmp_path, minilm):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report", "taken"]  # nothing else
 
 
+@pytest.mark.slow
 def test_console_script_in_a_subprocess(tmp_path):
     exe = Path(sys.executable).with_name("probe")
     version = subprocess.run([exe, "--version"], capture_output=True, text=True, check=True)
@@ -337,6 +341,7 @@ def test_console_check_sees_errors(tmp_path):
 
 
 @needs_chromium
+@pytest.mark.slow
 def test_chromium_opens_the_report_offline(sample_report, tmp_path):
     url = (sample_report / "index.html").as_uri()
     dom = chromium(url, tmp_path, "--dump-dom")
@@ -350,6 +355,7 @@ def test_chromium_opens_the_report_offline(sample_report, tmp_path):
     assert (pixels.mean(-1) < 0.9).mean() > 0.02  # text and figures cover part of the page
 
 
+@pytest.mark.slow
 def test_a_twelve_by_twelve_model_from_a_local_folder(tmp_path):
     """A BERT-shaped model of 12 layers x 12 heads: the report stays well under 10 MB."""
     import transformers as tf

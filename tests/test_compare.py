@@ -18,6 +18,8 @@ from probe.app.cli import app
 from probe.app.compare import _word_distributions, matched_layers, nearest_heads
 from probe.numerics import pairwise_js
 
+pytestmark = pytest.mark.slow  # runs real models or the whole command line
+
 runner = CliRunner()
 
 

@@ -354,6 +354,7 @@ def test_bootstrap_weights_depend_on_the_document_only():
 
 
 @needs_gum()
+@pytest.mark.slow
 def test_minilm_on_gum_dev_beats_the_nearest_mention(tmp_path, minilm):
     """``probe analyze -a coref`` on GUM dev: its 30 documents in windows of 128 tokens, and a
     head whose 95% interval lies above the nearest-mention baseline."""

@@ -241,6 +241,7 @@ def test_bad_corpora_fail_in_one_line(tmp_path, minilm, make, args, message):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_a_corpus_is_checked_before_torch(tmp_path):
     """The plan reads the corpus's first row to check it, or finds a hub name it cannot have,
     without importing torch."""
@@ -274,6 +275,7 @@ def test_a_corpus_is_checked_before_torch(tmp_path):
 @pytest.mark.parametrize(
     "offline", [{"HF_HUB_OFFLINE": "1"}, {"HF_ENDPOINT": "http://127.0.0.1:9"}]
 )
+@pytest.mark.slow
 def test_a_hub_corpus_offline_fails_in_one_line(tmp_path, offline):
     """A hub name that is not cached, offline or with a hub that does not answer: one line,
     before the model is loaded, and no report."""
@@ -292,6 +294,7 @@ def test_a_hub_corpus_offline_fails_in_one_line(tmp_path, offline):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_a_run_reads_the_treebank_and_the_corpus(tmp_path, tokenizer):
     """syntax reads the treebank, roles the corpus: run.json and the report say which input each
     read, with its size."""
@@ -372,6 +375,7 @@ def test_cross_attention_reads_a_corpus(tmp_path):
     assert run["reads"] == {"roles": ["text"], "cross": ["text"]} and run["treebank"] == []
 
 
+@pytest.mark.slow
 def test_sink_alpha_on_a_corpus_equals_eager_attentions(tmp_path, tokenizer):
     """taxonomy's sink α on corpus windows: the attention of each window's first 64 queries to
     its first token, as MiniLM's own eager attention weights give it."""

@@ -79,6 +79,7 @@ def test_a_parquet_folder_is_counted_from_its_metadata(tmp_path, tokenizer):  # 
     assert unit.size() == len(TEXTS) and read(unit) == (len(TEXTS), len(TEXTS))
 
 
+@pytest.mark.slow
 def test_the_run_gives_the_corpus_bar_its_texts(minilm, tmp_path):
     """``probe analyze --corpus``: the bar's total is the texts, and it ends there."""
     from probe.app.run import Settings, analyze

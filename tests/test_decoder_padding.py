@@ -29,6 +29,7 @@ def test_decoder_inputs_are_the_sentence_shifted_right_whatever_the_padding():
 
 
 @pytest.mark.parametrize("kind", ["bart", "t5"])
+@pytest.mark.slow
 def test_decoder_tables_do_not_depend_on_the_batch_size(tmp_path, kind):
     """Cross-attention and the decoder's sink α, over sentences of many lengths, in batches of
     1 (no padding) and of 16 (padding in almost every row)."""

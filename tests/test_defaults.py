@@ -81,6 +81,7 @@ def test_copying_uses_the_checkpoints_own_unembedding(untied_llama, tmp_path):
     assert abs(dense_copying(W_E, W_E.T, W_V, W_O) - table.copying.iloc[0]) > 1e-3
 
 
+@pytest.mark.slow
 def test_a_checkpoint_without_unembedding_says_so_and_gives_no_copying_role(minilm, tmp_path):
     """MiniLM's checkpoint (a sentence encoder) has no masked-LM head: W_Eᵀ stands in, the
     summary and the page say so, and no head is a copying head, whatever its score."""
@@ -168,6 +169,7 @@ def test_an_input_longer_than_the_models_positions_is_one_line(minilm, entry):
     assert "--context" in message and "\n" not in message
 
 
+@pytest.mark.slow
 def test_runs_that_differ_in_input_or_analyses_get_their_own_folders(minilm, tmp_path, monkeypatch):
     """Three runs and two figure formats, none given --out: each finds its own place."""
     monkeypatch.chdir(tmp_path)

@@ -35,6 +35,7 @@ def test_graph_of_the_induction_model(model):
     assert len(g.edges) == 4 * 3 * 1 + 5 + 4 * 3 * 6 + 10 + 11
 
 
+@pytest.mark.slow
 def test_edge_patching_ends_at_both_runs(model, task):
     """Every edge kept: the clean run; none kept: every receiver sees the corrupted stream, so
     the corrupted run — each pair's metric, against the untouched model."""

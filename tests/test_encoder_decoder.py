@@ -370,6 +370,7 @@ def test_cross_statistics_by_hand():
 
 
 @pytest.mark.parametrize("kind", ["bart", "t5"])
+@pytest.mark.slow
 def test_analyze_an_encoder_decoder_model(tmp_path, kind):
     """probe analyze on a small random model: syntax and roles on the encoder, and the
     cross-attention section; importance, which does not handle these models, is refused."""

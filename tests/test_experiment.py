@@ -48,6 +48,7 @@ def test_relations_are_a_cycle_and_an_involution():
     )
 
 
+@pytest.mark.slow
 def test_a_short_run_end_to_end_is_deterministic(tmp_path):
     runner = CliRunner()
     folders = [tmp_path / "a", tmp_path / "b"]

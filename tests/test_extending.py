@@ -18,6 +18,8 @@ import probe
 from probe.inputs.corpus import Corpus
 from probe.inputs.treebank import SAMPLE, read_conllu
 
+pytestmark = pytest.mark.slow  # runs real models or the whole command line
+
 DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
 N_SENTENCES = 12
 

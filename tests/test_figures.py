@@ -20,6 +20,8 @@ from probe.app import compare
 from probe.app.cli import app
 from probe.app.figures import declared
 
+pytestmark = pytest.mark.slow  # runs real models or the whole command line
+
 ANALYSES = "syntax,roles,spectra,probe,taxonomy,importance"
 
 

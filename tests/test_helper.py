@@ -17,6 +17,8 @@ from conftest import needs_ewt
 
 from probe.run import helper
 
+pytestmark = pytest.mark.slow  # runs real models or the whole command line
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -107,6 +107,7 @@ assert "torch" not in sys.modules, "torch was imported"
         ([], {"PROBE_HTTP_MIN_RATE": "1e400"}, "PROBE_HTTP_MIN_RATE='1e400' is not a number"),
     ],
 )
+@pytest.mark.slow
 def test_options_and_environment_are_checked_before_torch(tmp_path, args, env, message):
     argv = ["analyze", "-m", "no-such-model", "-t", "sample", *args]
     if "-o" not in args:
@@ -140,6 +141,7 @@ def feed(fifo: Path, data: bytes, pause: threading.Event | None = None,
     return thread
 
 
+@pytest.mark.slow
 def test_a_pipe_gives_the_tables_of_the_same_file_and_leaves_nothing(tiny_model, tmp_path):
     """A FIFO fed a gzip treebank (``<(cat x.conllu.gz)``) is read once, into a copy: the
     tables equal, byte for byte, those of the same treebank given as a file, the run card names
@@ -171,6 +173,7 @@ def test_a_pipe_gives_the_tables_of_the_same_file_and_leaves_nothing(tiny_model,
     assert list(scratch.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_two_runs_in_one_process_read_their_own_pipes(tiny_model, tmp_path):
     """Two commands in one process, each given a new pipe of the same name, which its writer
     removes once written: each run reads its own pipe whole (the sample, then a part of it)."""
@@ -199,6 +202,7 @@ def io_path(folder: Path, data: bytes) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_a_run_killed_while_it_reads_a_pipe_leaves_no_copy(tmp_path):
     """SIGKILL halfway through the pipe: the copy had no name, and none is left."""
     fifo = tmp_path / "pipe"
@@ -294,6 +298,7 @@ def chain(n: int, cycle: bool = False) -> str:
     return "\n".join(rows) + "\n\n"
 
 
+@pytest.mark.slow
 def test_a_long_chain_is_a_tree_and_a_long_cycle_is_found(tmp_path):
     (tmp_path / "chain.conllu").write_text(chain(40_000))
     (sentence,) = read_conllu(tmp_path / "chain.conllu")
@@ -354,6 +359,7 @@ def serving(routes: dict):
         server.server_close()
 
 
+@pytest.mark.slow
 def test_a_trickling_server_meets_the_deadline(tmp_path, monkeypatch):
     monkeypatch.setenv("PROBE_HTTP_TIMEOUT", "5")
     monkeypatch.setenv("PROBE_HTTP_DEADLINE", "1.5")
@@ -437,6 +443,7 @@ def test_a_gzip_url_is_read_and_pinned(tmp_path, monkeypatch):
     assert len(read_conllu(path)) == len(read_conllu(SAMPLE))
 
 
+@pytest.mark.slow
 def test_a_url_treebank_is_streamed_in_flat_memory(tmp_path, monkeypatch):
     """8 MB of CoNLL-U downloaded and validated, every sentence, while Python holds less than
     2 MB more; a fault in its last sentence is found."""
@@ -464,6 +471,7 @@ def test_a_url_treebank_is_streamed_in_flat_memory(tmp_path, monkeypatch):
         ("silent", "the hub did not answer within 2 s"),
     ],
 )
+@pytest.mark.slow
 def test_the_hub_s_answers_are_told_apart_in_seconds(tmp_path, route, message):
     with serving({"*": route}) as base:
         env = {"HF_HUB_OFFLINE": "0", "HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": base,
@@ -478,6 +486,7 @@ def test_the_hub_s_answers_are_told_apart_in_seconds(tmp_path, route, message):
 # --- models -------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_cut_weight_file_is_named(tiny_model, tmp_path):
     import shutil
 
@@ -511,6 +520,7 @@ def nan_model(tiny_model, tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("analysis", ["syntax", "spectra"])
+@pytest.mark.slow
 def test_a_model_with_nan_weights_is_refused_naming_the_tensor(nan_model, tmp_path, analysis):
     done = cli("analyze", "-m", str(nan_model), "-t", "sample", "-a", analysis, "-o",
                str(tmp_path / "r"))  # fmt: skip
@@ -607,6 +617,7 @@ def test_show_refuses_text_longer_than_the_model_takes(tiny_model):
         probe.show(model, tokenizer, "the cat " * limit)
 
 
+@pytest.mark.slow
 def test_a_closed_terminal_leaves_no_staging_folder_or_lock(tiny_model, tmp_path):
     out = tmp_path / "r"
     # Enough repeated sequences that the run is still going when the signal comes, however fast
@@ -644,6 +655,7 @@ except TerminatedError as e:
 """
 
 
+@pytest.mark.slow
 def test_a_library_s_except_exception_cannot_swallow_the_signal():
     """SIGHUP or SIGTERM may arrive while a library runs a line inside ``except Exception``
     (transformers has many): the run must still unwind, as it does for Ctrl-C."""

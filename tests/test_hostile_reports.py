@@ -15,6 +15,8 @@ from typer.testing import CliRunner
 
 from probe.app.cli import app
 
+pytestmark = pytest.mark.slow  # runs real models or the whole command line
+
 FUZZ = settings(
     max_examples=40,
     deadline=None,

@@ -92,6 +92,7 @@ def head_mean(model, sentences, layer, head) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("ablation", ["zero", "mean"])
+@pytest.mark.slow
 def test_effect_on_the_hidden_state_against_plain_hooks(ablation):
     """Without a language-model head: mean over tokens of ‖h_ablated − h‖ / ‖h‖, one head
     ablated by a plain hook, sentence by sentence; the analysis batches and pads."""
@@ -114,6 +115,7 @@ def test_effect_on_the_hidden_state_against_plain_hooks(ablation):
     assert table["rank"].idxmin() == table.ablation_effect.idxmax()
 
 
+@pytest.mark.slow
 def test_effect_on_the_predictions_against_plain_hooks():
     """With a language-model head: mean over tokens of KL(p ‖ p_ablated) (float64: a random
     model's effects are small, and float32 would leave few significant digits)."""
@@ -133,6 +135,7 @@ def test_effect_on_the_predictions_against_plain_hooks():
         )
 
 
+@pytest.mark.slow
 def test_gradient_importance_against_finite_differences():
     """Michel et al.'s E_x |∂L(x)/∂ξ_h|, L the mean next-token loss of sentence x: against
     central differences of L with the head's output scaled by 1 ± ε (float64)."""
@@ -154,6 +157,7 @@ def test_gradient_importance_against_finite_differences():
         assert table.loc[(layer, head), "gradient_importance"] == pytest.approx(expected, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_masked_model_gradient_and_curve():
     """A masked language model: gradient importance over a keyed 15% of word tokens masked;
     the pruning curve starts at 0 and removes 10%, 20%… of the heads."""
@@ -194,6 +198,7 @@ def lm_folder(tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow
 def test_command_line(lm_folder, tmp_path):
     """`-a importance --lm-head` writes the tables, joins the effect into heads.csv, and draws
     its section; a model without a head, or an unknown ablation, is one line."""
@@ -235,6 +240,7 @@ def test_importance_is_not_run_by_default():
     assert "importance" in REGISTRY and "importance" not in defaults()
 
 
+@pytest.mark.slow
 def test_ablated_passes_run_the_models_sdpa_kernel(monkeypatch):
     """Ablation reads z alone: importance's forward passes (means, effects, curve, gradient)
     run the model's own sdpa kernel and never compute a pattern, and give the tables the eager

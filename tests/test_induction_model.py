@@ -85,6 +85,7 @@ def test_induction_head(patterns):
     assert divmod(int(scores.argmax()), scores.shape[1]) == INDUCTION
 
 
+@pytest.mark.slow
 def test_ablating_the_induction_head_breaks_copying(model):
     ids = repeated(64, N, VOCAB, seed=5)
     first, second = losses(model, ids)

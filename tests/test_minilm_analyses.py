@@ -14,7 +14,7 @@ from probe.inputs.corpus import Corpus, max_tokens
 from probe.inputs.treebank import read_conllu
 from probe.run.runner import stream
 
-pytestmark = needs_ewt()
+pytestmark = [pytest.mark.slow, needs_ewt()]
 
 
 @pytest.fixture(scope="module")

@@ -338,6 +338,7 @@ def test_unsupported_architectures_are_clear_errors():
         probe.trace(deberta).__enter__()
 
 
+@pytest.mark.slow
 def test_minilm_outputs_and_patterns(minilm):
     model, tokenizer = minilm
     batch = tokenizer(

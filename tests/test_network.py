@@ -22,11 +22,14 @@ from tokenizers_util import byte_level_bpe, wordpiece
 
 from probe.errors import ProbeError
 from probe.inputs.download import fetch
-from probe.inputs.treebank import SAMPLE, download_url, read_conllu
+from probe.inputs.treebank import SAMPLE, UD_TREEBANKS, download_url, read_conllu
 from probe.run.loading import hub_address
 
+pytestmark = pytest.mark.slow  # runs real models or the whole command line
+
 COMMIT = "0" * 40
-README = Path(__file__).resolve().parents[1] / "README.md"
+# The page of the docs that gives the commands to run with network access.
+COMMANDS = Path(__file__).resolve().parents[1] / "docs" / "guide" / "command-line.md"
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -141,7 +144,7 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def hub_repos(tmp_path_factory):
-    """Tiny random models under the ids the README's aliases name."""
+    """Tiny random models under the ids the aliases of the docs' commands name."""
     root = tmp_path_factory.mktemp("hub")
     torch.manual_seed(0)
     bert = root / "bert"
@@ -174,9 +177,9 @@ def probe_cli(env: dict, *args: str, cwd=None) -> tuple[subprocess.CompletedProc
     return done, time.monotonic() - start
 
 
-def readme_network_commands() -> list[list[str]]:
-    """The README's "With network access" commands, as argument lists."""
-    text = README.read_text(encoding="utf-8")
+def docs_network_commands() -> list[list[str]]:
+    """The docs' "With network access" commands, as argument lists."""
+    text = COMMANDS.read_text(encoding="utf-8")
     block = text[text.index("With network") :].split("\n\n")[1]
     return [line.split("#")[0].split()[1:] for line in block.splitlines() if line.strip()]
 
@@ -184,15 +187,20 @@ def readme_network_commands() -> list[list[str]]:
 @needs_ewt()
 @needs_gum()
 @pytest.mark.slow
-def test_the_readme_network_commands(hub_repos, tmp_path):
-    """The README's commands as written (on 200 sentences), each in a folder of its own, against
+def test_the_docs_network_commands(hub_repos, tmp_path):
+    """The docs' commands as written (on 200 sentences), each in a folder of its own, against
     a stand-in hub and a UD mirror; then again in new folders, with both servers gone: from the
     caches."""
-    commands = readme_network_commands()
+    commands = docs_network_commands()
     assert [c[:1] for c in commands] == [["analyze"]] * 3 + [["report"]]
+    ewt, gum = UD_TREEBANKS["en_ewt"], UD_TREEBANKS["en_gum"]  # the pinned releases
     mirror = {
-        "/UD_English-EWT/r2.15/en_ewt-ud-dev.conllu": (EWT / "en_ewt-ud-dev.conllu").read_bytes(),
-        "/UD_English-GUM/r2.16/en_gum-ud-dev.conllu": (GUM / "en_gum-ud-dev.conllu").read_bytes(),
+        f"/{ewt.repo}/{ewt.release}/en_ewt-ud-dev.conllu": (
+            EWT / "en_ewt-ud-dev.conllu"
+        ).read_bytes(),
+        f"/{gum.repo}/{gum.release}/en_gum-ud-dev.conllu": (
+            GUM / "en_gum-ud-dev.conllu"
+        ).read_bytes(),
     }
     env = {
         "HF_HUB_OFFLINE": "0",

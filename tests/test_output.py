@@ -70,6 +70,7 @@ def test_output_paths_are_checked_before_any_compute(tmp_path, make, out, messag
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # nothing left
 
 
+@pytest.mark.slow
 def test_one_run_at_a_time(tmp_path):
     """While a run holds the place, a second fails at once, saying so; afterwards it may."""
     out = tmp_path / "report"

@@ -18,6 +18,8 @@ from probe.app.cli import app
 from probe.app.output import MARKER, check_free, kind_of
 from probe.errors import ProbeError
 
+pytestmark = pytest.mark.slow  # runs real models or the whole command line
+
 KINDS = ("report", "figures", "comparison", "experiment")
 
 

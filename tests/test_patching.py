@@ -62,6 +62,7 @@ def one_at_a_time(model, clean, corrupted, metric_of, name, head, where):
 
 
 @pytest.mark.parametrize("hook", ["hook_z", "hook_pattern", "hook_v"])
+@pytest.mark.slow
 def test_batched_equals_one_head_at_a_time(model, hook):
     clean, corrupted = pairs(5)
     ids = clean["input_ids"]
@@ -97,6 +98,7 @@ def test_batched_equals_one_head_at_a_time(model, hook):
     assert table.attrs["corrupted"] == pytest.approx(sum(base) / 5, abs=1e-5)
 
 
+@pytest.mark.slow
 def test_stacking_does_not_change_the_numbers(model):
     """One copy a pass, or all of them in one: the same table to float error."""
     clean, corrupted = pairs(3, seed=4)

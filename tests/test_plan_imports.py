@@ -6,6 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 PLAN_ONLY = """
 import sys
 import analyses
@@ -16,6 +18,7 @@ assert not heavy, heavy
 """
 
 
+@pytest.mark.slow
 def test_the_full_contract_check_imports_no_heavy_module():
     """Plan time (every analysis's full check, heads() on empty tables included) stays light:
     scikit-learn is imported when the analyses finish."""

@@ -18,6 +18,8 @@ from probe.app.cli import app
 from probe.errors import ProbeError
 from probe.inputs.treebank import RELATIONS, SAMPLE, read_conllu
 
+pytestmark = pytest.mark.slow  # runs real models or the whole command line
+
 runner = CliRunner()
 SLOW_FIXTURES = [HealthCheck.function_scoped_fixture]  # one tmp_path for all examples: fine
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=SLOW_FIXTURES)

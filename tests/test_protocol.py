@@ -211,6 +211,7 @@ def test_registered_analysis_streams_like_trace(registered, bert, batches):
     np.testing.assert_allclose(table.self_attention.to_numpy(), expected, rtol=1e-9, atol=0)
 
 
+@pytest.mark.slow
 def test_tiny_analysis_merges_exactly(bert, batches):
     """Two instances streamed over disjoint halves of the batches, merged, give the table of one
     instance streamed over all of them (floats up to the order of float64 additions)."""
@@ -290,6 +291,7 @@ def patterns(batches):
     return [random_patterns(batch, seed=i) for i, batch in enumerate(batches)]
 
 
+@pytest.mark.slow
 def test_syntax_merges_exactly(batches, patterns):
     """Syntax: merged counts, best heads and bootstrap intervals equal one pass's exactly (each
     sentence's bootstrap weights are keyed to its index, and the weighted counts are integers)."""
@@ -303,6 +305,7 @@ def test_syntax_merges_exactly(batches, patterns):
     assert (expected["syntax_best"].ci_high > expected["syntax_best"].ci_low).any()
 
 
+@pytest.mark.slow
 def test_roles_merge_exactly(batches, patterns):
     """Roles: merged counters equal one pass's exactly and the statistics up to float64
     rounding; with every query sampled, head similarity does not depend on the sampling."""
@@ -336,6 +339,7 @@ def make_probe():
                           max_eval_sentences=4)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_attention_probe_merges_exactly(batches, patterns):
     """AttentionProbe: every random choice is keyed to the sentence, so two instances fed the
     even and the odd batches, merged (either way round), give one pass's table exactly."""
@@ -357,6 +361,7 @@ def test_attention_probe_merges_exactly(batches, patterns):
 # -- 3. the probe does not depend on the batch size -----------------------------------------
 
 
+@pytest.mark.slow
 def test_attention_probe_does_not_depend_on_batch_size(bert, tokenizer):
     """The same corpus streamed through a model in batches of 2 and of 5 gives the same probe
     table: the same sentences held out, the same pairs sampled, the same counts and UAS."""
@@ -377,6 +382,7 @@ def test_attention_probe_does_not_depend_on_batch_size(bert, tokenizer):
 # -- 4. a weights-only run ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_weights_only_run_reads_no_treebank_and_runs_no_forward(tmp_path, monkeypatch, minilm):
     """``--analyses spectra`` with a treebank that does not exist: the run succeeds, records no
     treebank, and neither reads a corpus, streams, nor calls any module of the model."""
@@ -445,6 +451,7 @@ def test_importing_the_command_and_the_package_loads_nothing_heavy():
         (["analyze", "-m", "x", "--analyses", "magic"], 1, "unknown analysis magic"),
     ],
 )
+@pytest.mark.slow
 def test_the_command_answers_without_torch(tmp_path, args, code, message):
     """Help and options that are wrong on their face are answered before anything heavy is
     imported, in-process and by the ``probe`` console script alike."""
@@ -538,6 +545,7 @@ def test_two_analyses_adding_the_same_head_column_fail_before_any_compute():
         heads_schema([Roles, Clash])
 
 
+@pytest.mark.slow
 def test_the_python_api_runs_the_default_analyses_and_leaves_the_collector_alone(tmp_path):
     """probe.app.run.analyze with the default Settings leaves out what does not apply to the
     model (cross-attention, on BERT) without complaint, and hands the garbage collector back

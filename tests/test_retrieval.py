@@ -76,6 +76,7 @@ def test_trials_lay_out_needle_question_and_answer():
     assert needle_trials(tokenizer, hay, [20], seed=3) == trials[: 2 * len(DEPTHS)]
 
 
+@pytest.mark.slow
 def test_a_trained_induction_head_retrieves_from_the_needle():
     """The tiny GPT-2 of tests/induction.py (trained on inputs of up to 61 tokens) on random-token
     trials: a needle of 8 tokens in a haystack of 30, then its first 3 tokens again as the
@@ -117,6 +118,7 @@ def llama_folder(tmp_path_factory, minilm):
 
 
 @needs_ewt()
+@pytest.mark.slow
 def test_the_analysis_writes_scores_roles_and_a_map(llama_folder, tmp_path):
     from typer.testing import CliRunner
 

@@ -132,6 +132,7 @@ def test_the_command_line_refuses_a_bad_budget_before_loading(tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["llama", "mistral", "bert", "gpt2"])
+@pytest.mark.slow
 def test_each_querys_summary_is_its_rows(kind):
     """Entropy and largest weight, from the scores beside the pattern, equal -Σ p log p and
     ``max`` of the block's rows; and which of the offsets -2…2 holds the first largest weight

@@ -24,6 +24,8 @@ from probe.inputs.units.sentences import Sentences
 from probe.inputs.units.texts import Texts
 from probe.run.runner import stream, stream_rows
 
+pytestmark = pytest.mark.slow  # runs real models or the whole command line
+
 SENTENCES = 40
 BUDGET = 4 * 4 * 16 * 12 * 64 * 5  # blocks of about 5 rows: several per sentence
 

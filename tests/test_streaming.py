@@ -6,6 +6,7 @@ import itertools
 import weakref
 
 import pandas as pd
+import pytest
 import torch
 import transformers as tf
 from streams import context, feed
@@ -64,6 +65,7 @@ class Watcher:
         pass
 
 
+@pytest.mark.slow
 def test_the_runner_holds_one_layer_at_a_time():
     watcher = Watcher()
     corpus = Corpus([chain(9), chain(5), chain(12)], wordpiece(), max_length=64)
@@ -110,6 +112,7 @@ def test_the_corpus_is_read_lazily():
     assert sum(len(b) for b in capped.batches(batch_size=3)) == 10 and capped.read == 10
 
 
+@pytest.mark.slow
 def test_probe_features_stay_within_their_budgets():
     n_heads, n_layers = 4, 3
     pair_bytes = 2 * n_layers * n_heads * 4
@@ -131,6 +134,7 @@ def test_probe_features_stay_within_their_budgets():
     assert table.loc["attention_probe", "words"] > 0
 
 
+@pytest.mark.slow
 def test_a_probe_that_hands_its_fit_off_finishes_as_one_that_does_not():
     """``hand_off`` starts the fit (in the helper process when there is one) before the run
     finishes the other analyses; the table is the one ``finish`` alone gives. A probe with

@@ -112,6 +112,7 @@ def streamed(model, tokenizer, batch_size: int, shard=(0, 1), sequences: int = 2
     return analysis
 
 
+@pytest.mark.slow
 def test_intervals_do_not_depend_on_batches_or_processes(gpt2):
     model, tokenizer = gpt2
     one = streamed(model, tokenizer, 48)._tables()["taxonomy"]
@@ -125,6 +126,7 @@ def test_intervals_do_not_depend_on_batches_or_processes(gpt2):
     assert (one.induction_low < one.induction).all() and (one.induction < one.induction_high).all()
 
 
+@pytest.mark.slow
 def test_the_entry_point_gives_the_analysis_means(gpt2):
     """probe.head_types on the unit's own sequences equals the analysis's table."""
     model, tokenizer = gpt2
@@ -165,6 +167,7 @@ def set_heads(n: int, repeats_only: bool):
 
 
 @pytest.mark.parametrize("repeats_only", [True, False])
+@pytest.mark.slow
 def test_probe_finds_heads_set_by_hand(gpt2, repeats_only):
     """Through the mirrored model and the runner, the heads whose patterns were set are the ones
     found; the induction role needs the score above its null, so a head that attends to those
@@ -186,6 +189,7 @@ def test_probe_finds_heads_set_by_hand(gpt2, repeats_only):
     assert inducing == ([(1, 2)] if repeats_only else [])
 
 
+@pytest.mark.slow
 def test_the_command_writes_the_table_the_roles_and_the_cards(minilm, tmp_path):
     """``probe analyze -a taxonomy`` on MiniLM: one row per head with every column filled (the
     copying score from its tied masked-LM-less embedding: W_Eᵀ, and said so), the repeats and
@@ -211,6 +215,7 @@ def test_the_command_writes_the_table_the_roles_and_the_cards(minilm, tmp_path):
     assert {"induction_score", "copying_score", "sink_alpha"} <= set(heads.columns)
 
 
+@pytest.mark.slow
 def test_probe_finds_the_known_heads_of_a_trained_model(tmp_path):
     """``probe analyze -a taxonomy`` on the tiny GPT-2 trained on repeated sequences
     (tests/make_induction_model.py): its induction head is found, holds the role, and lies far
@@ -247,6 +252,7 @@ def set_decoder_induction(n: int):
 
 
 @pytest.mark.parametrize("kind", ["bart", "t5"])
+@pytest.mark.slow
 def test_an_encoder_decoder_model_has_both_self_attentions_scored(bert_tokenizer, kind):
     """On an encoder-decoder model (a decoder of other heads than its encoder, for BART) the
     table holds every head of the encoder's and the decoder's self-attention, each with its

@@ -324,6 +324,7 @@ def compare_seq2seq(kind):
 
 
 @pytest.mark.parametrize("kind", sorted(SEQ2SEQ_HEADS))
+@pytest.mark.slow
 def test_encoder_decoder_points_equal_transformer_lens(kind):
     """Every point of the bridge's on BART, mBART, Marian and T5 is probe's, with the same
     value or, where the bridge departs, the value of what it computes instead."""
@@ -429,6 +430,7 @@ if __name__ == "__main__":
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "gpt2", "gpt_neox", "phi3"])
+@pytest.mark.slow
 def test_per_head_inputs_equal_transformer_lens(kind):
     """hook_attn_in and hook_q_input/k_input/v_input (TransformerLens's use_attn_in and
     use_split_qkv_input): the same tensors, and the same output when one head's input is

@@ -1,5 +1,6 @@
 """CoNLL-U reading and its error messages, the bundled sample, and the ud: source."""
 
+import gzip
 import hashlib
 from dataclasses import replace
 from pathlib import Path
@@ -7,7 +8,15 @@ from pathlib import Path
 import pytest
 
 from probe.errors import ProbeError
-from probe.inputs.treebank import SAMPLE, UD_TREEBANKS, download_ud, load_treebank, read_conllu
+from probe.inputs.treebank import (
+    BUNDLED_SENTENCES,
+    EWT_DEV,
+    SAMPLE,
+    UD_TREEBANKS,
+    download_ud,
+    load_treebank,
+    read_conllu,
+)
 
 GOOD = """# sent_id = 1
 # text = They don't sleep.
@@ -88,7 +97,11 @@ def test_bundled_treebanks():
     same sentences as the copy beside the project where there is one."""
     ewt = load_treebank()
     # The data README says 25,149 words; the file has 25,147 lines with an integer ID.
-    assert len(ewt) == 2001 and sum(len(s.words) for s in ewt) == 25147
+    assert len(ewt) == BUNDLED_SENTENCES["ewt-dev"] == 2001
+    assert sum(len(s.words) for s in ewt) == 25147
+    # It is the dev split of the release probe pins for ud:en_ewt, which the docs name.
+    digest = hashlib.sha256(gzip.decompress(EWT_DEV.read_bytes())).hexdigest()
+    assert digest == UD_TREEBANKS["en_ewt"].sha256["dev"]
     shared = Path(__file__).resolve().parents[2] / "shared/data/ud-english-ewt/en_ewt-ud-dev.conllu"
     if shared.exists():
         same = lambda sentences: [replace(s, source="") for s in sentences]  # noqa: E731
@@ -98,7 +111,7 @@ def test_bundled_treebanks():
 
 def test_bundled_sample_is_valid_and_varied():
     sentences = load_treebank("sample")
-    assert 50 <= len(sentences) <= 100
+    assert len(sentences) == BUNDLED_SENTENCES["sample"]
     relations = {r for s in sentences for r in s.relations}
     expected = "nsubj obj det amod case obl nmod advmod aux cop mark cc conj compound xcomp ccomp"
     assert {*expected.split(), "acl", "advcl", "iobj", "expl"} <= relations

@@ -112,6 +112,7 @@ def _tokenizer():
 
 
 @needs_chromium
+@pytest.mark.slow
 def test_the_viewer_in_chromium(tmp_path):
     torch.manual_seed(0)
     patterns = torch.softmax(3 * torch.randn(2, 4, 12, 12), -1)
@@ -138,6 +139,7 @@ def test_the_viewer_in_chromium(tmp_path):
 
 
 @needs_chromium
+@pytest.mark.slow
 def test_a_long_input_stays_canvas_drawn(tmp_path):
     """1,200 tokens: each keeps its 16 largest weights; every view draws, and the page has a
     few dozen elements, not one per token or weight."""
@@ -209,6 +211,7 @@ def test_a_long_input_is_read_in_row_blocks():
 
 
 @needs_chromium
+@pytest.mark.slow
 def test_a_4k_token_input_stays_light(tmp_path):
     """A 4,096-token input: the page holds 16 weights per query (no 4k² anything) and every
     view draws."""

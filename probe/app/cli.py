@@ -33,6 +33,7 @@ from probe.app.run import analyze as analyze_run
 from probe.distributed import Ranks
 from probe.errors import ProbeError
 from probe.inputs.hub import bound_waits
+from probe.inputs.treebank import BUNDLED_SENTENCES
 from probe.run import helper
 from probe.sizes import ATTENTION_BUDGET
 
@@ -87,8 +88,9 @@ def analyze(
         None,
         "--treebank",
         "-t",
-        help="CoNLL-U file(s), ud:en_ewt or ud:en_gum [-dev|-test], or sample (76 hand-written "
-        "sentences); default: UD English EWT dev, bundled (2,001 sentences).",
+        help="CoNLL-U file(s), ud:en_ewt or ud:en_gum [-dev|-test], or sample "
+        f"({BUNDLED_SENTENCES['sample']} hand-written sentences); default: UD English EWT dev, "
+        f"bundled ({BUNDLED_SENTENCES['ewt-dev']:,} sentences).",
         show_default=False,
     ),
     corpus: str = typer.Option(

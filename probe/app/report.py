@@ -166,10 +166,11 @@ def render(folder: str | Path) -> Path:
 
 def _treebank(path: str) -> Markup:
     """A treebank as the run card names it: a bundled one by name, not by this machine's path."""
-    from probe.inputs.treebank import BUNDLED
+    from probe.inputs.treebank import BUNDLED, UD_TREEBANKS
 
+    release = UD_TREEBANKS["en_ewt"].release
     names = {
-        str(BUNDLED["ewt-dev"]): "UD English EWT r2.15 dev (bundled with probe; CC BY-SA 4.0)",
+        str(BUNDLED["ewt-dev"]): f"UD English EWT {release} dev (bundled with probe; CC BY-SA 4.0)",
         str(BUNDLED["sample"]): "the hand-written sample (bundled with probe)",
     }
     return Markup(escape(names[path])) if path in names else Markup(f"<code>{escape(path)}</code>")

@@ -113,6 +113,129 @@ _STACKS = frozenset(s.value for s in Stack)
 _ATTENTIONS = frozenset(a.value for a in Attention)
 
 
+class Point(NamedTuple):
+    """What a hook point holds: its shape (TransformerLens's dimension names) and meaning."""
+
+    shape: str
+    meaning: str
+
+
+# Every point's shape and meaning, written here once: the hook reference of the docs is generated
+# from this, ``describe`` and the architectures (tests/test_names.py checks the shapes against a
+# traced model and that every point has its line).
+_POINTS = {
+    "hook_q": Point("[batch, pos, head, d_head]", "the queries, x W_Q + b_Q per head, before any "
+                    "rotation or query norm (and before OPT's 1/√d_head scaling)"),
+    "hook_k": Point("[batch, pos, kv_head, d_head]", "the keys, x W_K + b_K per head, before any "
+                    "rotation or key norm; fewer heads than the queries' under grouped-query "
+                    "attention; a cross-attention's are over source positions"),
+    "hook_v": Point("[batch, pos, kv_head, d_head]", "the values, x W_V + b_V per head (as the "
+                    "keys: their own heads, source positions in a cross-attention)"),
+    "hook_rot_q": Point("[batch, pos, head, d_head]", "rotary models: the queries after the "
+                        "rotation (and the query norm), what meets the keys in the scores"),
+    "hook_rot_k": Point("[batch, pos, kv_head, d_head]", "rotary models: the keys after the "
+                        "rotation (and the key norm)"),
+    "hook_q_normed": Point("[batch, pos, head, d_head]", "Qwen3, Gemma 3: the query norm's "
+                           "output, before the rotation"),
+    "hook_k_normed": Point("[batch, pos, kv_head, d_head]", "Qwen3, Gemma 3: the key norm's "
+                           "output, before the rotation"),
+    "hook_attn_scores": Point("[batch, head, q_pos, k_pos]", "the scores, scaled and masked with "
+                              "the dtype's minimum, before the softmax (Gemma 2: after the "
+                              "soft-capping)"),
+    "hook_pattern": Point("[batch, head, q_pos, k_pos]", "the attention weights: each query's row "
+                          "sums to 1 over the keys it may see (masked keys, padding and keys "
+                          "outside a sliding window get 0)"),
+    "hook_z": Point("[batch, pos, head, d_head]", "each head's weighted sum of the values, "
+                    "before the output projection"),
+    "hook_result": Point("[batch, pos, head, d_model]", "each head's output, z W_O per head: the "
+                         "sum over heads, plus b_O, is the attention's output"),
+    "hook_resid_pre": Point("[batch, pos, d_model]", "the residual stream entering the block"),
+    "hook_attn_out": Point("[batch, pos, d_model]", "the attention's output, added to the stream "
+                           "(Gemma: after the norm of the output)"),
+    "hook_resid_mid": Point("[batch, pos, d_model]", "resid_pre + attn_out (none in GPT-NeoX's "
+                            "parallel blocks)"),
+    "hook_mlp_in": Point("[batch, pos, d_model]", "the stream the MLP's norm reads (in a decoder "
+                         "block, after the cross-attention)"),
+    "hook_mlp_out": Point("[batch, pos, d_model]", "the MLP's output, added to the stream "
+                          "(Gemma: after the norm of the output)"),
+    "hook_resid_post": Point("[batch, pos, d_model]", "the residual stream leaving the block "
+                             "(post-LayerNorm encoders: LN₁(resid_mid) + mlp_out, before LN₂)"),
+    "hook_cross_attn_out": Point("[batch, pos, d_model]", "a decoder block's cross-attention's "
+                                 "output, added to the stream"),
+    "hook_resid_mid2": Point("[batch, pos, d_model]", "T5's decoder blocks: the stream after the "
+                             "cross-attention's sum, the MLP's input"),
+    "hook_attn_in": Point("[batch, pos, head, d_model]", "the block's input, one copy per head, "
+                          "before ln1: an edit reaches only that head's query, key and value"),
+    "hook_q_input": Point("[batch, pos, head, d_model]", "the block's input per head for the "
+                          "queries alone (TransformerLens's use_split_qkv_input)"),
+    "hook_k_input": Point("[batch, pos, kv_head, d_model]", "the block's input per head for the "
+                          "keys alone"),
+    "hook_v_input": Point("[batch, pos, kv_head, d_model]", "the block's input per head for the "
+                          "values alone"),
+    "hook_scale": Point("[batch, pos, 1]", "the scale: √(var + ε) for a LayerNorm, √(mean x² + ε) "
+                        "for an RMSNorm"),
+    "hook_normalized": Point("[batch, pos, d_model]", "the input centred (LayerNorm) and divided "
+                             "by the scale, before the weight and bias"),
+    "hook_pre": Point("[batch, pos, d_mlp]", "the input projection's output, before the "
+                      "activation (a gated MLP's gate)"),
+    "hook_pre_linear": Point("[batch, pos, d_mlp]", "a gated MLP's other input projection"),
+    "hook_post": Point("[batch, pos, d_mlp]", "the activation, the output projection's input"),
+    EMBED: Point("[batch, pos, d_model]", "the token embeddings (an encoder-decoder model's "
+                 "encoder's)"),
+    POS_EMBED: Point("[batch, pos, d_model]", "the learned position embeddings (GPT-2, BERT, OPT, "
+                     "BART); on T5, the encoder's relative position bias, [q_pos, k_pos, head], "
+                     "which each layer's scores add"),
+    UNEMBED: Point("[batch, pos, d_vocab]", "the logits, on a model with its LM head (before "
+                   "BART's, mBART's and Marian's final_logits_bias)"),
+}  # fmt: skip
+# Where a norm or the MLP sits; its points are ``_POINTS``'s (a query or key norm's per head).
+_PART_MEANINGS = {
+    "ln1": "the norm before the attention (post-LayerNorm encoders: after its sum)",
+    "ln2": "the norm before the MLP (post-LayerNorm encoders: after its sum; a decoder block with "
+    "cross-attention: before the cross-attention)",
+    "ln3": "a decoder block's norm before the MLP, when it has a cross-attention",
+    "ln1_post": "Gemma's norm of the attention's output",
+    "ln2_post": "Gemma's norm of the MLP's output",
+    "mlp": "the MLP",
+    "q_norm": "Qwen3's and Gemma 3's norm of each head's query",
+    "k_norm": "Qwen3's and Gemma 3's norm of each head's key",
+    "embed_ln": "the embeddings' norm (BERT-like encoders, ModernBERT, BART's encoder)",
+    "ln_final": "the norm after the last block",
+    "decoder_embed_ln": "the decoder's embeddings' norm (BART, mBART)",
+    "encoder_ln_final": "the encoder's final norm (mBART, T5)",
+    "decoder_ln_final": "the decoder's final norm (mBART, T5)",
+}
+
+
+def describe(point: str) -> Point:
+    """The shape and meaning of a point, as ``point_of`` gives it: ``"hook_z"``,
+    ``"ln1.hook_scale"``, ``"q_norm.hook_normalized"``.
+
+    Raises
+    ------
+    ValueError
+        For a point that is not probe's.
+    """
+    if point not in _KNOWN:
+        raise ValueError(f"unknown hook point {point!r}; known: {', '.join(_KNOWN)}")
+    part, _, last = point.rpartition(".")
+    if not part:
+        return _POINTS[point]
+    shape, meaning = _POINTS[last]
+    if part in QK_NORMS:  # per head, as the queries and keys
+        heads = "head" if part == "q_norm" else "kv_head"
+        shape = shape.replace("pos, ", f"pos, {heads}, ").replace("d_model", "d_head")
+    return Point(shape, f"{_PART_MEANINGS[part]}: {meaning}")
+
+
+def known_points() -> tuple[str, ...]:
+    """Every point probe names, as ``point_of`` gives them, in the order of the reference."""
+    parts = tuple(f"{part}.{p}" for part, points in BLOCK_PARTS.items() for p in points)
+    ordered = (*_KNOWN[: _KNOWN.index(INPUT_POINTS[-1]) + 1], *parts, *MODEL_POINTS)
+    assert set(ordered) == set(_KNOWN), "a point is missing from the reference's order"
+    return ordered
+
+
 class HookName(NamedTuple):
     """A hook name's parts: ``decoder.1.cross_attn.hook_z`` is ``HookName("hook_z", 1,
     Stack.DECODER, "cross_attn")``; ``str()`` gives the name back."""

@@ -18,11 +18,14 @@ from probe.inputs.download import fetch
 from probe.inputs.pipes import copy_pipe, is_pipe, read_from
 
 SAMPLE = Path(__file__).parents[1] / "data" / "sample.conllu"  # hand-written: `--treebank sample`
-# The default corpus: UD English EWT dev (r2.15, 2,001 sentences), CC BY-SA 4.0, "Universal
+# The default corpus: UD English EWT dev, the release UD_TREEBANKS pins, CC BY-SA 4.0, "Universal
 # Dependencies English Web Treebank, (c) 2013-2021 The Board of Trustees of the Leland Stanford
 # Junior University" (its licence is en_ewt-LICENSE.txt beside it).
 EWT_DEV = Path(__file__).parents[1] / "data" / "en_ewt-ud-dev.conllu.gz"
 BUNDLED = {"sample": SAMPLE, "ewt-dev": EWT_DEV}
+# How many sentences each bundled treebank holds, said once for the help and the docs (checked
+# against the files by tests/test_treebank.py).
+BUNDLED_SENTENCES = {"sample": 76, "ewt-dev": 2001}
 
 
 @dataclass(frozen=True)

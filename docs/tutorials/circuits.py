@@ -1,0 +1,140 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Circuits: found by attribution, confirmed by patching
+#
+# The [head-types tutorial](../head_types/) found an induction circuit in the small GPT-2 of
+# `tests/data/induction-gpt2` from attention patterns and confirmed it by ablation. Here the same
+# circuit is found without looking at any pattern: from **prompt pairs** that differ in what the
+# circuit needs, a **metric** of the output, gradient **attribution** to rank every head and every
+# edge between components, and **exact patching** to confirm what the gradients suggest.
+
+# %%
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import torch
+
+import probe
+
+MODEL = Path(probe.__file__).parents[1] / "tests" / "data" / "induction-gpt2"
+model, tokenizer = probe.load(str(MODEL), lm_head=True)
+
+# %% [markdown]
+# ## A task of prompt pairs
+#
+# Clean: BOS, A, A (A is 20 random tokens); corrupted: BOS, A′, A, whose first half is other
+# tokens, so the second copy cannot be predicted. The metric, per pair, is the mean
+# log-probability of the second copy's predictable tokens. This is what `probe analyze
+# --analyses circuit --lm-head` does by default (`--task repeats`).
+
+# %%
+n, pairs = 20, 16
+g = torch.Generator().manual_seed(0)
+A = torch.randint(1, 64, (pairs, n), generator=g)
+A_other = torch.randint(1, 64, (pairs, n), generator=g)
+bos = torch.zeros(pairs, 1, dtype=torch.long)
+clean = {"input_ids": torch.cat([bos, A, A], dim=1)}
+corrupted = {"input_ids": torch.cat([bos, A_other, A], dim=1)}
+targets = clean["input_ids"][:, n + 2 :]  # the second copy's tokens after its first
+
+
+def metric(output):
+    """[pairs]: mean log-probability of the second copy's predictable tokens."""
+    logp = output.logits.log_softmax(-1)[:, n + 1 : -1]  # positions that predict them
+    return logp.gather(-1, targets[..., None])[..., 0].mean(-1)
+
+
+# %% [markdown]
+# ## Every head: attribution beside exact patching
+#
+# Patching a head means running the corrupted input with that head's output (`hook_z`) taken
+# from the clean run: its `effect` is how much of the metric comes back. `probe.patch` does this
+# exactly, one forward pass per head; `probe.attribute` estimates every head's effect at once
+# from one forward and one backward pass (attribution patching, AtP), which is what makes large
+# models affordable. Both give means over pairs with 95% intervals.
+
+# %%
+attributed = probe.attribute(model, clean, corrupted, metric)
+patched = probe.patch(model, clean, corrupted, metric)
+print(f"metric: clean {patched.attrs['clean']:.2f}, corrupted {patched.attrs['corrupted']:.2f}")
+both = patched[["layer", "head", "effect", "effect_low", "effect_high"]].assign(
+    attribution=attributed.attribution
+)
+both.round(3)
+
+# %%
+fig, ax = plt.subplots(figsize=(4, 3.5))
+ax.scatter(both.attribution, both.effect)
+for row in both.itertuples():
+    ax.annotate(f"{row.layer}-{row.head}", (row.attribution, row.effect), fontsize=8)
+ax.axline((0, 0), slope=1, color="grey", lw=0.5)
+ax.set(xlabel="attribution (AtP)", ylabel="exact patching effect")
+plt.show()
+
+# %%
+# The four layer-1 heads carry the effect, by exact patching and by attribution alike.
+top_patched = set(both.nlargest(4, "effect")[["layer", "head"]].itertuples(index=False))
+top_attributed = set(both.nlargest(4, "attribution")[["layer", "head"]].itertuples(index=False))
+assert top_patched == top_attributed == {(1, h) for h in range(4)}
+assert (both.query("layer == 1").effect_low > 0).all()  # each one's interval above 0
+
+# %% [markdown]
+# ## Edges, and the circuit
+#
+# A head's effect does not say *how* it gets its information. `probe.edges` scores every edge
+# from a sender's output (the embeddings, a head, an MLP) into a receiver's input (a head's
+# query, key or value, an MLP, the logits) with EAP-IG: the estimated change of the metric when
+# that edge alone is restored to its clean value in the corrupted run.
+
+# %%
+scores = probe.edges(model, clean, corrupted, metric)
+strongest = scores.reindex(scores.score.abs().sort_values(ascending=False).index)
+strongest.head(12).round(3)
+
+# %% [markdown]
+# `probe.circuit` keeps the fewest top edges whose circuit reaches the asked faithfulness
+# (0.8: 80% of the way from the corrupted metric to the clean one), and measures every circuit
+# **exactly**: the edges outside it are patched to their corrupted values in one run, so the
+# faithfulness curve is no estimate.
+
+# %%
+circuit, curve = probe.circuit(model, clean, corrupted, metric, faithfulness=0.8, scores=scores)
+print(f"{len(circuit)} of {len(scores)} edges reach {curve.attrs['target']:.0%} faithfulness")
+fig, ax = plt.subplots(figsize=(4, 3))
+ax.plot(curve.edges, curve.faithfulness, marker=".")
+ax.axhline(0.8, color="grey", lw=0.5)
+ax.set(xlabel="top edges kept", ylabel="faithfulness (exact)")
+plt.show()
+circuit.round(3)
+
+# %%
+reached = curve.set_index("edges").faithfulness[len(circuit)]
+assert reached >= 0.8 and len(circuit) < len(scores) / 2
+# The induction circuit's signature: the previous-token head 0-0 feeds the *keys* of the
+# layer-1 heads (K-composition), and the layer-1 heads write the answer into the logits.
+keys = circuit.query("sender == '0-0' and input == 'k'").receiver
+assert {"1-0", "1-1", "1-2", "1-3"} <= set(keys)
+assert {"1-0", "1-1", "1-2", "1-3"} <= set(circuit.query("receiver == 'logits'").sender)
+
+# %% [markdown]
+# The circuit is the one the patterns showed: embeddings into the layer-0 heads' values, the
+# previous-token head 0-0 into every layer-1 head's key (it tells each position which token came
+# before it, so that a query can find "the position after my earlier copy"), and the layer-1
+# heads' copies into the logits.
+#
+# From the command line, `probe analyze --model tests/data/induction-gpt2 --lm-head --analyses
+# circuit` writes the same tables (`circuit_heads.csv`, `circuit_edges.csv`,
+# `circuit_faithfulness.csv`, with Q-, K- and V-composition from the weights beside random
+# baselines in `circuit_composition.csv`) and draws the graph; `--task pairs.jsonl` takes pairs
+# of your own ([analysis reference](../../reference/analyses/#circuit)).

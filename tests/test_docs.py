@@ -1,0 +1,185 @@
+"""The docs say what the code says: the generated references (``docs/generate.py``) list every
+hook point, analysis, table, option and public name; the hook points' declared shapes are what a
+trace captures; facts are written once (in the code) and only named in the pages; no page points
+outside the repository; the front page stays short."""
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import transformers as tf
+from models import CONFIGS, SEQ2SEQ, seq2seq_batch
+
+import probe
+from probe.capture.names import _POINTS, describe, known_points, point_of
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = sorted((ROOT / "docs").rglob("*.md"))
+README = ROOT / "README.md"
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location("docs_generate", ROOT / "docs" / "generate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+generate = _generator()
+
+
+def test_every_hook_point_has_a_shape_and_a_meaning():
+    points = known_points()
+    assert len(points) == len(set(points)) > 40
+    for point in points:
+        shape, meaning = describe(point)
+        assert shape.startswith("[") and shape.endswith("]") and meaning, point
+    used = {p.rpartition(".")[2] for p in points}
+    assert set(_POINTS) == used, "a described point that probe does not name, or the reverse"
+    with pytest.raises(ValueError, match="unknown hook point"):
+        describe("hook_nothing")
+
+
+# Sizes of tests/models.py's small models, by the dimension names of the declared shapes.
+SIZES = {"batch": {3}, "head": {4}, "kv_head": {2, 4}, "d_head": {8}, "d_model": {32},
+         "d_vocab": {99}, "1": {1}}  # fmt: skip
+MLP = {"gpt2": 128, "t5": 64, "bart": 64}
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "qwen3", "gemma2", "bert", "phi3", "bart", "t5"])
+def test_the_declared_shapes_are_the_traced_ones(kind):
+    """Every point a traced model has holds a tensor of the shape ``describe`` declares, each
+    dimension the size its name says (positions: the source's or the target's)."""
+    torch.manual_seed(0)
+    config = (CONFIGS | SEQ2SEQ)[kind]()
+    if kind in SEQ2SEQ:
+        model = tf.AutoModelForSeq2SeqLM.from_config(config)
+        inputs, positions = seq2seq_batch(), {7, 6}
+    else:
+        auto = tf.AutoModelForMaskedLM if kind == "bert" else tf.AutoModelForCausalLM
+        ids = torch.randint(3, 99, (3, 7), generator=torch.Generator().manual_seed(0))
+        model, inputs, positions = auto.from_config(config), {"input_ids": ids}, {7}
+    sizes = SIZES | {"pos": positions, "q_pos": positions, "k_pos": positions}
+    sizes |= {"d_mlp": {MLP.get(kind, 64)}}
+    with torch.no_grad(), probe.trace(model.eval()) as cache:
+        model(**inputs)
+    checked = 0
+    for name, tensor in cache.items():
+        point = point_of(name)
+        if kind == "t5" and point == "hook_pos_embed":
+            continue  # T5's relative position bias, [q_pos, k_pos, head], as its meaning says
+        dims = describe(point).shape.strip("[]").split(", ")
+        assert tensor.dim() == len(dims), (name, tuple(tensor.shape), dims)
+        for size, dim in zip(tensor.shape, dims, strict=True):
+            assert size in sizes[dim], (name, tuple(tensor.shape), dims)
+        checked += 1
+    assert checked > 50
+
+
+def test_the_hook_reference_lists_every_point_with_its_architectures():
+    page = generate.hooks_page()
+    for point in known_points():
+        assert f"| `{point}` | `{describe(point).shape}` |" in page, point
+    every = generate.points_by_architecture()
+    assert (
+        every["hook_rot_q"] >= {"llama", "gpt_neox", "qwen3"} and "gpt2" not in every["hook_rot_q"]
+    )
+    assert every["hook_cross_attn_out"] == {"bart", "mbart", "marian", "t5", "flan-t5"}
+    assert "none of these" not in page  # every point some architecture has
+
+
+def test_the_analysis_reference_lists_every_analysis_table_column_option_and_role():
+    import analyses
+    from probe.inputs import units
+
+    page = generate.analyses_page()
+    for name in analyses.REGISTRY:
+        cls = analyses.get(name)
+        assert f"## `{name}`" in page
+        for table, schema in cls.tables.items():
+            assert f"`{table}.csv`" in page
+            assert all(f"`{column}` ({kind})" in page for column, kind in schema.items())
+        assert all(f"`{column}`" in page for column in cls.head_columns)
+        assert all(f"| `{option.flag}` |" in page for option in cls.options)
+    for name in units.UNITS:
+        assert all(f"| `{o.flag}` |" in page for o in units.get(name).options)
+    for role in ("syntactic", "previous-token", "sink", "induction", "copying", "retrieval"):
+        assert f"- `{role}`: " in page
+
+
+def test_the_command_line_reference_lists_every_option():
+    page = generate.cli_page()
+    for name, command in generate._commands().items():
+        assert f"## `probe {name}`" in page
+        for param in command.params:
+            if param.param_type_name == "option":
+                assert f"`{param.opts[0]}`" in page, (name, param.opts)
+
+
+def test_the_api_reference_names_every_public_name():
+    page = generate.api_page()
+    for name, module in probe._EXPORTS.items():
+        assert f"::: {module}.{name}\n" in page
+    generate.API_GROUPS += (("Stray", ("not_public",)),)
+    try:
+        with pytest.raises(ValueError, match="not_public"):
+            generate.api_page()
+    finally:
+        generate.API_GROUPS = generate.API_GROUPS[:-1]
+
+
+def test_facts_come_from_the_code_and_an_unknown_one_fails():
+    from probe.app import examples
+    from probe.inputs.treebank import BUNDLED_SENTENCES, UD_TREEBANKS
+
+    facts = generate.facts()
+    assert facts["ud.en_gum.release"] == UD_TREEBANKS["en_gum"].release
+    assert facts["cards.candidates"] == str(examples.N_CANDIDATES)
+    assert facts["ewt_dev.sentences"] == f"{BUNDLED_SENTENCES['ewt-dev']:,}"  # counted, checked
+    assert facts["sample.sentences"] == str(BUNDLED_SENTENCES["sample"])
+    assert generate.substitute("first {{ cards.candidates }}", "x") == "first 32"
+    with pytest.raises(KeyError, match=r"page\.md: unknown fact"):
+        generate.substitute("{{ cards.nothing }}", "page.md")
+    for page in PAGES:  # every fact a page names exists
+        for name in generate.FACT.findall(page.read_text(encoding="utf-8")):
+            assert name in facts, (page.name, name)
+
+
+def test_facts_are_not_copied_into_the_pages():
+    """Release numbers, the bundled treebanks' sizes and the cards' sentences are named
+    (``{{ … }}``), never written out, in the docs, the README and the reports' README."""
+    from probe.app import examples
+
+    copied = re.compile(
+        rf"\br2\.\d+|\b2,001\b|first {examples.N_CANDIDATES}\b|first 16\b"
+        r"|\b76 (?:hand-written|sent)"
+    )
+    for path in [*PAGES, README, ROOT / "reports" / "README.md"]:
+        found = copied.findall(path.read_text(encoding="utf-8"))
+        assert not found, f"{path.relative_to(ROOT)} writes out {found}: name the fact instead"
+
+
+def test_nothing_points_outside_the_repository():
+    for path in [*PAGES, README, *(ROOT / "docs" / "tutorials").glob("*.py")]:
+        assert "../shared" not in path.read_text(encoding="utf-8"), path
+
+
+def test_the_front_page_is_short_and_says_how_to_set_up_run_and_test():
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 150
+    for command in ("pip install", "probe analyze", "python -m pytest -q", '-m "not slow"'):
+        assert command in text, command
+    for link in re.findall(r"\]\((docs/[^)#]+)", text):
+        assert (ROOT / link).exists(), link
+
+
+def test_the_site_check_finds_a_link_to_nothing(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b.png").write_bytes(b"")
+    (tmp_path / "a" / "index.html").write_text('<a href="../b.png">b</a> <a href="../a/#x">a</a>')
+    generate.on_post_build({"site_dir": str(tmp_path)})  # both exist
+    (tmp_path / "a" / "index.html").write_text('<a href="../missing/">gone</a>')
+    with pytest.raises(ValueError, match=r"a/index\.html: \.\./missing/"):
+        generate.on_post_build({"site_dir": str(tmp_path)})

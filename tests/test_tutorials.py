@@ -1,0 +1,48 @@
+"""The tutorials (``docs/tutorials/*.py``, notebooks kept as jupytext percent scripts) run as
+notebooks, offline, on the CPU, in a kernel of this Python: each asserts what it shows (a
+tutorial whose induction head is not found, or whose rows differ from the full pattern, fails
+here). The docs site executes them again to render their outputs (``mkdocs.yml``)."""
+
+from pathlib import Path
+
+import jupytext
+import pytest
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+
+ROOT = Path(__file__).resolve().parents[1]
+TUTORIALS = sorted((ROOT / "docs" / "tutorials").glob("*.py"))
+NAV = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+
+
+def run(path: Path, folder: Path) -> None:
+    """Execute the tutorial at ``path`` as a notebook, in ``folder``; raises the failing cell's
+    error (``CellExecutionError``, with its traceback)."""
+    notebook = jupytext.read(path)
+    client = NotebookClient(
+        notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": folder}}
+    )
+    client.execute()
+
+
+def test_there_are_tutorials_and_the_site_lists_each():
+    assert len(TUTORIALS) >= 5
+    for path in TUTORIALS:
+        assert f"tutorials/{path.name}" in NAV, f"mkdocs.yml's nav lacks {path.name}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", TUTORIALS, ids=lambda p: p.stem)
+def test_the_tutorial_runs_and_its_asserts_hold(path, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the kernel inherits it: nothing downloaded
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    run(path, tmp_path)
+
+
+@pytest.mark.slow
+def test_a_failing_assert_in_a_tutorial_fails_the_run(tmp_path):
+    """The check can fail: a tutorial whose assert does not hold raises."""
+    broken = tmp_path / "broken.py"
+    broken.write_text("# %%\nfound = 2\n\n# %%\nassert found == 3, 'no induction head'\n")
+    with pytest.raises(CellExecutionError, match="no induction head"):
+        run(broken, tmp_path)
