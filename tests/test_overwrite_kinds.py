@@ -132,6 +132,20 @@ def test_figures_wait_for_no_run_replacing_their_report(written, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]
 
 
+# ``probe figures`` with each figure drawn half a second late, so that a signal sent once its
+# staging folder exists arrives while it draws, however fast the machine (a quiet one drew all
+# seven figures between the folder's appearance and the signal).
+SLOW_FIGURES = (
+    "import sys, time\n"
+    "import analyses.paper as paper\n"
+    "draw = paper.draw_figure\n"
+    "paper.draw_figure = lambda *a, **k: (time.sleep(0.5), draw(*a, **k))[1]\n"
+    "from probe.app.cli import main\n"
+    "sys.argv = ['probe', *sys.argv[1:]]\n"
+    "main()\n"
+)
+
+
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_a_signal_during_figures_leaves_nothing_behind(written, tmp_path, stop):
     """Stopped while it draws, ``probe figures`` removes its staging folder and both locks (its
@@ -140,7 +154,7 @@ def test_a_signal_during_figures_leaves_nothing_behind(written, tmp_path, stop):
     shutil.copytree(written["report"], report)
     before = contents(report)
     args = ["figures", str(report), "-f", "png", "-o", str(tmp_path / "figures")]
-    child = subprocess.Popen([sys.executable, "-m", "probe.app.cli", *args],
+    child = subprocess.Popen([sys.executable, "-c", SLOW_FIGURES, *args],
                              stderr=subprocess.PIPE, text=True)  # fmt: skip
     deadline = time.monotonic() + 120
     while not any(p.name.startswith(".figures.probe-") and p.is_dir() for p in tmp_path.iterdir()):
