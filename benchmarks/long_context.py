@@ -78,8 +78,8 @@ def child(tokens: int, mode: str, budget: str, rounds: int, d_head: int, layers:
     from analyses.taxonomy import Taxonomy
     from probe.inputs.units import Source
     from probe.inputs.units.sentences import Sentences
+    from probe.options import parse_size
     from probe.run.runner import stream_rows
-    from probe.sizes import parse_size
 
     torch.manual_seed(0)
     _, tokenizer = probe.load("minilm")

@@ -26,8 +26,8 @@ from analyses import Context
 from analyses.taxonomy import Taxonomy
 from probe.inputs.units import Source
 from probe.inputs.units.repeats import RepeatedSequences
+from probe.options import parse_size
 from probe.run.runner import stream, stream_rows
-from probe.sizes import parse_size
 
 
 def measure(model, tokenizer, args) -> tuple[float, float, float]:

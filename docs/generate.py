@@ -427,7 +427,7 @@ def api_page() -> str:
         lines += ["", f"## {title}", ""]
         for name in names:
             lines += [f"::: {probe._EXPORTS[name]}.{name}", ""]
-    lines += ["## Figures in a notebook", "", f"::: {probe._MODULES['plot']}", ""]
+    lines += ["## Figures in a notebook", "", "::: probe.plot", ""]
     return "\n".join(lines)
 
 

@@ -46,11 +46,6 @@ _EXPORTS = {
     "View": "probe.patterns.viewer",
 }
 
-# Public module -> where it lives. The notebook figures read report folders and draw what the
-# analyses declare, so they live in the app, beside ``probe figures``; nothing in the library
-# uses them, and ``probe.plot`` only names them.
-_MODULES = {"plot": "probe.app.plot"}
-
 __all__ = [
     "Cache",
     "HeadId",
@@ -75,7 +70,6 @@ __all__ = [
     "hooks",
     "load",
     "patch",
-    "plot",
     "show",
     "spectra",
     "trace",
@@ -83,22 +77,21 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    if name in _MODULES:
-        value = importlib.import_module(_MODULES[name])
-    elif name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    else:
-        raise AttributeError(f"module 'probe' has no attribute {name!r}")
+    if name not in _EXPORTS:
+        # ``probe.plot`` is a module of the app's (it reads report folders and draws what the
+        # analyses declare), so the library does not import it: ``from probe import plot`` does.
+        hint = "; import the notebook figures as: from probe import plot" if name == "plot" else ""
+        raise AttributeError(f"module 'probe' has no attribute {name!r}{hint}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS, *_MODULES})
+    return sorted({*globals(), *_EXPORTS})
 
 
 if TYPE_CHECKING:
-    from probe.app import plot
     from probe.attention import MultiHeadAttention
     from probe.errors import ProbeError
     from probe.heads import HeadId

@@ -1,6 +1,7 @@
 """Options declared once, where they are used: by an analysis (``Analysis.options``) or an input
 unit (``Unit.options``). From the one declaration come the command line's option, its
-validation and its line in ``run.json``.
+validation and its line in ``run.json``. Also the sizes in bytes that options take, as people
+write them (``512MiB``, ``4GiB``, ``2GB``): ``parse_size``.
 
 Imports nothing heavy: the command line builds ``probe analyze`` from these before torch.
 """
@@ -8,6 +9,7 @@ Imports nothing heavy: the command line builds ``probe analyze`` from these befo
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -112,3 +114,24 @@ def resolve(declared: Sequence[Option], given: Mapping[str, Any]) -> dict[str, A
         name: option.check(given[name]) if given.get(name) is not None else option.default
         for name, option in known.items()
     }
+
+
+# Bytes a block of attention rows may take, by default (``probe analyze --attention-budget``).
+ATTENTION_BUDGET = "1GiB"
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
+
+
+def parse_size(text: str, flag: str = "--attention-budget") -> int:
+    """Bytes in a size such as ``512MiB``, ``4GiB``, ``1.5GB`` or ``65536``.
+
+    Raises
+    ------
+    ProbeError
+        One line naming ``flag`` and the sizes it takes.
+    """
+    found = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*([a-zA-Z]*)\s*", str(text))
+    unit = found and found.group(2).lower()
+    if not found or unit not in _UNITS or float(found.group(1)) * _UNITS[unit] < 1:
+        raise ProbeError(f"{flag} takes a size such as 512MiB, 4GiB or 2GB, not {text!r}")
+    return int(float(found.group(1)) * _UNITS[unit])

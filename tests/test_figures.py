@@ -4,6 +4,8 @@ folder is written whole and never over something without --overwrite; the page k
 inline SVG from the same declarations."""
 
 import inspect
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 
 import matplotlib.image as plt_image
@@ -133,7 +135,7 @@ def test_a_comparison_has_its_figures(comparison, tmp_path):
 FUNCTIONS = {
     name: f
     for name, f in inspect.getmembers(plot, inspect.isfunction)
-    if f.__module__ == "probe.app.plot" and not name.startswith("_") and name != "tables"
+    if f.__module__ == "probe.plot" and not name.startswith("_") and name != "tables"
 }
 COMPARE = {"rank_changes", "relation_changes", "layer_roles", "layer_correspondence"}
 ABSENT = {"coreference_heads", "cross_heads", "layer_roles", "layer_correspondence"}
@@ -151,10 +153,21 @@ def test_probe_plot_returns_the_axes_it_drew_on(report, comparison, name):
     plt.close("all")
 
 
-def test_probe_plot_is_the_apps_module_offered_on_first_use():
-    from probe.app import plot as in_the_app
-
-    assert probe.plot is plot is in_the_app and "plot" in dir(probe)
+def test_probe_plot_is_a_module_the_front_door_does_not_import():
+    """``from probe import plot`` imports the app's module; a fresh ``import probe`` neither
+    imports nor names it, and says how to import it when asked for ``probe.plot``."""
+    assert plot.__name__ == "probe.plot" and probe.plot is plot
+    code = (
+        "import sys, probe\n"
+        "assert 'plot' not in dir(probe)\n"
+        "try:\n    probe.plot\nexcept AttributeError as e:\n    print(e)\n"
+        "above = ('probe.app', 'probe.plot', 'analyses')\n"
+        "assert not [m for m in sys.modules if m.startswith(above)]\n"
+        "from probe import plot\n"
+        "assert probe.plot is plot\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().endswith("import the notebook figures as: from probe import plot")
 
 
 def test_every_declared_figure_has_its_drawing_and_notebook_function():

@@ -9,7 +9,7 @@ from models import padded_batch, small_model
 import probe
 from probe.capture.rows import RowBlock, block_rows, scored
 from probe.errors import ProbeError
-from probe.sizes import parse_size
+from probe.options import parse_size
 
 KINDS = ["llama", "mistral", "qwen2", "bert", "gpt2", "albert", "gpt_neox", "qwen3"]
 

@@ -34,8 +34,8 @@ from probe.distributed import Ranks
 from probe.errors import ProbeError
 from probe.inputs.hub import bound_waits
 from probe.inputs.treebank import BUNDLED_SENTENCES
+from probe.options import ATTENTION_BUDGET
 from probe.run import helper
-from probe.sizes import ATTENTION_BUDGET
 
 app = typer.Typer(
     help="What does each attention head do? Analyse a model, write a self-contained report.",

@@ -35,8 +35,7 @@ from probe.app.folder import SCHEMA
 from probe.app.output import check_free, default_out, refuse_inputs, reserved, write_file
 from probe.errors import ProbeError
 from probe.inputs import units
-from probe.options import Option, resolve
-from probe.sizes import ATTENTION_BUDGET, parse_size
+from probe.options import ATTENTION_BUDGET, Option, parse_size, resolve
 
 PACKAGES = ("probe", "torch", "transformers", "tokenizers", "numpy", "pandas")
 Progress = Callable[[str, int | None], Callable[[Iterable], Iterator]]

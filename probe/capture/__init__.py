@@ -5,6 +5,6 @@ its attention (``architectures``), the hook points on probe's own modules and mi
 Hugging Face models (``hookpoints``, ``mirror``), what a trace captures (``cache``), and
 attention patterns computed in blocks of query rows for long inputs (``rows``).
 
-May import: ``probe``'s foundation modules (``errors``, ``lazy``, ``sizes``, ``numerics``…), and
+May import: ``probe``'s foundation modules (``errors``, ``lazy``, ``options``, ``numerics``…), and
 no other part of probe.
 """

@@ -28,7 +28,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from probe.capture.architectures import architecture, blocks
 from probe.errors import ProbeError
 from probe.numerics import entropy
-from probe.sizes import parse_size  # noqa: F401 (where users of rows find it)
+from probe.options import parse_size  # noqa: F401 (where users of rows find it)
 
 IMPLEMENTATION = "probe_rows"
 # A block holds about this many [batch, head, rows, keys] float32 tensors at once: the scores,

@@ -21,7 +21,7 @@ from probe.capture.architectures import check_length
 from probe.capture.rows import RowBlock, Scored, scored
 from probe.capture.spec import describe
 from probe.errors import ProbeError
-from probe.sizes import ATTENTION_BUDGET, parse_size
+from probe.options import ATTENTION_BUDGET, parse_size
 
 STATISTICS = ("entropy", "confidence", "first", "self", "previous", "distance")
 

@@ -7,9 +7,12 @@
 Each function takes a report folder (``probe analyze``'s, or ``probe compare``'s for the
 comparison's figures) or its tables (a dict of DataFrames named as the CSV files), and an
 optional matplotlib ``ax``; it returns the Axes it drew on. The drawings are those the
-analyses declare (``Analysis.plots``), in the figures' theme (``analyses.paper.theme``). It
-lives in the app, beside ``probe figures``, since it reads reports and knows the analyses,
-which the library below (``probe``) does not.
+analyses declare (``Analysis.plots``), in the figures' theme (``analyses.paper.theme``).
+
+This module is part of the app, beside ``probe figures``: it reads report folders and knows
+the analyses, which the library does not. It sits at the package's top level so that
+``from probe import plot`` finds it as a module, while ``probe/__init__.py`` (the library's
+front door) neither imports nor names it.
 """
 
 from __future__ import annotations
