@@ -323,6 +323,38 @@ def test_nested_traces_share_one_mirror_and_restore():
     assert len(outer) == 2 and len(inner) == 2
 
 
+def test_a_mirror_is_built_once_per_model_and_anew_when_a_module_is_swapped():
+    """Traces reuse the model's mirror (building one per trace cost ~10 ms of MiniLM's ~90 ms
+    batches); a module swapped in gets hooked, and a model no longer used is freed."""
+    import gc
+    import weakref
+
+    from probe.capture import mirror as mirror_module
+
+    model, batch = small_model("gpt2"), padded_batch("gpt2")
+    with torch.no_grad():
+        with probe.trace(model, "hook_z") as first:
+            model(**batch)
+        built = mirror_module._BUILT[model][1]
+        with probe.trace(model, "hook_z") as second:
+            model(**batch)
+        assert mirror_module._BUILT[model][1] is built and set(first) == set(second)
+        old = model.h[1].attn
+        model.h[1].attn = type(old)(model.config, layer_idx=1).eval()  # new weights
+        with probe.trace(model, "hook_z") as third:
+            out = model(**batch).last_hidden_state
+        assert mirror_module._BUILT[model][1] is not built
+        z = third["blocks.1.attn.hook_z"]
+        assert not torch.equal(z, second["blocks.1.attn.hook_z"])
+        with probe.trace(model, "hook_z", keep_grad=False) as plain:  # and what it captured is
+            assert torch.equal(model(**batch).last_hidden_state, out)  # the new module's z
+        assert torch.equal(plain["blocks.1.attn.hook_z"], z)
+    gone = weakref.ref(model)
+    del model, built, old, first, second, third, plain  # a Cache keeps its model
+    gc.collect()
+    assert gone() is None
+
+
 def test_hooks_are_removed_after_an_exception():
     model = small_model("bert")
     with pytest.raises(RuntimeError, match="boom"), probe.trace(model):

@@ -22,6 +22,7 @@ by the ``point`` factory that ``mirrored`` is given (``probe.capture.hookpoints.
 from __future__ import annotations
 
 import sys
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Protocol
@@ -131,12 +132,13 @@ class Mirror:
     """
 
     def __init__(self, model: PreTrainedModel, point: Callable[[], Point]) -> None:
-        self.model = model
+        self._model = weakref.ref(model)  # kept while the model lives (``_mirror_of``), not longer
         self.point = point
         self.points: dict[str, Point] = {}
         # A module shared by several layers (ALBERT) learns its layer from its call count: each
         # (kind, module) lists the hook holders it serves, in call order.
         self.owners: dict[tuple[str, int], list[nn.Module]] = {}
+        self.by_kind: dict[str, dict[int, nn.Module]] = {}  # kind -> the model's modules, once
         self.output_of: dict[int, nn.Module] = {}  # id(attention hooks) -> output projection
         # id(attention hooks) -> its layout: (Architecture.fused, query heads, head width)
         self.layout: dict[int, tuple[str, int, int]] = {}
@@ -185,12 +187,16 @@ class Mirror:
                 else:
                     self._block(name, arch, i, block).heads = layout[1:]
         self._model_points()
-        self.previous = model.config._attn_implementation or "eager"
+        self.previous = "eager"  # the model's implementation, read as the mirror is attached
         self.calls: dict[tuple[str, int], int] = {}
         self.pending: dict[int, torch.Tensor] = {}
         self.stream: dict[int, torch.Tensor] = {}  # id(block holder) -> its resid_pre
         self.attn_in: dict[int, tuple[torch.Tensor, bool]] = {}  # -> its hook_attn_in, edited
         self.positions = torch.Size()
+
+    @property
+    def model(self) -> PreTrainedModel:
+        return self._model()
 
     def _block(self, name: Attention, arch: Architecture, layer: int, block: nn.Module) -> _Points:
         """The residual stream's, the norms' and the MLP's points of one block, which it
@@ -267,6 +273,7 @@ class Mirror:
 
     def _own(self, kind: str, module: nn.Module, holder: nn.Module) -> None:
         self.owners.setdefault((kind, id(module)), []).append(holder)
+        self.by_kind.setdefault(kind, {})[id(module)] = module
 
     def owner(self, module: nn.Module, kind: str = "attn") -> nn.Module:
         """The hook holder that ``module`` (an attention module, or one of ``kind``) now runs."""
@@ -280,15 +287,11 @@ class Mirror:
 
     def modules(self, kind: str) -> list[nn.Module]:
         """The model's modules of one kind, each once."""
-        found = {}
-        for module in self.model.modules():
-            if (kind, id(module)) in self.owners:
-                found[id(module)] = module
-        return list(found.values())
+        return list(self.by_kind.get(kind, {}).values())
 
     def kinds(self, prefix: str) -> list[str]:
         """The kinds of module hooks that start with ``prefix``, each once."""
-        return list(dict.fromkeys(k for k, _ in self.owners if k.startswith(prefix)))
+        return [kind for kind in self.by_kind if kind.startswith(prefix)]
 
     def implementation(self, module: nn.Module) -> Callable:
         """The attention function ``module`` ran before the mirror: the registry's, or for
@@ -526,6 +529,7 @@ class Mirror:
     def attached(self) -> Iterator[None]:
         model = self.model
         previous = model.config._attn_implementation
+        self.previous = previous or "eager"
         handles = [model.base_model.register_forward_pre_hook(self._start_forward)]
         # hook_result's replacement first, so that hook_attn_out sees the edited output.
         handles += [o.register_forward_hook(self._replace_output) for o in self.modules("output")]
@@ -562,7 +566,9 @@ class Mirror:
         attention = [id(m) for m in self.modules("attn")]
         for key in attention:
             _MIRRORS[key] = self
-        configs = {id(m.config) for m in model.modules() if hasattr(m, "config")}
+        # A config is a plain attribute, in the module's __dict__ (hasattr would raise and catch
+        # an AttributeError on every module without one).
+        configs = {id(c) for m in model.modules() if (c := m.__dict__.get("config")) is not None}
         for key in configs:  # the mask function finds the mirror by the config it is given
             _BY_CONFIG[key] = self
         try:
@@ -634,12 +640,31 @@ def mirrored(model: PreTrainedModel, point: Callable[[], Point]) -> Iterator[dic
     if mirror is not None:
         yield mirror.points
         return
-    mirror = _ACTIVE[id(model)] = Mirror(model, point)
+    mirror = _ACTIVE[id(model)] = _mirror_of(model, point)
     try:
         with mirror.attached():
             yield mirror.points
     finally:
         del _ACTIVE[id(model)]
+
+
+# Each model's mirror, built once for its modules as they are and kept while the model lives:
+# building one (a hook point per name, per layer) costs as much as a small batch's forward pass,
+# and a trace is one forward pass. A module swapped in or out changes the modules' identities
+# (those the mirror hooks are kept alive by it, so their ids are not reused), and a new mirror is
+# built.
+_BUILT: weakref.WeakKeyDictionary[nn.Module, tuple[tuple, Mirror]] = weakref.WeakKeyDictionary()
+
+
+def _mirror_of(model: PreTrainedModel, point: Callable[[], Point]) -> Mirror:
+    """``model``'s mirror: the one built before if its modules are still the same, else anew."""
+    key = (tuple(map(id, model.modules())), point)
+    built = _BUILT.get(model)
+    if built is not None and built[0] == key:
+        return built[1]
+    mirror = Mirror(model, point)
+    _BUILT[model] = (key, mirror)
+    return mirror
 
 
 def _spreads(shape: torch.Size, positions: torch.Size) -> bool:
