@@ -147,11 +147,10 @@ class Syntax(Analysis):
 
     def _counts(self):
         """Counts with heads flat (``[..., layer·head]``) and an extra relation 'all' (every
-        word but the root) appended."""
+        word but the root) appended; the replicates' correct counts are read one relation at a
+        time (``_boot_correct``)."""
         L, H, R, B = self.context.n_layers, self.context.n_heads, len(RELATIONS), self.n_boot
         correct = self.correct.permute(1, 2, 0, 3).reshape(R, 2, L * H)
-        boot_correct = self.boot_correct.view(L, B, R, 2, H).permute(1, 2, 3, 0, 4)
-        boot_correct = boot_correct.reshape(B, R, 2, L * H)
         boot_baseline = self.boot_baseline.view(B, R, len(OFFSETS))
         cat = lambda x, dim: torch.cat([x, x.sum(dim, keepdim=True)], dim)  # noqa: E731
         return (
@@ -159,15 +158,25 @@ class Syntax(Analysis):
             cat(correct, 0),
             cat(self.total, 0),
             cat(self.baseline, 0),
-            cat(boot_correct, 1),
             cat(self.boot_total, 1),
             cat(boot_baseline, 1),
             self.sentences_with,
         )
 
+    def _boot_correct(self, r: int) -> torch.Tensor:
+        """Relation ``r``'s correct counts per replicate, ``[replicate, direction, layer·head]``
+        (``r = len(RELATIONS)``: every relation's sum), from the per-layer store. One relation at
+        a time: the whole store laid out by relation would be two more copies of n_boot ×
+        relations × 2 × layers × heads floats, and make the run's peak grow with depth."""
+        L, H, R, B = self.context.n_layers, self.context.n_heads, len(RELATIONS), self.n_boot
+        per_layer = self.boot_correct.view(L, B, R, 2, H)
+        # Sums of whole replicate weights times 0/1: integers, exact in any order.
+        part = per_layer.sum(2) if r == R else per_layer[:, :, r]
+        return part.permute(1, 2, 0, 3).reshape(B, 2, L * H)
+
     def _tables(self) -> dict[str, pd.DataFrame]:
         """``syntax``, ``syntax_baselines`` and ``syntax_best`` (0-based layer and head)."""
-        names, correct, total, baseline, b_correct, b_total, b_baseline, held = self._counts()
+        names, correct, total, baseline, b_total, b_baseline, held = self._counts()
         present = [r for r in range(len(names)) if total[r] > 0 and names[r] != "root"]
         if not present:  # no word with a head: a corpus of one-word sentences
             return {
@@ -179,7 +188,7 @@ class Syntax(Analysis):
             # A replicate that drew no word of r has no accuracy for it: it is left out.
             drawn = b_total[:, r] > 0
             counts = _RelationCounts(
-                names[r], correct[r], total[r], baseline[r], b_correct[drawn, r],
+                names[r], correct[r], total[r], baseline[r], self._boot_correct(r)[drawn],
                 b_baseline[drawn, r], b_total[drawn, r], int(held[r]),
             )  # fmt: skip
             rows += counts.head_rows(H)
