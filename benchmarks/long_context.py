@@ -68,7 +68,9 @@ def long_text(tokens: int, tokenizer, path: Path) -> Path:
     return path
 
 
-def child(tokens: int, mode: str, budget: str, rounds: int, d_head: int, layers: int) -> dict:
+def child(
+    tokens: int, mode: str, budget: str, rounds: int, d_head: int, layers: int, names: str
+) -> dict:
     import torch
     import transformers as tf
 
@@ -93,13 +95,15 @@ def child(tokens: int, mode: str, budget: str, rounds: int, d_head: int, layers:
             source = Source((long_text(length, tokenizer, Path(folder) / f"{length}.conllu"),))
             batches.append(next(iter(Sentences(source, tokenizer, length).batches(1))))
     context = Context(layers, 4, causal=True, model=model, tokenizer=tokenizer)
+    kinds = {"roles": Roles, "taxonomy": Taxonomy}
 
     def floor(batch) -> None:
         with torch.inference_mode():
             model(**batch.inputs)
 
     def analysis(batch) -> None:
-        stream_rows(model, [batch], [Roles(context), Taxonomy(context)], parse_size(budget))
+        consumers = [kinds[name](context) for name in names.split(",")]
+        stream_rows(model, [batch], consumers, parse_size(budget))
 
     # The floor and the analysis alternate in one process and are timed in CPU seconds, so that
     # the other processes on a shared machine slow neither more than the other.
@@ -122,7 +126,7 @@ def child(tokens: int, mode: str, budget: str, rounds: int, d_head: int, layers:
 def run(tokens: int, mode: str, args: argparse.Namespace) -> dict:
     args = [sys.executable, __file__, "--child", str(tokens), mode, "--budget", args.budget,
             "--rounds", str(args.rounds), "--d-head", str(args.d_head), "--layers",
-            str(args.layers)]  # fmt: skip
+            str(args.layers), "--analyses", args.analyses]  # fmt: skip
     out = subprocess.run(args, capture_output=True, text=True, env=os.environ)
     if out.returncode:
         sys.exit(f"{mode} at {tokens} failed:\n{out.stderr[-3000:]}")
@@ -136,14 +140,39 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="timed passes of each")
     parser.add_argument("--d-head", type=int, default=16, help="the model's head width")
     parser.add_argument("--layers", type=int, default=2, help="the model's depth")
+    parser.add_argument("--analyses", default="roles,taxonomy", help="roles, taxonomy or both")
+    parser.add_argument(
+        "--busy",
+        type=int,
+        default=0,
+        help="processes spinning on the cores meanwhile, as other users' jobs",
+    )
     parser.add_argument("--child", nargs=2, metavar=("TOKENS", "MODE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         tokens, mode = int(args.child[0]), args.child[1]
-        print(json.dumps(child(tokens, mode, args.budget, args.rounds, args.d_head, args.layers)))
+        print(
+            json.dumps(
+                child(
+                    tokens, mode, args.budget, args.rounds, args.d_head, args.layers, args.analyses
+                )
+            )
+        )
         return
-    print(f"Llama of {args.layers} layers, 4 heads of {args.d_head}; threads "
-          f"{os.environ.get('OMP_NUM_THREADS', 'default')}, budget {args.budget}; "
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                for _ in range(args.busy)]  # fmt: skip
+    try:
+        table(args)
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+
+
+def table(args: argparse.Namespace) -> None:
+    print(f"Llama of {args.layers} layers, 4 heads of {args.d_head}, {args.analyses}; threads "
+          f"{os.environ.get('OMP_NUM_THREADS', 'default')}, OMP_WAIT_POLICY "
+          f"{os.environ.get('OMP_WAIT_POLICY', 'unset')}, {args.busy} busy processes, budget "
+          f"{args.budget}; "
           f"CPU seconds, median of {args.rounds} rounds; load: 1-minute load average, "
           f"{os.cpu_count()} cores")  # fmt: skip
     print(f"{'tokens':>7} {'floor s':>8} {'analysis s':>10} {'time x':>7} {'wall x':>7} "
