@@ -26,9 +26,9 @@ import pandas as pd
 import torch
 from torch import nn
 
-from probe.capture.architectures import architecture
+from probe.capture.architectures import architecture, blocks, head_weights
 from probe.capture.hookpoints import Hook, hook_points, hooks, trace
-from probe.capture.names import hook_name
+from probe.capture.names import NORM_POINTS, hook_name
 from probe.capture.spec import describe
 from probe.errors import ProbeError
 from probe.interventions.gradients import START, clean_start, run
@@ -80,6 +80,7 @@ def graph(model: nn.Module) -> Graph:
     layers = range(describe(model).n_layers)
     with hook_points(model) as points:
         needed = [START] + [hook_name("hook_mlp_in", layer) for layer in layers]
+        needed += [hook_name("ln1.hook_scale", layer) for layer in layers]
         missing = [n for n in needed if n not in points]
         if missing:
             raise ProbeError(f"edges need the point {missing[0]}, which this model lacks")
@@ -153,10 +154,10 @@ def edges(
     if steps < 1:
         raise ProbeError(f"steps must be at least 1, not {steps}")
     pairs = check_pairs(clean, corrupted)
-    g = graph(model)
-    sender_points = sorted({point for _, point, _ in g.senders})
-    receiver_points = sorted({point for *_, point, _ in g.receivers})
-    with hook_points(model):
+    with hook_points(model):  # attached once: graph and every run below share it
+        g = graph(model)
+        sender_points = sorted({point for _, point, _ in g.senders})
+        receiver_points = sorted({point for *_, point, _ in g.receivers})
         found = {}
         for side, inputs in (("clean", clean), ("corrupted", corrupted)):
             with torch.no_grad(), trace(model, sender_points) as cache:
@@ -166,14 +167,23 @@ def edges(
                 start = clean_start(model, clean, cache)
         delta = (found["clean_senders"] - found["corrupted_senders"]).double()
         alphas = [k / steps for k in range(1, steps + 1)] if method == "eap-ig" else [0.0]
-        _, grads, _ = run(model, corrupted, metric, pairs, receiver_points, start, alphas)
+        # The heads' inputs' gradients come from their projections' (see _head_input_grads).
+        layers = range(describe(model).n_layers)
+        head_inputs = [p for p in receiver_points if p.rsplit(".", 1)[-1] in INPUTS]
+        outputs = [hook_name(f"hook_{part}", layer) for layer in layers for part in "qkv"]
+        norms = [hook_name(f"ln1.{p}", layer) for layer in layers for p in NORM_POINTS]
+        others = [p for p in receiver_points if p not in head_inputs]
+        _, grads, kept = run(
+            model, corrupted, metric, pairs, others + outputs, start, alphas, keep=norms
+        )
+    mean_grads = {point: grads[point].mean(0).double() for point in others}
+    mean_grads |= _head_input_grads(model, grads, kept)
     # Each edge's score is δ_sender · gradient_receiver summed over positions and d_model:
     # one batched product per receiver point (all its heads at once), [pair, sender, receiver].
     delta = delta.transpose(0, 1).flatten(2)  # [pairs, sender, pos·d_model]
     columns = {}
     for point in receiver_points:
-        # The mean over the steps: [pairs, pos, (head,) d_model].
-        x = grads[point].mean(0).double()
+        x = mean_grads[point]  # the mean over the steps: [pairs, pos, (head,) d_model]
         x = x.unsqueeze(2) if x.dim() == 3 else x
         columns[point] = torch.bmm(delta, x.transpose(1, 2).flatten(2).transpose(1, 2))
     scores = torch.stack(
@@ -202,6 +212,51 @@ def edges(
         "corrupted": found["corrupted"],
     }
     return table
+
+
+INPUTS = ("hook_q_input", "hook_k_input", "hook_v_input")
+
+
+def _head_input_grads(
+    model: nn.Module, grads: Mapping[str, torch.Tensor], kept: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """The mean over the copies of ∂metric/∂``hook_{q,k,v}_input``, ``[pairs, pos, head,
+    d_model]`` float64, from ∂metric/∂``hook_{q,k,v}`` in ``grads`` and ``ln1``'s
+    ``hook_scale`` and ``hook_normalized`` in ``kept`` (all ``[copies, pairs, ...]``).
+
+    A head's query input reaches the metric only through ``ln1`` and the head's slice of W_Q
+    (key and value alike), so its gradient is the vector-Jacobian product of ∂metric/∂q through
+    them, worked out here for every head at once instead of autograd running the norm and the
+    projection once per head. With x̂ and σ the norm's normalised input and scale and W' = γ W_Q
+    (γ its weight; for LayerNorm centred over d_model, which takes the place of its −mean
+    term): ∂metric/∂x = (W' ∂q − x̂ (x̂ · W' ∂q) / d_model) / σ, exactly for LayerNorm and
+    RMSNorm (eps included).
+    """
+    arch = architecture(model)
+    found = {}
+    for layer, (weights, block) in enumerate(zip(head_weights(model), blocks(model), strict=True)):
+        norm = block.get_submodule(arch.ln1)
+        gain = 1.0 if norm.weight is None else norm.weight.detach().float()
+        gain = gain + 1 if "Gemma" in type(norm).__name__ else gain  # Gemma's 1 + weight
+        scale = kept[hook_name("ln1.hook_scale", layer)].float().unsqueeze(-1)
+        normalized = kept[hook_name("ln1.hook_normalized", layer)].float()
+        Ws = torch.cat([weights.W_Q, weights.W_K, weights.W_V]).float()  # [head, d_model, e]
+        Ws = Ws * torch.as_tensor(gain).reshape(-1, 1)
+        if isinstance(norm, nn.LayerNorm):
+            Ws = Ws - Ws.mean(-2, keepdim=True)
+        # x̂ W' for every head of the three parts at once: [copies, pairs, pos, head, d_head].
+        projected = (normalized @ Ws.transpose(0, 1).flatten(1)).unflatten(-1, Ws.shape[::2])
+        begin = 0
+        for part in "qkv":
+            g = grads[hook_name(f"hook_{part}", layer)].float() / scale  # [c, n, pos, head, e]
+            W, seen = Ws[begin : begin + g.shape[3]], projected[..., begin : begin + g.shape[3], :]
+            begin += g.shape[3]
+            # W' ∂q / σ summed over the copies first (W' is alike in all), then x̂'s term.
+            direct = torch.einsum("nphe,hde->nphd", g.sum(0), W)
+            along = (seen * g).sum(-1) / normalized.shape[-1]  # [c, n, pos, head]
+            radial = torch.einsum("cnpd,cnph->nphd", normalized, along)
+            found[hook_name(f"hook_{part}_input", layer)] = ((direct - radial) / len(g)).double()
+    return found
 
 
 @torch.no_grad()

@@ -11,6 +11,7 @@ interpolations between the two in one pass, as copies stacked along the batch.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -34,6 +35,31 @@ def clean_start(model: nn.Module, clean: Mapping[str, Any], cache: Mapping[str, 
     """The clean run's start: its tensor at ``START`` from ``cache`` (a trace of the clean run
     that included ``start_point(model)``), or the clean inputs themselves."""
     return clean if start_point(model) is None else cache[START]
+
+
+class _ReadRows(torch.autograd.Function):
+    """A linear LM head's logits, passed on as they are, whose backward multiplies only the
+    rows (positions) where the gradient is not zero: a metric that reads the logits of a few
+    positions then costs no product over the vocabulary at every other one. Exact: a row of
+    zeros adds exactly zero to the head's input's gradient."""
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, logits: torch.Tensor):
+        ctx.save_for_backward(weight)
+        return logits
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (weight,) = ctx.saved_tensors
+        flat = grad.flatten(0, -2)
+        rows = flat.any(-1).nonzero().squeeze(-1)  # one pass, no mask of the whole
+        out = flat.new_zeros(len(flat), weight.shape[1])
+        out[rows] = flat[rows] @ weight.to(flat.dtype)
+        return out.view(*grad.shape[:-1], -1), None, None
+
+
+def _read_rows(module: nn.Module, inputs: tuple, logits: torch.Tensor) -> torch.Tensor:
+    return _ReadRows.apply(inputs[0], module.weight.detach(), logits.detach())
 
 
 def run(
@@ -93,10 +119,14 @@ def run(
                 if isinstance(value, torch.Tensor) and value.is_floating_point():
                     inputs[key] = mix(clean_start[key], value)
             forward = []
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
         with (
             trace(model, list(keep)) as cache,
             hooks(model, forward, backward=dict.fromkeys(names, collect)),
+            contextlib.ExitStack() as stack,
         ):
+            if type(head) is nn.Linear:  # the rows it reads (below the model's own hooks)
+                stack.callback(head.register_forward_hook(_read_rows, prepend=True).remove)
             output = model(**inputs)
             values = [
                 per_pair(metric(seen), pairs, differentiable=True)
