@@ -158,24 +158,31 @@ def edges(
         g = graph(model)
         sender_points = sorted({point for _, point, _ in g.senders})
         receiver_points = sorted({point for *_, point, _ in g.receivers})
-        found = {}
-        for side, inputs in (("clean", clean), ("corrupted", corrupted)):
+        alphas = [k / steps for k in range(1, steps + 1)] if method == "eap-ig" else [0.0]
+        # With α = 1 among the steps, that copy of the gradients' run is the clean run.
+        folded = len(alphas) > 1
+        found, start = {}, None
+        for side, inputs in (("clean", clean), ("corrupted", corrupted))[int(folded) :]:
             with torch.no_grad(), trace(model, sender_points) as cache:
                 found[side] = float(torch.as_tensor(metric(model(**inputs))).float().mean())
             found[side + "_senders"] = _sender_values(cache, g)
             if side == "clean":  # the embeddings, START, are a sender: the runs' start
                 start = clean_start(model, clean, cache)
-        delta = (found["clean_senders"] - found["corrupted_senders"]).double()
-        alphas = [k / steps for k in range(1, steps + 1)] if method == "eap-ig" else [0.0]
         # The heads' inputs' gradients come from their projections' (see _head_input_grads).
         layers = range(describe(model).n_layers)
         head_inputs = [p for p in receiver_points if p.rsplit(".", 1)[-1] in INPUTS]
         outputs = [hook_name(f"hook_{part}", layer) for layer in layers for part in "qkv"]
         norms = [hook_name(f"ln1.{p}", layer) for layer in layers for p in NORM_POINTS]
         others = [p for p in receiver_points if p not in head_inputs]
-        _, grads, kept = run(
-            model, corrupted, metric, pairs, others + outputs, start, alphas, keep=norms
-        )
+        keep = norms + (sender_points if folded else [])
+        values, grads, kept = run(
+            model, corrupted, metric, pairs, others + outputs, start, alphas, keep,
+            clean=clean if folded else None,
+        )  # fmt: skip
+        if folded:
+            found["clean"] = float(values[-1].mean())
+            found["clean_senders"] = _sender_values({p: kept[p][-1] for p in sender_points}, g)
+        delta = (found["clean_senders"] - found["corrupted_senders"]).double()
     mean_grads = {point: grads[point].mean(0).double() for point in others}
     mean_grads |= _head_input_grads(model, grads, kept)
     # Each edge's score is δ_sender · gradient_receiver summed over positions and d_model:

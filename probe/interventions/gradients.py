@@ -71,11 +71,15 @@ def run(
     start: Any,
     alphas: Sequence[float] = (0.0,),
     keep: Sequence[str] = (),
+    clean: Mapping[str, Any] | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Run the pairs from ``corrupted + α (clean - corrupted)`` at the start, for each α (stacked
     copies), and take the gradient of the metric summed over pairs and copies.
 
     ``start`` is the clean run's start (``clean_start``); the corrupted one is this run's own.
+    Or, for a Hugging Face model whose ``alphas`` hold 1 and another, ``start`` None and the
+    ``clean`` inputs: the copy at α = 1 runs them, and its start is the clean start (so that
+    the clean run needs no pass of its own; its ``kept`` points are the clean run's).
 
     Returns
     -------
@@ -106,7 +110,20 @@ def run(
         grads[name] = grad.detach() if name not in grads else grads[name] + grad.detach()
 
     with torch.enable_grad():
-        if isinstance(clean_start, torch.Tensor):  # a Hugging Face model's first block's input
+        if clean is not None:  # the copy at α = 1 is the clean run, which gives the start
+            own, other = list(alphas).index(1.0), next(i for i, a in enumerate(alphas) if a != 1)
+
+            def begin(x: torch.Tensor, hook: Hook) -> torch.Tensor:
+                rows = x.unflatten(0, (copies, pairs))
+                return mix(rows[own], rows[other])
+
+            inputs = stacked(corrupted, copies, pairs)
+            for key, value in clean.items():
+                if isinstance(value, torch.Tensor) and value.dim() and len(value) == pairs:
+                    inputs[key] = inputs[key].clone()
+                    inputs[key][own * pairs : (own + 1) * pairs] = value
+            forward = [(START, begin)]
+        elif isinstance(clean_start, torch.Tensor):  # a Hugging Face model's first block's input
 
             def begin(x: torch.Tensor, hook: Hook) -> torch.Tensor:
                 return mix(clean_start, x[:pairs])  # every copy's rows start alike
