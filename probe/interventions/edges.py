@@ -185,18 +185,21 @@ def edges(
         delta = (found["clean_senders"] - found["corrupted_senders"]).double()
     mean_grads = {point: grads[point].mean(0).double() for point in others}
     mean_grads |= _head_input_grads(model, grads, kept)
-    # Each edge's score is δ_sender · gradient_receiver summed over positions and d_model:
-    # one batched product per receiver point (all its heads at once), [pair, sender, receiver].
+    # Each edge's score is δ_sender · gradient_receiver summed over positions and d_model: one
+    # batched product per receiver point (all its heads at once), with the senders upstream of
+    # it only (those before the last that feeds it), into [pair, sender, receiver].
     delta = delta.transpose(0, 1).flatten(2)  # [pairs, sender, pos·d_model]
-    columns = {}
+    upstream: dict[str, int] = {}
+    for s, r in g.edges:
+        upstream[g.receivers[r][2]] = max(upstream.get(g.receivers[r][2], 0), s + 1)
+    scores = delta.new_zeros(pairs, len(g.senders), len(g.receivers))
     for point in receiver_points:
-        x = mean_grads[point]  # the mean over the steps: [pairs, pos, (head,) d_model]
-        x = x.unsqueeze(2) if x.dim() == 3 else x
-        columns[point] = torch.bmm(delta, x.transpose(1, 2).flatten(2).transpose(1, 2))
-    scores = torch.stack(
-        [columns[point][:, :, 0 if head is None else head] for *_, point, head in g.receivers],
-        dim=-1,
-    )  # [pairs, sender, receiver]
+        x = mean_grads[point]  # the mean over the steps: [pairs, (head,) pos, d_model]
+        x = x.flatten(-2) if x.dim() == 4 else x.flatten(-2).unsqueeze(1)
+        n = upstream[point]
+        columns = [r for r, (*_, p, _) in enumerate(g.receivers) if p == point]
+        heads = [g.receivers[r][3] or 0 for r in columns]
+        scores[:, :n, columns] = torch.bmm(delta[:, :n], x.transpose(1, 2))[:, :, heads]
     s_index = torch.tensor([s for s, _ in g.edges])
     r_index = torch.tensor([r for _, r in g.edges])
     scores = scores[:, s_index, r_index].T  # [edge, pairs]
@@ -227,8 +230,8 @@ INPUTS = ("hook_q_input", "hook_k_input", "hook_v_input")
 def _head_input_grads(
     model: nn.Module, grads: Mapping[str, torch.Tensor], kept: Mapping[str, torch.Tensor]
 ) -> dict[str, torch.Tensor]:
-    """The mean over the copies of ∂metric/∂``hook_{q,k,v}_input``, ``[pairs, pos, head,
-    d_model]`` float64, from ∂metric/∂``hook_{q,k,v}`` in ``grads`` and ``ln1``'s
+    """The mean over the copies of ∂metric/∂``hook_{q,k,v}_input``, heads first: ``[pairs,
+    head, pos, d_model]`` float64, from ∂metric/∂``hook_{q,k,v}`` in ``grads`` and ``ln1``'s
     ``hook_scale`` and ``hook_normalized`` in ``kept`` (all ``[copies, pairs, ...]``).
 
     A head's query input reaches the metric only through ``ln1`` and the head's slice of W_Q
@@ -259,9 +262,9 @@ def _head_input_grads(
             W, seen = Ws[begin : begin + g.shape[3]], projected[..., begin : begin + g.shape[3], :]
             begin += g.shape[3]
             # W' ∂q / σ summed over the copies first (W' is alike in all), then x̂'s term.
-            direct = torch.einsum("nphe,hde->nphd", g.sum(0), W)
+            direct = torch.einsum("nphe,hde->nhpd", g.sum(0), W)
             along = (seen * g).sum(-1) / normalized.shape[-1]  # [c, n, pos, head]
-            radial = torch.einsum("cnpd,cnph->nphd", normalized, along)
+            radial = torch.einsum("cnpd,cnph->nhpd", normalized, along)
             found[hook_name(f"hook_{part}_input", layer)] = ((direct - radial) / len(g)).double()
     return found
 
