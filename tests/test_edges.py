@@ -88,9 +88,17 @@ def _lm(kind):
     torch.manual_seed(0)
     if kind == "gpt2":  # LayerNorm
         config = tf.GPT2Config(n_embd=32, n_head=4, n_layer=2, vocab_size=99, n_positions=64)
-        return tf.GPT2LMHeadModel(config).eval()
-    config = tf.LlamaConfig(**SMALL, intermediate_size=64)  # RMSNorm, a head per key and value
-    return tf.LlamaForCausalLM(config).eval()
+        model = tf.GPT2LMHeadModel(config).eval()
+    else:  # RMSNorm, a head per key and value
+        config = tf.LlamaConfig(**SMALL, intermediate_size=64, attention_bias=True)
+        model = tf.LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # biases and norms' weights that count (they start at 0 and 1)
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.5)
+            elif "ln" in name or "norm" in name:
+                p.uniform_(0.5, 1.5)
+    return model
 
 
 def _gradients(model, inputs, metric, names, start=None):

@@ -174,7 +174,7 @@ def edges(
         outputs = [hook_name(f"hook_{part}", layer) for layer in layers for part in "qkv"]
         norms = [hook_name(f"ln1.{p}", layer) for layer in layers for p in NORM_POINTS]
         others = [p for p in receiver_points if p not in head_inputs]
-        keep = norms + (sender_points if folded else [])
+        keep = norms + outputs + (sender_points if folded else [])
         values, grads, kept = run(
             model, corrupted, metric, pairs, others + outputs, start, alphas, keep,
             clean=clean if folded else None,
@@ -194,12 +194,12 @@ def edges(
         upstream[g.receivers[r][2]] = max(upstream.get(g.receivers[r][2], 0), s + 1)
     scores = delta.new_zeros(pairs, len(g.senders), len(g.receivers))
     for point in receiver_points:
-        x = mean_grads[point]  # the mean over the steps: [pairs, (head,) pos, d_model]
-        x = x.flatten(-2) if x.dim() == 4 else x.flatten(-2).unsqueeze(1)
+        x = mean_grads[point]  # the mean over the steps: [(head,) pairs, pos, d_model]
+        x = x.flatten(-2) if x.dim() == 4 else x.flatten(-2).unsqueeze(0)
         n = upstream[point]
         columns = [r for r, (*_, p, _) in enumerate(g.receivers) if p == point]
         heads = [g.receivers[r][3] or 0 for r in columns]
-        scores[:, :n, columns] = torch.bmm(delta[:, :n], x.transpose(1, 2))[:, :, heads]
+        scores[:, :n, columns] = torch.bmm(delta[:, :n], x.permute(1, 2, 0))[:, :, heads]
     s_index = torch.tensor([s for s, _ in g.edges])
     r_index = torch.tensor([r for _, r in g.edges])
     scores = scores[:, s_index, r_index].T  # [edge, pairs]
@@ -230,9 +230,10 @@ INPUTS = ("hook_q_input", "hook_k_input", "hook_v_input")
 def _head_input_grads(
     model: nn.Module, grads: Mapping[str, torch.Tensor], kept: Mapping[str, torch.Tensor]
 ) -> dict[str, torch.Tensor]:
-    """The mean over the copies of ∂metric/∂``hook_{q,k,v}_input``, heads first: ``[pairs,
-    head, pos, d_model]`` float64, from ∂metric/∂``hook_{q,k,v}`` in ``grads`` and ``ln1``'s
-    ``hook_scale`` and ``hook_normalized`` in ``kept`` (all ``[copies, pairs, ...]``).
+    """The mean over the copies of ∂metric/∂``hook_{q,k,v}_input``, heads first: ``[head,
+    pairs, pos, d_model]`` float64, from ∂metric/∂``hook_{q,k,v}`` in ``grads``, and
+    ``hook_{q,k,v}`` and ``ln1``'s ``hook_scale`` and ``hook_normalized`` in ``kept`` (all
+    ``[copies, pairs, ...]``).
 
     A head's query input reaches the metric only through ``ln1`` and the head's slice of W_Q
     (key and value alike), so its gradient is the vector-Jacobian product of ∂metric/∂q through
@@ -240,7 +241,8 @@ def _head_input_grads(
     projection once per head. With x̂ and σ the norm's normalised input and scale and W' = γ W_Q
     (γ its weight; for LayerNorm centred over d_model, which takes the place of its −mean
     term): ∂metric/∂x = (W' ∂q − x̂ (x̂ · W' ∂q) / d_model) / σ, exactly for LayerNorm and
-    RMSNorm (eps included).
+    RMSNorm (eps included). x̂ · W' ∂q is (x̂ W') · ∂q, and x̂ W' is the query less what the
+    norm's bias and the projection's add (β W_Q + b_Q): no product with W' per copy.
     """
     arch = architecture(model)
     found = {}
@@ -248,24 +250,35 @@ def _head_input_grads(
         norm = block.get_submodule(arch.ln1)
         gain = 1.0 if norm.weight is None else norm.weight.detach().float()
         gain = gain + 1 if "Gemma" in type(norm).__name__ else gain  # Gemma's 1 + weight
+        gain = torch.as_tensor(gain).reshape(-1, 1)
+        shift = getattr(norm, "bias", None)
         scale = kept[hook_name("ln1.hook_scale", layer)].float().unsqueeze(-1)
         normalized = kept[hook_name("ln1.hook_normalized", layer)].float()
-        Ws = torch.cat([weights.W_Q, weights.W_K, weights.W_V]).float()  # [head, d_model, e]
-        Ws = Ws * torch.as_tensor(gain).reshape(-1, 1)
-        if isinstance(norm, nn.LayerNorm):
-            Ws = Ws - Ws.mean(-2, keepdim=True)
-        # x̂ W' for every head of the three parts at once: [copies, pairs, pos, head, d_head].
-        projected = (normalized @ Ws.transpose(0, 1).flatten(1)).unflatten(-1, Ws.shape[::2])
-        begin = 0
-        for part in "qkv":
-            g = grads[hook_name(f"hook_{part}", layer)].float() / scale  # [c, n, pos, head, e]
-            W, seen = Ws[begin : begin + g.shape[3]], projected[..., begin : begin + g.shape[3], :]
-            begin += g.shape[3]
-            # W' ∂q / σ summed over the copies first (W' is alike in all), then x̂'s term.
-            direct = torch.einsum("nphe,hde->nhpd", g.sum(0), W)
+        parts = zip(
+            "qkv",
+            (weights.W_Q, weights.W_K, weights.W_V),
+            (weights.b_Q, weights.b_K, weights.b_V),
+            strict=True,
+        )
+        for part, W, b in parts:
+            W, b = W.float(), b.float()  # [head, d_model, d_head], [head, d_head]
+            offset = (
+                b if shift is None else b + torch.einsum("d,hde->he", shift.detach().float(), W)
+            )
+            W = W * gain
+            if isinstance(norm, nn.LayerNorm):
+                W = W - W.mean(-2, keepdim=True)
+            g = grads[hook_name(f"hook_{part}", layer)].float()  # [copies, n, pos, head, e]
+            copies, pairs, pos, heads, _ = g.shape
+            g = g / (scale * copies)  # the mean over the copies, on the small side
+            # W' ∂q / σ, its mean over the copies first (W' is alike in all): [head, n·pos, d].
+            total = torch.bmm(g.sum(0).flatten(0, 1).transpose(0, 1), W.transpose(1, 2))
+            seen = kept[hook_name(f"hook_{part}", layer)].float() - offset  # x̂ W'
             along = (seen * g).sum(-1) / normalized.shape[-1]  # [c, n, pos, head]
-            radial = torch.einsum("cnpd,cnph->nhpd", normalized, along)
-            found[hook_name(f"hook_{part}_input", layer)] = ((direct - radial) / len(g)).double()
+            total -= torch.einsum("cnph,cnpd->hnpd", along, normalized).flatten(1, 2)
+            found[hook_name(f"hook_{part}_input", layer)] = total.view(
+                heads, pairs, pos, -1
+            ).double()
     return found
 
 
