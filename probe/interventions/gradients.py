@@ -58,7 +58,9 @@ class _ReadRows(torch.autograd.Function):
         return out.view(*grad.shape[:-1], -1), None, None
 
 
-def _read_rows(module: nn.Module, inputs: tuple, logits: torch.Tensor) -> torch.Tensor:
+def _read_rows(module: nn.Module, inputs: tuple, logits: Any) -> torch.Tensor | None:
+    if not inputs or not isinstance(logits, torch.Tensor):  # called by keyword: as it is
+        return None
     return _ReadRows.apply(inputs[0], module.weight.detach(), logits.detach())
 
 
