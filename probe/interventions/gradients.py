@@ -6,7 +6,8 @@ many points of one run. The run starts from a leaf made here, so that the user's
 as it is (no parameter gradients are computed or stored): for a Hugging Face model the input of
 the first block (``blocks.0.hook_resid_pre``: the embeddings, where both inputs share their
 positions), for probe's own modules the floating-point inputs. Integrated gradients run several
-interpolations between the two in one pass, as copies stacked along the batch.
+interpolations between the two in one pass, as copies stacked along the batch. A linear LM
+head's backward multiplies only the rows of the logits that the metric's gradient reaches.
 """
 
 from __future__ import annotations
