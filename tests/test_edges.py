@@ -79,3 +79,85 @@ def test_bad_metric(model, task):
     clean, corrupted, _ = task
     with pytest.raises(probe.ProbeError, match="not differentiable"):
         probe.edges(model, clean, corrupted, lambda out: out.logits[:, -1].argmax(-1).float())
+
+
+def _lm(kind):
+    import transformers as tf
+    from models import SMALL
+
+    torch.manual_seed(0)
+    if kind == "gpt2":  # LayerNorm
+        config = tf.GPT2Config(n_embd=32, n_head=4, n_layer=2, vocab_size=99, n_positions=64)
+        model = tf.GPT2LMHeadModel(config).eval()
+    else:  # RMSNorm, a head per key and value
+        config = tf.LlamaConfig(**SMALL, intermediate_size=64, attention_bias=True)
+        model = tf.LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # biases and norms' weights that count (they start at 0 and 1)
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.5)
+            elif "ln" in name or "norm" in name:
+                p.uniform_(0.5, 1.5)
+    return model
+
+
+def _gradients(model, inputs, metric, names, start=None):
+    """∂Σmetric/∂point for the ``names`` by autograd through probe's own points (a
+    ``hook_q_input`` head by head through the norm and its projection), on ``inputs`` with the
+    first block's input replaced by ``start`` where given."""
+    start = None if start is None else start.clone().requires_grad_(True)  # a gradient per head
+    fns = {} if start is None else {"blocks.0.hook_resid_pre": lambda x, hook: start}
+    with probe.hooks(model, fns), probe.trace(model, names, incl_bwd=True) as cache:
+        metric(model(**inputs)).sum().backward()
+    model.zero_grad(set_to_none=True)
+    return {name: cache[f"{name}_grad"] for name in names}
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+@pytest.mark.parametrize("method", ["eap", "eap-ig"])
+def test_scores_against_autograd_edge_by_edge(kind, method):
+    """Every edge's score, δ_sender · ∂metric/∂receiver's input averaged over the steps, with the
+    gradients taken here by autograd at each interpolated run and the senders traced here."""
+    model = _lm(kind)
+    g = torch.Generator().manual_seed(1)
+    clean = {"input_ids": torch.randint(3, 99, (3, 7), generator=g)}
+    corrupted = {"input_ids": clean["input_ids"].clone()}
+    corrupted["input_ids"][:, 2:4] = torch.randint(3, 99, (3, 2), generator=g)
+    answer = clean["input_ids"][:, -1]
+
+    def metric(out):  # the logits of one position: most rows of the head's gradient are zero
+        logp = torch.log_softmax(out.logits[:, -2].float(), dim=-1)
+        return logp[torch.arange(len(logp)), answer[: len(logp)]]
+
+    steps = 3
+    scores = probe.edges(model, clean, corrupted, metric, method=method, steps=steps)
+    graph_ = graph(model)
+    senders = sorted({p for _, p, _ in graph_.senders})
+    receivers = sorted({p for *_, p, _ in graph_.receivers})
+    with torch.no_grad(), probe.trace(model, senders) as c:
+        model(**clean)
+    with torch.no_grad(), probe.trace(model, senders) as r:
+        model(**corrupted)
+    alphas = [k / steps for k in range(1, steps + 1)] if method == "eap-ig" else [0.0]
+    start = "blocks.0.hook_resid_pre"
+    runs = [
+        _gradients(model, corrupted, metric, receivers, torch.lerp(r[start], c[start], a))
+        for a in alphas
+    ]
+    expected = []
+    for s, rec in graph_.edges:
+        _, s_point, s_head = graph_.senders[s]
+        *_, r_point, r_head = graph_.receivers[rec]
+        delta = c[s_point] - r[s_point]
+        delta = delta if s_head is None else delta[:, :, s_head]
+        total = 0
+        for grads in runs:
+            grad = grads[r_point] if r_head is None else grads[r_point][:, :, r_head]
+            total = total + (delta.double() * grad.double()).sum((1, 2))
+        expected.append(float(total.mean()) / len(alphas))
+    torch.testing.assert_close(
+        torch.tensor(scores.score.values).double(),
+        torch.tensor(expected, dtype=torch.float64),
+        atol=1e-6,
+        rtol=1e-4,
+    )

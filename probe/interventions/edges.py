@@ -26,9 +26,9 @@ import pandas as pd
 import torch
 from torch import nn
 
-from probe.capture.architectures import architecture
+from probe.capture.architectures import architecture, blocks, head_weights
 from probe.capture.hookpoints import Hook, hook_points, hooks, trace
-from probe.capture.names import hook_name
+from probe.capture.names import NORM_POINTS, hook_name
 from probe.capture.spec import describe
 from probe.errors import ProbeError
 from probe.interventions.gradients import START, clean_start, run
@@ -80,6 +80,7 @@ def graph(model: nn.Module) -> Graph:
     layers = range(describe(model).n_layers)
     with hook_points(model) as points:
         needed = [START] + [hook_name("hook_mlp_in", layer) for layer in layers]
+        needed += [hook_name("ln1.hook_scale", layer) for layer in layers]
         missing = [n for n in needed if n not in points]
         if missing:
             raise ProbeError(f"edges need the point {missing[0]}, which this model lacks")
@@ -153,33 +154,52 @@ def edges(
     if steps < 1:
         raise ProbeError(f"steps must be at least 1, not {steps}")
     pairs = check_pairs(clean, corrupted)
-    g = graph(model)
-    sender_points = sorted({point for _, point, _ in g.senders})
-    receiver_points = sorted({point for *_, point, _ in g.receivers})
-    with hook_points(model):
-        found = {}
-        for side, inputs in (("clean", clean), ("corrupted", corrupted)):
+    with hook_points(model):  # attached once: graph and every run below share it
+        g = graph(model)
+        sender_points = sorted({point for _, point, _ in g.senders})
+        receiver_points = sorted({point for *_, point, _ in g.receivers})
+        alphas = [k / steps for k in range(1, steps + 1)] if method == "eap-ig" else [0.0]
+        # With α = 1 among the steps, that copy of the gradients' run is the clean run.
+        folded = len(alphas) > 1
+        found, start = {}, None
+        for side, inputs in (("clean", clean), ("corrupted", corrupted))[int(folded) :]:
             with torch.no_grad(), trace(model, sender_points) as cache:
                 found[side] = float(torch.as_tensor(metric(model(**inputs))).float().mean())
             found[side + "_senders"] = _sender_values(cache, g)
             if side == "clean":  # the embeddings, START, are a sender: the runs' start
                 start = clean_start(model, clean, cache)
+        # The heads' inputs' gradients come from their projections' (see _head_input_grads).
+        layers = range(describe(model).n_layers)
+        head_inputs = [p for p in receiver_points if p.rsplit(".", 1)[-1] in INPUTS]
+        outputs = [hook_name(f"hook_{part}", layer) for layer in layers for part in "qkv"]
+        norms = [hook_name(f"ln1.{p}", layer) for layer in layers for p in NORM_POINTS]
+        others = [p for p in receiver_points if p not in head_inputs]
+        keep = norms + outputs + (sender_points if folded else [])
+        values, grads, kept = run(
+            model, corrupted, metric, pairs, others + outputs, start, alphas, keep,
+            clean=clean if folded else None,
+        )  # fmt: skip
+        if folded:
+            found["clean"] = float(values[-1].mean())
+            found["clean_senders"] = _sender_values({p: kept[p][-1] for p in sender_points}, g)
         delta = (found["clean_senders"] - found["corrupted_senders"]).double()
-        alphas = [k / steps for k in range(1, steps + 1)] if method == "eap-ig" else [0.0]
-        _, grads, _ = run(model, corrupted, metric, pairs, receiver_points, start, alphas)
-    # Each edge's score is δ_sender · gradient_receiver summed over positions and d_model:
-    # one batched product per receiver point (all its heads at once), [pair, sender, receiver].
+    mean_grads = {point: grads[point].mean(0).double() for point in others}
+    mean_grads |= _head_input_grads(model, grads, kept)
+    # Each edge's score is δ_sender · gradient_receiver summed over positions and d_model: one
+    # batched product per receiver point (all its heads at once), with the senders upstream of
+    # it only (those before the last that feeds it), into [pair, sender, receiver].
     delta = delta.transpose(0, 1).flatten(2)  # [pairs, sender, pos·d_model]
-    columns = {}
+    upstream: dict[str, int] = {}
+    for s, r in g.edges:
+        upstream[g.receivers[r][2]] = max(upstream.get(g.receivers[r][2], 0), s + 1)
+    scores = delta.new_zeros(pairs, len(g.senders), len(g.receivers))
     for point in receiver_points:
-        # The mean over the steps: [pairs, pos, (head,) d_model].
-        x = grads[point].mean(0).double()
-        x = x.unsqueeze(2) if x.dim() == 3 else x
-        columns[point] = torch.bmm(delta, x.transpose(1, 2).flatten(2).transpose(1, 2))
-    scores = torch.stack(
-        [columns[point][:, :, 0 if head is None else head] for *_, point, head in g.receivers],
-        dim=-1,
-    )  # [pairs, sender, receiver]
+        x = mean_grads[point]  # the mean over the steps: [(head,) pairs, pos, d_model]
+        x = x.flatten(-2) if x.dim() == 4 else x.flatten(-2).unsqueeze(0)
+        n = upstream[point]
+        columns = [r for r, (*_, p, _) in enumerate(g.receivers) if p == point]
+        heads = [g.receivers[r][3] or 0 for r in columns]
+        scores[:, :n, columns] = torch.bmm(delta[:, :n], x.permute(1, 2, 0))[:, :, heads]
     s_index = torch.tensor([s for s, _ in g.edges])
     r_index = torch.tensor([r for _, r in g.edges])
     scores = scores[:, s_index, r_index].T  # [edge, pairs]
@@ -202,6 +222,64 @@ def edges(
         "corrupted": found["corrupted"],
     }
     return table
+
+
+INPUTS = ("hook_q_input", "hook_k_input", "hook_v_input")
+
+
+def _head_input_grads(
+    model: nn.Module, grads: Mapping[str, torch.Tensor], kept: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """The mean over the copies of ∂metric/∂``hook_{q,k,v}_input``, heads first: ``[head,
+    pairs, pos, d_model]`` float64, from ∂metric/∂``hook_{q,k,v}`` in ``grads``, and
+    ``hook_{q,k,v}`` and ``ln1``'s ``hook_scale`` and ``hook_normalized`` in ``kept`` (all
+    ``[copies, pairs, ...]``).
+
+    A head's query input reaches the metric only through ``ln1`` and the head's slice of W_Q
+    (key and value alike), so its gradient is the vector-Jacobian product of ∂metric/∂q through
+    them, worked out here for every head at once instead of autograd running the norm and the
+    projection once per head. With x̂ and σ the norm's normalised input and scale and W' = γ W_Q
+    (γ its weight; for LayerNorm centred over d_model, which takes the place of its −mean
+    term): ∂metric/∂x = (W' ∂q − x̂ (x̂ · W' ∂q) / d_model) / σ, exactly for LayerNorm and
+    RMSNorm (eps included). x̂ · W' ∂q is (x̂ W') · ∂q, and x̂ W' is the query less what the
+    norm's bias and the projection's add (β W_Q + b_Q): no product with W' per copy.
+    """
+    arch = architecture(model)
+    found = {}
+    for layer, (weights, block) in enumerate(zip(head_weights(model), blocks(model), strict=True)):
+        norm = block.get_submodule(arch.ln1)
+        gain = 1.0 if norm.weight is None else norm.weight.detach().float()
+        gain = gain + 1 if "Gemma" in type(norm).__name__ else gain  # Gemma's 1 + weight
+        gain = torch.as_tensor(gain).reshape(-1, 1)
+        shift = getattr(norm, "bias", None)
+        scale = kept[hook_name("ln1.hook_scale", layer)].float().unsqueeze(-1)
+        normalized = kept[hook_name("ln1.hook_normalized", layer)].float()
+        parts = zip(
+            "qkv",
+            (weights.W_Q, weights.W_K, weights.W_V),
+            (weights.b_Q, weights.b_K, weights.b_V),
+            strict=True,
+        )
+        for part, W, b in parts:
+            W, b = W.float(), b.float()  # [head, d_model, d_head], [head, d_head]
+            offset = (
+                b if shift is None else b + torch.einsum("d,hde->he", shift.detach().float(), W)
+            )
+            W = W * gain
+            if isinstance(norm, nn.LayerNorm):
+                W = W - W.mean(-2, keepdim=True)
+            g = grads[hook_name(f"hook_{part}", layer)].float()  # [copies, n, pos, head, e]
+            copies, pairs, pos, heads, _ = g.shape
+            g = g / (scale * copies)  # the mean over the copies, on the small side
+            # W' ∂q / σ, its mean over the copies first (W' is alike in all): [head, n·pos, d].
+            total = torch.bmm(g.sum(0).flatten(0, 1).transpose(0, 1), W.transpose(1, 2))
+            seen = kept[hook_name(f"hook_{part}", layer)].float() - offset  # x̂ W'
+            along = (seen * g).sum(-1) / normalized.shape[-1]  # [c, n, pos, head]
+            total -= torch.einsum("cnph,cnpd->hnpd", along, normalized).flatten(1, 2)
+            found[hook_name(f"hook_{part}_input", layer)] = total.view(
+                heads, pairs, pos, -1
+            ).double()
+    return found
 
 
 @torch.no_grad()

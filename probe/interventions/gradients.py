@@ -6,11 +6,13 @@ many points of one run. The run starts from a leaf made here, so that the user's
 as it is (no parameter gradients are computed or stored): for a Hugging Face model the input of
 the first block (``blocks.0.hook_resid_pre``: the embeddings, where both inputs share their
 positions), for probe's own modules the floating-point inputs. Integrated gradients run several
-interpolations between the two in one pass, as copies stacked along the batch.
+interpolations between the two in one pass, as copies stacked along the batch. A linear LM
+head's backward multiplies only the rows of the logits that the metric's gradient reaches.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -36,6 +38,33 @@ def clean_start(model: nn.Module, clean: Mapping[str, Any], cache: Mapping[str, 
     return clean if start_point(model) is None else cache[START]
 
 
+class _ReadRows(torch.autograd.Function):
+    """A linear LM head's logits, passed on as they are, whose backward multiplies only the
+    rows (positions) where the gradient is not zero: a metric that reads the logits of a few
+    positions then costs no product over the vocabulary at every other one. Exact: a row of
+    zeros adds exactly zero to the head's input's gradient."""
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, logits: torch.Tensor):
+        ctx.save_for_backward(weight)
+        return logits
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (weight,) = ctx.saved_tensors
+        flat = grad.flatten(0, -2)
+        rows = flat.any(-1).nonzero().squeeze(-1)  # one pass, no mask of the whole
+        out = flat.new_zeros(len(flat), weight.shape[1])
+        out[rows] = flat[rows] @ weight.to(flat.dtype)
+        return out.view(*grad.shape[:-1], -1), None, None
+
+
+def _read_rows(module: nn.Module, inputs: tuple, logits: Any) -> torch.Tensor | None:
+    if not inputs or not isinstance(logits, torch.Tensor):  # called by keyword: as it is
+        return None
+    return _ReadRows.apply(inputs[0], module.weight.detach(), logits.detach())
+
+
 def run(
     model: nn.Module,
     corrupted: Mapping[str, Any],
@@ -45,11 +74,15 @@ def run(
     start: Any,
     alphas: Sequence[float] = (0.0,),
     keep: Sequence[str] = (),
+    clean: Mapping[str, Any] | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Run the pairs from ``corrupted + α (clean - corrupted)`` at the start, for each α (stacked
     copies), and take the gradient of the metric summed over pairs and copies.
 
     ``start`` is the clean run's start (``clean_start``); the corrupted one is this run's own.
+    Or, for a Hugging Face model whose ``alphas`` hold 1 and another, ``start`` None and the
+    ``clean`` inputs: the copy at α = 1 runs them, and its start is the clean start (so that
+    the clean run needs no pass of its own; its ``kept`` points are the clean run's).
 
     Returns
     -------
@@ -80,7 +113,20 @@ def run(
         grads[name] = grad.detach() if name not in grads else grads[name] + grad.detach()
 
     with torch.enable_grad():
-        if isinstance(clean_start, torch.Tensor):  # a Hugging Face model's first block's input
+        if clean is not None:  # the copy at α = 1 is the clean run, which gives the start
+            own, other = list(alphas).index(1.0), next(i for i, a in enumerate(alphas) if a != 1)
+
+            def begin(x: torch.Tensor, hook: Hook) -> torch.Tensor:
+                rows = x.unflatten(0, (copies, pairs))
+                return mix(rows[own], rows[other])
+
+            inputs = stacked(corrupted, copies, pairs)
+            for key, value in clean.items():
+                if isinstance(value, torch.Tensor) and value.dim() and len(value) == pairs:
+                    inputs[key] = inputs[key].clone()
+                    inputs[key][own * pairs : (own + 1) * pairs] = value
+            forward = [(START, begin)]
+        elif isinstance(clean_start, torch.Tensor):  # a Hugging Face model's first block's input
 
             def begin(x: torch.Tensor, hook: Hook) -> torch.Tensor:
                 return mix(clean_start, x[:pairs])  # every copy's rows start alike
@@ -93,10 +139,14 @@ def run(
                 if isinstance(value, torch.Tensor) and value.is_floating_point():
                     inputs[key] = mix(clean_start[key], value)
             forward = []
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
         with (
             trace(model, list(keep)) as cache,
             hooks(model, forward, backward=dict.fromkeys(names, collect)),
+            contextlib.ExitStack() as stack,
         ):
+            if type(head) is nn.Linear:  # the rows it reads (below the model's own hooks)
+                stack.callback(head.register_forward_hook(_read_rows, prepend=True).remove)
             output = model(**inputs)
             values = [
                 per_pair(metric(seen), pairs, differentiable=True)
