@@ -66,7 +66,8 @@ def graph(model: nn.Module) -> Graph:
     ProbeError
         For a model whose components do not read one residual stream as a plain sum: an
         encoder-decoder, a post-LayerNorm (BERT) or a parallel-attention model, or a module that
-        is not a Hugging Face model.
+        is not a Hugging Face model; and for grouped-query attention, whose key and value inputs
+        are shared by several heads, so that no edge enters one head's.
     """
     if getattr(model, "config", None) is None or describe(model).encoder_decoder:
         raise ProbeError("edges need a Hugging Face decoder or encoder with one residual stream")
@@ -76,6 +77,13 @@ def graph(model: nn.Module) -> Graph:
             f"edges need a pre-LayerNorm model whose components read the residual stream as a "
             f"sum; {type(model).__name__} normalises after each sum or runs attention and MLP "
             "in parallel"
+        )
+    spec = describe(model).attention()
+    if spec.n_kv_heads != spec.n_heads:
+        raise ProbeError(
+            f"edges enter each head through its own query, key and value inputs, but this model "
+            f"shares each key and value head among {spec.n_heads // spec.n_kv_heads} query heads "
+            "(grouped-query attention); score its heads with probe.attribute or probe.patch"
         )
     layers = range(describe(model).n_layers)
     with hook_points(model) as points:
