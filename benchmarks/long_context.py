@@ -175,7 +175,8 @@ def table(args: argparse.Namespace) -> None:
           f"{args.budget}; "
           f"CPU seconds, median of {args.rounds} rounds; load: 1-minute load average, "
           f"{os.cpu_count()} cores")  # fmt: skip
-    print(f"{'tokens':>7} {'floor s':>8} {'analysis s':>10} {'time x':>7} {'wall x':>7} "
+    print(f"{'tokens':>7} {'floor s':>8} {'analysis s':>10} {'time x':>7} {'floor wall':>10} "
+          f"{'analysis wall':>13} {'wall x':>7} "
           f"{'floor MiB':>9} {'analysis MiB':>12} {'load':>5}")  # fmt: skip
     for tokens in map(int, args.lengths.split(",")):
         floor = run(tokens, "floor", args)
@@ -183,7 +184,8 @@ def table(args: argparse.Namespace) -> None:
         ratio = rows["analysis"] / rows["floor"]
         wall = rows["analysis_wall"] / rows["floor_wall"]
         print(f"{rows['tokens']:>7} {rows['floor']:>8.2f} {rows['analysis']:>10.2f} "
-              f"{ratio:>7.2f} {wall:>7.2f} {floor['peak_mib']:>9.0f} {rows['peak_mib']:>12.0f} "
+              f"{ratio:>7.2f} {rows['floor_wall']:>10.2f} {rows['analysis_wall']:>13.2f} "
+              f"{wall:>7.2f} {floor['peak_mib']:>9.0f} {rows['peak_mib']:>12.0f} "
               f"{os.getloadavg()[0]:>5.1f}", flush=True)  # fmt: skip
 
 

@@ -262,6 +262,11 @@ def test_a_command_line_run_with_its_helper_writes_the_tables_of_one_without(tmp
         a, b = (pd.read_csv(tmp_path / run / f"{table}.csv") for run in "ab")
         pd.testing.assert_frame_equal(a, b, rtol=1e-12)
     assert pd.read_csv(tmp_path / "a" / "probe.csv").uas.notna().all()
+    # Sentences: the threads' wait policy is the runtime's own, and the record says so.
+    for run in "ab":
+        threads = json.loads((tmp_path / run / "run.json").read_text())["threads"]
+        assert threads["wait_policy"] == os.environ.get("OMP_WAIT_POLICY")
+        assert threads["wait_policy_set_by_probe"] is False and threads["torch_threads"] >= 1
 
 
 def test_a_stalled_helper_is_given_up_and_the_work_done_in_the_run():

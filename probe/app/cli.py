@@ -35,7 +35,7 @@ from probe.errors import ProbeError
 from probe.inputs.hub import bound_waits
 from probe.inputs.treebank import BUNDLED_SENTENCES
 from probe.options import ATTENTION_BUDGET
-from probe.run import helper
+from probe.run import helper, threads
 
 app = typer.Typer(
     help="What does each attention head do? Analyse a model, write a self-contained report.",
@@ -224,6 +224,7 @@ def analyze(
         _fail(str(e))
     except KeyboardInterrupt:  # while a pipe given as --treebank is read, say
         _fail("interrupted; no report was written")
+    threads.settle(context if corpus else None)  # before torch, and before the helper starts
     leader = Ranks.from_environment().leader  # under torchrun, rank 0 speaks and finishes
     warmups = [cls.helper_warmup for cls in run.classes if cls.helper_warmup]
     if leader and warmups:  # a helper imports scikit-learn while this imports torch

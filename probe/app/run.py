@@ -301,6 +301,7 @@ class RunCard:
     corpus: str | None = None  # the plain-text corpus the text unit read
     context: int | None = None  # its tokens per window, as used (capped at the model's limit)
     spec: dict[str, Any] = field(default_factory=dict)  # probe.capture.spec.ModelSpec
+    threads: dict[str, Any] = field(default_factory=dict)  # probe.run.threads.in_effect
 
     def as_dict(self) -> dict[str, Any]:
         """The card as ``run.json`` holds it, with the sentence and coreference counts also at
@@ -529,6 +530,7 @@ def _check_input(run: Plan, tally: dict) -> None:
 def _card(run: Plan, model, tokenizer, chosen, ranks, tally) -> RunCard:
     from probe.capture.spec import describe
     from probe.inputs.corpus import max_tokens
+    from probe.run import threads
     from probe.run.loading import describe_source, main_device
 
     settings, config, spec = run.settings, model.config, describe(model)
@@ -561,6 +563,7 @@ def _card(run: Plan, model, tokenizer, chosen, ranks, tally) -> RunCard:
         lm_head=settings.lm_head,
         thresholds=asdict(run.thresholds),
         packages=package_versions(),
+        threads=threads.in_effect(),
         command=" ".join(["probe", *sys.argv[1:]]) if sys.argv else "probe analyze",
         created=datetime.now(UTC).isoformat(timespec="seconds"),
         corpus=run.source.corpus.describe() if run.source.corpus else None,

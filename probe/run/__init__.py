@@ -2,7 +2,7 @@
 
 Loading a supported model and its tokenizer (``loading``), streaming batches through it while
 each layer's captures reach the analyses (``runner``), and the helper process that fits while the
-run finishes (``helper``).
+run finishes (``helper``), and how torch's threads wait (``threads``).
 
 May import: ``probe``'s foundation modules, ``capture``, ``inputs`` and ``probe.attention``.
 """

@@ -1,0 +1,67 @@
+"""The wait policy of torch's threads: passive for long inputs, set before torch starts where
+the user set none, never over the user's, and recorded in ``run.json`` as it was in effect."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+SETTLE = """
+import json, os, sys
+{before}
+from probe.run import threads
+threads.settle({tokens})
+import torch
+print(json.dumps(threads.in_effect()))
+"""
+
+
+def settled(before: str = "", tokens: int | None = 32768, **env: str) -> dict:
+    environment = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"} | env
+    code = SETTLE.format(before=before, tokens=tokens)
+    done = subprocess.run([sys.executable, "-c", code], env=environment,
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_passive_for_long_inputs_where_the_user_set_nothing():
+    got = settled()
+    assert got["wait_policy"] == "PASSIVE" and got["wait_policy_set_by_probe"] is True
+    assert got["torch_threads"] >= 1
+
+
+@pytest.mark.parametrize("tokens", [None, 512, 4095])
+def test_the_runtimes_default_for_sentences_and_short_windows(tokens):
+    got = settled(tokens=tokens)
+    assert got["wait_policy"] is None and got["wait_policy_set_by_probe"] is False
+
+
+@pytest.mark.parametrize("policy", ["ACTIVE", "PASSIVE"])
+def test_the_users_policy_is_kept_and_not_claimed(policy):
+    got = settled(OMP_WAIT_POLICY=policy)
+    assert got["wait_policy"] == policy and got["wait_policy_set_by_probe"] is False
+
+
+def test_nothing_is_set_or_claimed_once_torch_has_started():
+    """The runtime has read its policy as torch loaded: setting one now would change nothing,
+    and the record would say what was not used."""
+    got = settled(before="import torch")
+    assert got["wait_policy"] is None and got["wait_policy_set_by_probe"] is False
+
+
+def test_a_long_corpus_run_records_its_passive_threads(tiny_model, tmp_path):
+    """``probe analyze --corpus --context 4096`` as users run it, in a fresh process."""
+    corpus = tmp_path / "notes.txt"
+    corpus.write_text("the cat sat on the mat and the dog lay by the door\n" * 40)
+    out = tmp_path / "r"
+    command = [sys.executable, "-m", "probe.app.cli", "analyze", "-m", str(tiny_model),
+               "-a", "roles", "--corpus", str(corpus), "--context", "4096", "-q",
+               "-o", str(out)]  # fmt: skip
+    environment = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    done = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=300)
+    assert done.returncode == 0, done.stderr
+    threads = json.loads((out / "run.json").read_text())["threads"]
+    assert threads == {"torch_threads": threads["torch_threads"], "wait_policy": "PASSIVE",
+                       "wait_policy_set_by_probe": True}  # fmt: skip
