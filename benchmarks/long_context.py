@@ -71,6 +71,9 @@ def long_text(tokens: int, tokenizer, path: Path) -> Path:
 def child(
     tokens: int, mode: str, budget: str, rounds: int, d_head: int, layers: int, names: str
 ) -> dict:
+    from probe.run import threads
+
+    threads.settle(tokens)  # as probe analyze does for windows this long, before torch starts
     import torch
     import transformers as tf
 
@@ -120,7 +123,8 @@ def child(
             times[f.__name__ + "_wall"].append(time.perf_counter() - wall)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB
     median = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
-    return {"tokens": batches[1].input_ids.shape[1], "peak_mib": peak, **median}
+    policy = threads.in_effect()["wait_policy"]
+    return {"tokens": batches[1].input_ids.shape[1], "peak_mib": peak, "policy": policy, **median}
 
 
 def run(tokens: int, mode: str, args: argparse.Namespace) -> dict:
@@ -170,13 +174,13 @@ def main() -> None:
 
 def table(args: argparse.Namespace) -> None:
     print(f"Llama of {args.layers} layers, 4 heads of {args.d_head}, {args.analyses}; threads "
-          f"{os.environ.get('OMP_NUM_THREADS', 'default')}, OMP_WAIT_POLICY "
-          f"{os.environ.get('OMP_WAIT_POLICY', 'unset')}, {args.busy} busy processes, budget "
+          f"{os.environ.get('OMP_NUM_THREADS', 'default')} (waiting: as probe analyze sets it for "
+          f"the length, floor and analysis alike), {args.busy} busy processes, budget "
           f"{args.budget}; "
           f"CPU seconds, median of {args.rounds} rounds; load: 1-minute load average, "
           f"{os.cpu_count()} cores")  # fmt: skip
     print(f"{'tokens':>7} {'floor s':>8} {'analysis s':>10} {'time x':>7} {'floor wall':>10} "
-          f"{'analysis wall':>13} {'wall x':>7} "
+          f"{'analysis wall':>13} {'wall x':>7} {'waiting':>8} "
           f"{'floor MiB':>9} {'analysis MiB':>12} {'load':>5}")  # fmt: skip
     for tokens in map(int, args.lengths.split(",")):
         floor = run(tokens, "floor", args)
@@ -185,7 +189,8 @@ def table(args: argparse.Namespace) -> None:
         wall = rows["analysis_wall"] / rows["floor_wall"]
         print(f"{rows['tokens']:>7} {rows['floor']:>8.2f} {rows['analysis']:>10.2f} "
               f"{ratio:>7.2f} {rows['floor_wall']:>10.2f} {rows['analysis_wall']:>13.2f} "
-              f"{wall:>7.2f} {floor['peak_mib']:>9.0f} {rows['peak_mib']:>12.0f} "
+              f"{wall:>7.2f} {rows['policy'] or 'spinning':>8} {floor['peak_mib']:>9.0f} "
+              f"{rows['peak_mib']:>12.0f} "
               f"{os.getloadavg()[0]:>5.1f}", flush=True)  # fmt: skip
 
 
