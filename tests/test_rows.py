@@ -83,6 +83,31 @@ def test_the_output_is_the_models_own_sdpa_output(kind):
     assert model.config._attn_implementation == "sdpa"  # restored
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("size", [1, 3, None])
+def test_the_output_mixed_from_the_blocks_is_sdpas(kind, size):
+    """p · V from the blocks, handed back in place of sdpa's output, gives every real position's
+    output as sdpa does, to float32 rounding: padded batches, grouped-query attention, a sliding
+    window, a shared layer; in blocks of 1 and 3 rows, and whole."""
+    model, inputs = small_model(kind), padded_batch(kind)
+    model.set_attn_implementation("sdpa")
+    with torch.inference_mode():
+        plain = model(**inputs).last_hidden_state
+    T = inputs["input_ids"].shape[1]
+    step = size or T
+
+    def mix(layer, s):
+        out = s.output()
+        for start in range(0, T, step):
+            s.add_output(s.block(slice(start, min(start + step, T))), out)
+        return out
+
+    with torch.inference_mode(), scored(model, mix):
+        mixed = model(**inputs).last_hidden_state
+    real = inputs["attention_mask"].bool()
+    torch.testing.assert_close(mixed[real], plain[real], atol=2e-5, rtol=1e-5)
+
+
 def test_whole_block_and_full():
     p = torch.rand(2, 3, 5, 5)
     block = RowBlock.whole(p)

@@ -9,7 +9,9 @@ computed from them one block of query rows at a time, with the model's own mask:
 
 A causal model's block of rows ``start:stop`` sees keys ``0:stop`` only (and a sliding window's
 fewer), so the keys past ``stop`` are never scored. Memory per layer is O(block × T); the block's
-size follows a memory budget (``parse_size``, ``block_rows``).
+size follows a memory budget (``parse_size``, ``block_rows``). A receiver that reads every block
+may also mix the layer's output from them (p · V, ``Scored.add_output``) and hand it back: the
+model then goes on from it, and its sdpa kernel does not compute the same scores a second time.
 """
 
 from __future__ import annotations
@@ -201,6 +203,7 @@ class Scored:
     causal: bool  # query i sees no key after i
     scaling: float
     window: int | None = None  # a sliding window: query i sees keys after i - window only
+    value: torch.Tensor | None = None  # [batch, kv_head, k_pos, d_head]: what the weights mix
 
     def keys_of(self, rows: slice) -> slice:
         """The keys the queries ``rows`` can see."""
@@ -240,6 +243,23 @@ class Scored:
         torch.softmax(scores, -1, out=pattern)
         return RowBlock(rows, keys, pattern, scores=scores)
 
+    def output(self) -> torch.Tensor:
+        """An empty attention output, ``[batch, q_pos, head, d_head]`` in the value's dtype (the
+        layout the model's attention function returns), for ``add_output`` to fill."""
+        B, H, T, _ = self.query.shape
+        return self.value.new_empty(B, T, H, self.value.shape[-1])
+
+    def add_output(self, block: RowBlock, out: torch.Tensor) -> None:
+        """Write the block's rows of the attention output, pattern · V, into ``out``: the
+        layer's output from the blocks already in hand, in place of a second attention kernel
+        over the same scores. It equals sdpa's to its rounding (the weights are summed in
+        another order), and a masked key's weight is exactly 0, as in sdpa."""
+        B, H, b, K = block.pattern.shape
+        G = self.value.shape[1]  # query head h reads value head h // (H // G)
+        v = self.value[:, :, block.keys].float()
+        mixed = torch.bmm(block.pattern.reshape(B * G, H // G * b, K), v.reshape(B * G, K, -1))
+        out[:, block.rows] = mixed.view(B, H, b, -1).transpose(1, 2)
+
     def blocks(self, budget: int) -> Iterator[RowBlock]:
         """The whole pattern in blocks of rows that fit in ``budget`` bytes, in order, each in
         the memory of the one before."""
@@ -272,7 +292,8 @@ def rows_attention(
     sliding_window: int | None = None,
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
-    """The model's own sdpa attention, with what meets in its scores handed on beside it."""
+    """What meets in the scores, handed on; then the model's own sdpa attention, unless the
+    receiver gave the output from the pattern's blocks (``Scored.add_output``)."""
     receive = _RECEIVERS.get(id(module))
     if receive is None:
         raise RuntimeError("the 'probe_rows' attention runs only inside probe.capture.rows.scored")
@@ -281,7 +302,11 @@ def rows_attention(
     # one, says everything.
     causal = bool(getattr(module, "is_causal", True)) and query.shape[2] > 1
     window = int(sliding_window) if sliding_window else None
-    receive(module, Scored(query, key, attention_mask, causal, scaling, window))
+    mixes = dropout == 0.0 or not module.training  # p·V is the output only without dropout
+    what = Scored(query, key, attention_mask, causal, scaling, window, value if mixes else None)
+    output = receive(module, what)
+    if output is not None:
+        return output, None
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                   scaling=scaling, sliding_window=sliding_window,
                                   **kwargs)  # fmt: skip
@@ -292,9 +317,13 @@ AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
 
 
 @contextmanager
-def scored(model: nn.Module, receive: Callable[[int, Scored], None]) -> Iterator[None]:
+def scored(
+    model: nn.Module, receive: Callable[[int, Scored], torch.Tensor | None]
+) -> Iterator[None]:
     """Run ``model`` on sdpa, calling ``receive(layer, scored)`` as each layer of its (first)
     attention meets its queries and keys; the model's implementation is restored on exit.
+    Where ``receive`` returns the layer's attention output (``Scored.add_output``), the layer
+    goes on from it, and sdpa is not run.
 
     Layers are counted from 0 in the order of ``probe.capture.architectures.blocks``; a module
     shared by several layers (ALBERT) is told apart by its call order within a forward pass.
@@ -309,11 +338,11 @@ def scored(model: nn.Module, receive: Callable[[int, Scored], None]) -> Iterator
         layers.setdefault(id(block.get_submodule(path)), []).append(layer)
     calls: dict[int, int] = {}
 
-    def hand_on(module: nn.Module, what: Scored) -> None:
+    def hand_on(module: nn.Module, what: Scored) -> torch.Tensor | None:
         served = layers[id(module)]
         n = calls.get(id(module), 0)
         calls[id(module)] = n + 1
-        receive(served[n % len(served)], what)
+        return receive(served[n % len(served)], what)
 
     modules = {id(m): m for m in base.modules() if id(m) in layers}
     handle = base.register_forward_pre_hook(lambda *_: calls.clear())

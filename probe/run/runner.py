@@ -244,9 +244,10 @@ def stream_rows(
     budget: int,
 ) -> None:
     """As ``stream``, for consumers that take patterns in blocks of query rows (an analysis
-    that declares ``rows``): the model runs its own sdpa kernel, and each layer's pattern reaches
-    every consumer's ``update_rows`` one block at a time, computed from the layer's queries and
-    keys (``probe.capture.rows``). No T × T pattern exists whole: memory per layer is O(block × T).
+    that declares ``rows``): each layer's pattern reaches every consumer's ``update_rows`` one
+    block at a time, computed from the layer's queries and keys (``probe.capture.rows``), and the
+    layer's output is mixed from the same blocks (p·V) in place of the model's sdpa kernel. No
+    T × T pattern exists whole: memory per layer is O(block × T).
 
     Parameters
     ----------
@@ -267,12 +268,17 @@ def stream_rows(
     batch: Batch
     takers = [c for c in consumers if getattr(c, "rows", False)]
 
-    def receive(layer: int, what) -> None:
+    def receive(layer: int, what) -> torch.Tensor | None:
+        # The layer's output from the blocks (p·V), where the model goes on to a next layer.
+        out = what.output() if layer != last and what.value is not None else None
         for block in what.blocks(budget):
+            if out is not None:  # before the consumers, which may reuse the block's memory
+                what.add_output(block, out)
             for consumer in takers:
                 consumer.update_rows(batch, layer, block)
         if layer == last:  # the last block's MLP feeds no consumer
             raise _AllSeen
+        return out
 
     with torch.inference_mode(), scored(model, receive):
         for batch in batches:
