@@ -1,9 +1,16 @@
 import importlib.util
 import os
+import signal
 import sys
 from pathlib import Path
 
 import pytest
+
+# Started in the background by a shell without job control, the tests inherit SIGINT ignored, and
+# so would every process they start (an ignored signal stays ignored across exec): the tests that
+# send one need it as a user's terminal has it.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).parent))

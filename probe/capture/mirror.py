@@ -131,6 +131,8 @@ class Mirror:
     recomputes the edited heads of the projection's output (of its part of a fused one) from them.
     """
 
+    previous = "eager"  # the model's own attention implementation, read as it is attached
+
     def __init__(self, model: PreTrainedModel, point: Callable[[], Point]) -> None:
         self._model = weakref.ref(model)  # kept while the model lives (``_mirror_of``), not longer
         self.point = point
@@ -187,7 +189,6 @@ class Mirror:
                 else:
                     self._block(name, arch, i, block).heads = layout[1:]
         self._model_points()
-        self.previous = "eager"  # the model's implementation, read as the mirror is attached
         self.calls: dict[tuple[str, int], int] = {}
         self.pending: dict[int, torch.Tensor] = {}
         self.stream: dict[int, torch.Tensor] = {}  # id(block holder) -> its resid_pre

@@ -28,7 +28,7 @@ from torch import nn
 
 from probe.capture.architectures import architecture, blocks, head_weights
 from probe.capture.hookpoints import Hook, hook_points, hooks, trace
-from probe.capture.names import NORM_POINTS, hook_name
+from probe.capture.names import NORM_POINTS, hook_name, point_of
 from probe.capture.spec import describe
 from probe.errors import ProbeError
 from probe.interventions.gradients import START, clean_start, run
@@ -40,6 +40,9 @@ from probe.interventions.pairs import (
     per_pair,
     stacked,
 )
+
+# The attention norm's points, scale and normalised input, that the heads' input gradients read.
+_LN1 = tuple(f"ln1.{p}" for p in NORM_POINTS)
 
 METHODS = ("eap", "eap-ig")
 
@@ -88,7 +91,7 @@ def graph(model: nn.Module) -> Graph:
     layers = range(describe(model).n_layers)
     with hook_points(model) as points:
         needed = [START] + [hook_name("hook_mlp_in", layer) for layer in layers]
-        needed += [hook_name("ln1.hook_scale", layer) for layer in layers]
+        needed += [hook_name(_LN1[0], layer) for layer in layers]
         missing = [n for n in needed if n not in points]
         if missing:
             raise ProbeError(f"edges need the point {missing[0]}, which this model lacks")
@@ -178,9 +181,9 @@ def edges(
                 start = clean_start(model, clean, cache)
         # The heads' inputs' gradients come from their projections' (see _head_input_grads).
         layers = range(describe(model).n_layers)
-        head_inputs = [p for p in receiver_points if p.rsplit(".", 1)[-1] in INPUTS]
+        head_inputs = [p for p in receiver_points if point_of(p) in INPUTS]
         outputs = [hook_name(f"hook_{part}", layer) for layer in layers for part in "qkv"]
-        norms = [hook_name(f"ln1.{p}", layer) for layer in layers for p in NORM_POINTS]
+        norms = [hook_name(p, layer) for layer in layers for p in _LN1]
         others = [p for p in receiver_points if p not in head_inputs]
         keep = norms + outputs + (sender_points if folded else [])
         values, grads, kept = run(
@@ -193,24 +196,7 @@ def edges(
         delta = (found["clean_senders"] - found["corrupted_senders"]).double()
     mean_grads = {point: grads[point].mean(0).double() for point in others}
     mean_grads |= _head_input_grads(model, grads, kept)
-    # Each edge's score is δ_sender · gradient_receiver summed over positions and d_model: one
-    # batched product per receiver point (all its heads at once), with the senders upstream of
-    # it only (those before the last that feeds it), into [pair, sender, receiver].
-    delta = delta.transpose(0, 1).flatten(2)  # [pairs, sender, pos·d_model]
-    upstream: dict[str, int] = {}
-    for s, r in g.edges:
-        upstream[g.receivers[r][2]] = max(upstream.get(g.receivers[r][2], 0), s + 1)
-    scores = delta.new_zeros(pairs, len(g.senders), len(g.receivers))
-    for point in receiver_points:
-        x = mean_grads[point]  # the mean over the steps: [(head,) pairs, pos, d_model]
-        x = x.flatten(-2) if x.dim() == 4 else x.flatten(-2).unsqueeze(0)
-        n = upstream[point]
-        columns = [r for r, (*_, p, _) in enumerate(g.receivers) if p == point]
-        heads = [g.receivers[r][3] or 0 for r in columns]
-        scores[:, :n, columns] = torch.bmm(delta[:, :n], x.permute(1, 2, 0))[:, :, heads]
-    s_index = torch.tensor([s for s, _ in g.edges])
-    r_index = torch.tensor([r for _, r in g.edges])
-    scores = scores[:, s_index, r_index].T  # [edge, pairs]
+    scores = _edge_scores(g, delta, mean_grads, receiver_points, pairs)  # [edge, pairs]
     mean, low, high = mean_intervals(scores)
     table = pd.DataFrame(
         {
@@ -230,6 +216,33 @@ def edges(
         "corrupted": found["corrupted"],
     }
     return table
+
+
+def _edge_scores(
+    g: Graph,
+    delta: torch.Tensor,
+    mean_grads: Mapping[str, torch.Tensor],
+    receiver_points: list[str],
+    pairs: int,
+) -> torch.Tensor:
+    """Each edge's score per pair, ``[edge, pairs]``: δ_sender · gradient_receiver summed over
+    positions and d_model, one batched product per receiver point (all its heads at once), with
+    the senders upstream of it only (those before the last that feeds it)."""
+    delta = delta.transpose(0, 1).flatten(2)  # [pairs, sender, pos·d_model]
+    upstream: dict[str, int] = {}
+    for s, r in g.edges:
+        upstream[g.receivers[r][2]] = max(upstream.get(g.receivers[r][2], 0), s + 1)
+    scores = delta.new_zeros(pairs, len(g.senders), len(g.receivers))
+    for point in receiver_points:
+        x = mean_grads[point]  # the mean over the steps: [(head,) pairs, pos, d_model]
+        x = x.flatten(-2) if x.dim() == 4 else x.flatten(-2).unsqueeze(0)
+        n = upstream[point]
+        columns = [r for r, (*_, p, _) in enumerate(g.receivers) if p == point]
+        heads = [g.receivers[r][3] or 0 for r in columns]
+        scores[:, :n, columns] = torch.bmm(delta[:, :n], x.permute(1, 2, 0))[:, :, heads]
+    s_index = torch.tensor([s for s, _ in g.edges])
+    r_index = torch.tensor([r for _, r in g.edges])
+    return scores[:, s_index, r_index].T
 
 
 INPUTS = ("hook_q_input", "hook_k_input", "hook_v_input")
@@ -260,8 +273,8 @@ def _head_input_grads(
         gain = gain + 1 if "Gemma" in type(norm).__name__ else gain  # Gemma's 1 + weight
         gain = torch.as_tensor(gain).reshape(-1, 1)
         shift = getattr(norm, "bias", None)
-        scale = kept[hook_name("ln1.hook_scale", layer)].float().unsqueeze(-1)
-        normalized = kept[hook_name("ln1.hook_normalized", layer)].float()
+        scale = kept[hook_name(_LN1[0], layer)].float().unsqueeze(-1)
+        normalized = kept[hook_name(_LN1[1], layer)].float()
         parts = zip(
             "qkv",
             (weights.W_Q, weights.W_K, weights.W_V),

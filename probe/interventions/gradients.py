@@ -65,6 +65,18 @@ def _read_rows(module: nn.Module, inputs: tuple, logits: Any) -> torch.Tensor | 
     return _ReadRows.apply(inputs[0], module.weight.detach(), logits.detach())
 
 
+def _with_clean_copy(
+    corrupted: Mapping[str, Any], clean: Mapping[str, Any], copies: int, pairs: int, own: int
+) -> dict[str, Any]:
+    """The corrupted inputs stacked ``copies`` times, copy ``own``'s rows the clean inputs."""
+    inputs = stacked(corrupted, copies, pairs)
+    for key, value in clean.items():
+        if isinstance(value, torch.Tensor) and value.dim() and len(value) == pairs:
+            inputs[key] = inputs[key].clone()
+            inputs[key][own * pairs : (own + 1) * pairs] = value
+    return inputs
+
+
 def run(
     model: nn.Module,
     corrupted: Mapping[str, Any],
@@ -120,11 +132,7 @@ def run(
                 rows = x.unflatten(0, (copies, pairs))
                 return mix(rows[own], rows[other])
 
-            inputs = stacked(corrupted, copies, pairs)
-            for key, value in clean.items():
-                if isinstance(value, torch.Tensor) and value.dim() and len(value) == pairs:
-                    inputs[key] = inputs[key].clone()
-                    inputs[key][own * pairs : (own + 1) * pairs] = value
+            inputs = _with_clean_copy(corrupted, clean, copies, pairs, own)
             forward = [(START, begin)]
         elif isinstance(clean_start, torch.Tensor):  # a Hugging Face model's first block's input
 
