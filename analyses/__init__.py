@@ -197,7 +197,8 @@ class Analysis:
         if self.rows:
             from probe.capture.rows import RowBlock
 
-            self.update_rows(batch, layer, RowBlock.whole(capture.pattern, capture.attention))
+            whole = RowBlock.whole(capture.pattern, capture.attention, batch.attention_mask)
+            self.update_rows(batch, layer, whole)
 
     def update_rows(self, batch: Batch, layer: int, block: RowBlock) -> None:
         """Add one block of query rows of one layer's pattern (``probe.capture.rows.RowBlock``). A

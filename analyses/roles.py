@@ -179,7 +179,7 @@ class Roles(Analysis):
         self._received = torch.zeros(B, H, T, device=real.device)  # by the real queries
 
     def update_rows(self, batch: Batch, layer: int, block: RowBlock) -> None:
-        p, rows, keys = block.pattern, block.rows, block.keys  # p: [B, H, rows, keys]
+        rows, keys = block.rows, block.keys
         near = block.at_offsets(MAX_OFFSETS)  # [B, H, rows, offset]
         values = self._values[:, :, rows]
         values[..., : len(MAX_OFFSETS)] = near
@@ -189,8 +189,9 @@ class Roles(Analysis):
         )
         if rows.start == 0:
             self._received.zero_()
-        # each key's share of the real queries' attention (in the block's memory, for speed)
-        self._received[..., keys] += (self._real[:, None, None, rows] @ p).squeeze(2)
+        # each key's share of the real queries' attention (the blocks weigh each query by the
+        # batch's attention mask, as ``_real`` does)
+        self._received[..., keys] += block.received
         self._keep_sample(layer, block)
         if rows.stop == self._values.shape[2]:
             self._add_layer(layer)

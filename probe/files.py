@@ -61,6 +61,15 @@ def write_file(path: Path, content: str | bytes | Callable[[Path], object]) -> P
     return path
 
 
+def cache_dir() -> Path:
+    """Where probe keeps what it downloads or builds once (``$PROBE_CACHE``, else
+    ``$XDG_CACHE_HOME/probe``, else ``~/.cache/probe``)."""
+    base = os.environ.get("PROBE_CACHE")
+    if base:
+        return Path(base)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "probe"
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)

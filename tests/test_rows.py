@@ -14,6 +14,18 @@ from probe.options import parse_size
 KINDS = ["llama", "mistral", "qwen2", "bert", "gpt2", "albert", "gpt_neox", "qwen3"]
 
 
+@pytest.fixture(params=["fused", "torch"])
+def path(request, monkeypatch):
+    """Blocks summarised by the fused kernel (where it is built here), or by torch."""
+    from probe.capture import fused, rows
+
+    if request.param == "torch":
+        monkeypatch.setattr(rows, "softmax_stats", lambda *args: None)
+    elif not fused.available(torch.device("cpu")):
+        pytest.skip(f"the kernel is not built here: {fused.described()}")
+    return request.param
+
+
 def captured(model, inputs):
     """Each layer's ``Scored``, and the model's output, under the rows capture."""
     got = {}
@@ -29,7 +41,7 @@ def whole(model, inputs):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_row_blocks_equal_the_mirrors_pattern(kind):
+def test_row_blocks_equal_the_mirrors_pattern(kind, path):
     """Padded batches (left-padded decoders, right-padded encoders), GQA (llama, mistral, qwen2,
     qwen3), a sliding window of 4 (mistral), a layer shared by three (albert)."""
     model, inputs = small_model(kind), padded_batch(kind)
@@ -42,6 +54,7 @@ def test_row_blocks_equal_the_mirrors_pattern(kind):
         for size in (1, 2, 3, T):
             for start in range(0, T, size):
                 block = s.block(slice(start, min(start + size, T)))
+                assert (block.fused is not None) == (path == "fused")
                 rows = block.full(T)
                 want = reference[layer][:, :, block.rows]
                 assert block.pattern.shape[-1] == block.keys.stop - block.keys.start
@@ -158,16 +171,21 @@ def test_the_command_line_refuses_a_bad_budget_before_loading(tmp_path):
 
 @pytest.mark.parametrize("kind", ["llama", "mistral", "bert", "gpt2"])
 @pytest.mark.slow
-def test_each_querys_summary_is_its_rows(kind):
+def test_each_querys_summary_is_its_rows(kind, path):
     """Entropy and largest weight, from the scores beside the pattern, equal -Σ p log p and
     ``max`` of the block's rows; and which of the offsets -2…2 holds the first largest weight
-    is where ``max`` puts it. Of a whole pattern, which has no scores, too."""
+    is where ``max`` puts it; what the real queries give each key is their rows' sum. Of a
+    whole pattern, which has no scores, too."""
     model, inputs = small_model(kind), padded_batch(kind)
     got, _ = captured(model, inputs)
+    real = inputs["attention_mask"].float()
     for s in got.values():
         for size in (1, 3, 4, 15):
-            for block in s.blocks(4 * 4 * 4 * 15 * size):  # blocks of `size` rows (15 keys)
+            for block in s.blocks(4 * 4 * 4 * 15 * size, real):  # blocks of `size` rows (15 keys)
                 p = block.pattern.clone()
+                given = (real[:, None, None, block.rows] @ p).squeeze(-2)
+                torch.testing.assert_close(block.received, given, atol=1e-6, rtol=1e-6)
+                assert torch.equal(RowBlock(block.rows, block.keys, p).received, p.sum(-2))
                 want = -torch.where(p > 0, p * p.log(), torch.zeros(())).sum(-1)
                 top, index = p.max(-1)
                 query = torch.arange(block.rows.start, block.rows.stop)

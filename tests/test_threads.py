@@ -74,6 +74,9 @@ def test_a_long_corpus_run_records_its_passive_threads(tiny_model, tmp_path):
     environment = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     done = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=300)
     assert done.returncode == 0, done.stderr
-    threads = json.loads((out / "run.json").read_text())["threads"]
+    card = json.loads((out / "run.json").read_text())
+    threads = card["threads"]
     assert threads == {"torch_threads": threads["torch_threads"], "wait_policy": "PASSIVE",
                        "wait_policy_set_by_probe": "windows of 4096 tokens"}  # fmt: skip
+    # the long input went through the row path, and the card says how its blocks were summarised
+    assert card["row_statistics"].startswith(("fused C kernel, ", "torch ("))

@@ -302,6 +302,8 @@ class RunCard:
     context: int | None = None  # its tokens per window, as used (capped at the model's limit)
     spec: dict[str, Any] = field(default_factory=dict)  # probe.capture.spec.ModelSpec
     threads: dict[str, Any] = field(default_factory=dict)  # probe.run.threads.in_effect
+    # How the long inputs' row blocks were summarised (probe.capture.fused.used); None: no rows
+    row_statistics: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The card as ``run.json`` holds it, with the sentence and coreference counts also at
@@ -564,11 +566,18 @@ def _card(run: Plan, model, tokenizer, chosen, ranks, tally) -> RunCard:
         thresholds=asdict(run.thresholds),
         packages=package_versions(),
         threads=threads.in_effect(),
+        row_statistics=_row_statistics(),
         command=" ".join(["probe", *sys.argv[1:]]) if sys.argv else "probe analyze",
         created=datetime.now(UTC).isoformat(timespec="seconds"),
         corpus=run.source.corpus.describe() if run.source.corpus else None,
         context=_context(run, limit) if "text" in run.units else None,
     )
+
+
+def _row_statistics() -> str | None:
+    """How the row path summarised its blocks, where it ran (``probe.capture.fused.used``)."""
+    fused = sys.modules.get("probe.capture.fused")
+    return None if fused is None else fused.used()
 
 
 def _context(run: Plan, limit: int) -> int:

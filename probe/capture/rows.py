@@ -28,6 +28,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from probe.capture.architectures import architecture, blocks
+from probe.capture.fused import Fused, available, softmax_stats
 from probe.errors import ProbeError
 from probe.numerics import entropy
 from probe.options import parse_size  # noqa: F401 (where users of rows find it)
@@ -36,23 +37,29 @@ IMPLEMENTATION = "probe_rows"
 # A block holds about this many [batch, head, rows, keys] float32 tensors at once: the scores,
 # the pattern, and a consumer's temporaries (a comparison, a product with a mask).
 TENSORS_PER_BLOCK = 4
-# Within the budget, a block of one layer's rows takes about this many bytes: each pass over it
-# (softmax, the row sums and maxima of the statistics) then reads the processor's cache rather
-# than main memory: a 4k-token input's blocks and entropies took a third of the time they took
-# in blocks of 64 MiB. But never fewer than MIN_ROWS rows: each block costs a few dozen
-# operations whatever its size, and at 32k tokens a row of 4 heads is already 512 KiB. Both
-# are per thread: an operation splits a block's rows among the threads, and with two threads
-# blocks of one thread's size ran 2.9x the floor at 32k tokens, twice the size 2.3x.
+# Within the budget, a block of one layer's rows takes about this many bytes a tensor, for each
+# of torch's threads (an operation splits a block's rows among them), but never fewer than
+# MIN_ROWS rows a thread: each block costs a few dozen operations whatever its size, and at 32k
+# tokens a row of 4 heads is already 512 KiB.
+# - Where torch computes the statistics, each a pass over the block, blocks that fit the
+#   processor's cache (CACHE_BYTES): a 4k-token input's blocks and entropies took a third of the
+#   time they took in blocks of 64 MiB.
+# - Where the fused kernel does (``probe.capture.fused``), it reads a block once, and larger
+#   blocks (FUSED_BYTES) spare the per-block operations: at 32k tokens, d_head 16, the analysis
+#   took 5.2 s in blocks of 32 MiB a thread, 5.6 s in blocks of 8 MiB (the floor 3.1-3.2 s).
 CACHE_BYTES = 8 * 2**20
+FUSED_BYTES = 32 * 2**20
 MIN_ROWS = 16
 
 
-def block_rows(budget: int, batch: int, heads: int, keys: int) -> int:
+def block_rows(
+    budget: int, batch: int, heads: int, keys: int, per_thread: int = CACHE_BYTES
+) -> int:
     """How many query rows a block may hold within ``budget`` bytes (at least one), at most
-    about ``CACHE_BYTES`` of them a tensor for each of torch's threads."""
+    about ``per_thread`` bytes of them a tensor for each of torch's threads."""
     row = 4 * batch * heads * max(keys, 1)
     threads = torch.get_num_threads()  # each operation splits a block's rows among them
-    cached = max(MIN_ROWS * threads, CACHE_BYTES * threads // row)
+    cached = max(MIN_ROWS * threads, per_thread * threads // row)
     return max(1, min(budget // (TENSORS_PER_BLOCK * row), cached))
 
 
@@ -72,17 +79,38 @@ class RowBlock:
     # The scores the pattern is the softmax of, [batch, head, rows, keys] (masked keys at the
     # lowest float), when they came with it; ``summary`` shifts them.
     scores: torch.Tensor | None = field(default=None, repr=False)
+    # Each query's weight in ``received``, [batch, rows]; None: every query weighs 1.
+    queries: torch.Tensor | None = field(default=None, repr=False)
+    # The statistics the fused kernel computed with the pattern, when it did
+    fused: Fused | None = field(default=None, repr=False)
 
     @classmethod
-    def whole(cls, pattern: torch.Tensor, attention: str = "blocks.attn") -> RowBlock:
-        """A whole pattern ``[batch, head, q_pos, k_pos]`` as one block."""
+    def whole(
+        cls,
+        pattern: torch.Tensor,
+        attention: str = "blocks.attn",
+        queries: torch.Tensor | None = None,
+    ) -> RowBlock:
+        """A whole pattern ``[batch, head, q_pos, k_pos]`` as one block (``queries``: each
+        query's weight in ``received``, ``[batch, q_pos]``)."""
         rows, keys = slice(0, pattern.shape[-2]), slice(0, pattern.shape[-1])
-        return cls(rows, keys, pattern.float(), attention)
+        return cls(rows, keys, pattern.float(), attention, queries=queries)
 
     @cached_property
     def top(self) -> torch.Tensor:
         """Each query's largest weight, ``[batch, head, rows]``."""
-        return self.pattern.amax(-1)
+        return self.fused.top if self.fused is not None else self.pattern.amax(-1)
+
+    @cached_property
+    def received(self) -> torch.Tensor:
+        """What each key receives from the block's queries, Σ_i w_i p_ij with w their weights
+        (``queries``, else 1): ``[batch, head, keys]``."""
+        if self.fused is not None and self.fused.received is not None:
+            return self.fused.received
+        p = self.pattern
+        if self.queries is None:
+            return p.sum(-2)
+        return (self.queries.to(p.dtype)[:, None, None] @ p).squeeze(-2)
 
     @cached_property
     def summary(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,6 +121,8 @@ class RowBlock:
         1 / Σ exp s'), which spares a logarithm of every weight. The shift keeps it exact: Σ p s
         unshifted loses |max s| · 2⁻²⁴ to rounding, more than a sharp head's whole entropy.
         """
+        if self.fused is not None:
+            return self.fused.entropy, self.fused.top
         p, s, top = self.pattern, self.scores, self.top
         if s is None:
             return entropy(p), top
@@ -110,6 +140,8 @@ class RowBlock:
         offsets (one vectorised maximum, and a b × b corner), for ``max`` with indices reads a
         row one number at a time.
         """
+        if self.fused is not None:  # the kernel found each row's first largest weight
+            return self._offset_of(self.fused.first, offsets)
         p = self.pattern
         b, K = p.shape[-2:]
         # each row's first offset, as a column: ``first + r`` for row r; the keys before the
@@ -130,6 +162,13 @@ class RowBlock:
         # The first of [before the offsets…, the offsets…, none] that holds ``top``
         held = torch.cat([*columns, near, top[..., None]], -1) == top[..., None]
         return _max_at_answers(len(columns), len(offsets), p.device)[held.byte().argmax(-1)]
+
+    def _offset_of(self, key: torch.Tensor, offsets: Sequence[int]) -> torch.Tensor:
+        """Which of ``offsets`` each row's ``key`` (counted in ``keys``) lies at, as ``max_at``
+        answers."""
+        shift = self.keys.start - self.rows.start - offsets[0]  # key k of row r: k + shift - r
+        at = key + (shift - torch.arange(key.shape[-1], device=key.device))
+        return at.masked_fill_((at < 0) | (at >= len(offsets)), len(offsets))
 
     def full(self, length: int) -> torch.Tensor:
         """The block's rows over all ``length`` keys ``[batch, head, rows, length]`` (zeros
@@ -213,9 +252,13 @@ class Scored:
         start = 0 if self.window is None else max(0, rows.start - self.window)
         return slice(start, min(rows.stop, T))
 
-    def block(self, rows: slice, work: torch.Tensor | None = None) -> RowBlock:
+    def block(
+        self, rows: slice, work: torch.Tensor | None = None, queries: torch.Tensor | None = None
+    ) -> RowBlock:
         """The pattern of the queries ``rows``: ``[batch, head, rows, keys]`` in float32, with
-        its scores; in ``work`` (two such blocks' numbers, float32) when given."""
+        its statistics (``probe.capture.fused``) or its scores; in ``work`` (two such blocks'
+        numbers, float32) when given. ``queries``: the rows' weights in ``RowBlock.received``,
+        ``[batch, rows]``."""
         keys = self.keys_of(rows)
         q, k = self.query[:, :, rows], self.key[:, :, keys]
         B, H, b, d = q.shape
@@ -240,8 +283,11 @@ class Scored:
         elif self.causal:  # only the keys from the block's first query on lie after a query
             later = scores[..., rows.start - keys.start :]
             later.masked_fill_(_after(b, later.shape[-1], q.device), lowest)
+        stats = softmax_stats(scores, scores, queries)  # the pattern over its scores
+        if stats is not None:
+            return RowBlock(rows, keys, scores, queries=queries, fused=stats)
         torch.softmax(scores, -1, out=pattern)
-        return RowBlock(rows, keys, pattern, scores=scores)
+        return RowBlock(rows, keys, pattern, scores=scores, queries=queries)
 
     def output(self) -> torch.Tensor:
         """An empty attention output, ``[batch, q_pos, head, d_head]`` in the value's dtype (the
@@ -260,15 +306,18 @@ class Scored:
         mixed = torch.bmm(block.pattern.reshape(B * G, H // G * b, K), v.reshape(B * G, K, -1))
         out[:, block.rows] = mixed.view(B, H, b, -1).transpose(1, 2)
 
-    def blocks(self, budget: int) -> Iterator[RowBlock]:
+    def blocks(self, budget: int, queries: torch.Tensor | None = None) -> Iterator[RowBlock]:
         """The whole pattern in blocks of rows that fit in ``budget`` bytes, in order, each in
-        the memory of the one before."""
+        the memory of the one before. ``queries``: each query's weight in the blocks'
+        ``received``, ``[batch, q_pos]``."""
         B, H, T, _ = self.query.shape
-        size = min(block_rows(budget, B, H, self.key.shape[-2]), T)
+        per_thread = FUSED_BYTES if available(self.query.device) else CACHE_BYTES
+        size = min(block_rows(budget, B, H, self.key.shape[-2], per_thread), T)
         work = torch.empty(2, B * H * size * self.key.shape[-2], device=self.query.device,
                            dtype=torch.float32)  # fmt: skip
         for start in range(0, T, size):
-            yield self.block(slice(start, min(start + size, T)), work)
+            rows = slice(start, min(start + size, T))
+            yield self.block(rows, work, None if queries is None else queries[:, rows])
 
 
 def rows_unsupported(model: nn.Module) -> str | None:

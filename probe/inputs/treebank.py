@@ -14,6 +14,7 @@ from itertools import chain
 from pathlib import Path
 
 from probe.errors import ProbeError
+from probe.files import cache_dir
 from probe.inputs.download import fetch
 from probe.inputs.pipes import copy_pipe, is_pipe, read_from
 
@@ -275,15 +276,6 @@ def _check_acyclic(heads: list[int], rows: list[tuple[int, list[str]]], name: st
 def _misc(column: str) -> dict[str, str]:
     """The MISC column's ``Key=Value`` attributes (``_`` is none)."""
     return dict(item.partition("=")[::2] for item in column.split("|") if "=" in item)
-
-
-def cache_dir() -> Path:
-    """Where downloaded treebanks are kept (``$PROBE_CACHE`` or ``~/.cache/probe``)."""
-    base = (
-        os.environ.get("PROBE_CACHE")
-        or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "probe"
-    )
-    return Path(base)
 
 
 def download_ud(spec: str) -> list[Path]:

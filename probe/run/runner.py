@@ -271,7 +271,7 @@ def stream_rows(
     def receive(layer: int, what) -> torch.Tensor | None:
         # The layer's output from the blocks (p·V), where the model goes on to a next layer.
         out = what.output() if layer != last and what.value is not None else None
-        for block in what.blocks(budget):
+        for block in what.blocks(budget, batch.attention_mask):
             if out is not None:  # before the consumers, which may reuse the block's memory
                 what.add_output(block, out)
             for consumer in takers:
