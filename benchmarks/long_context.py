@@ -9,27 +9,25 @@ each T, two fresh processes: the floor, the model's plain sdpa forward over the 
 analysis, the same forward with the roles and taxonomy analyses fed row blocks (``probe.run.runner.
 stream_rows``), alternating with the floor. Each prints its peak resident memory (ru_maxrss);
 times are CPU seconds (all threads), the floor's and the analysis's from the same process, the
-median of ``--rounds``; the load average beside them says how busy a shared machine was. On a
-busy machine, OpenMP threads that wait for a core spin, and the analysis (thousands of small
-operations per layer, where the floor has one sdpa call) pays for it many times: run with
-OMP_NUM_THREADS=1, or OMP_WAIT_POLICY=PASSIVE, to measure work rather than waiting.
+median of ``--rounds``, with the wall seconds beside them; the load average says how busy a
+shared machine was. Each child runs under the threads' wait policy ``probe analyze`` sets for its
+length (``probe.run.threads``), floor and analysis alike; ``--busy N`` keeps N processes spinning
+on the cores meanwhile, as other users' jobs would.
 
-Goals (issue #29): peak under 2.5 GiB at 32k on the tiny model, growing linearly; time at most
-2x the floor at 8k and 32k tokens. Time is measured on a model with a real head width
-(``--d-head 64 --layers 6``: 64 is the narrowest head of the long-context models in use, whose
-heads are 64 to 256 wide), because the ratio depends on it: sdpa's cost per query-key pair grows
-with d_head, while the statistics' cost per pair does not. The tiny model's 16-wide heads make
-its sdpa cheap, and so its ratio the worst case: 2.2-2.8x with two threads on 2 cores.
+Goals (issue #45): at 32k tokens with `-a roles`, the analysis at most 1.5x the floor with heads
+64 wide (``--d-head 64 --layers 4 --analyses roles``), idle and with two busy processes
+(``--busy 2``); at most 2x idle with heads 16 wide (``--d-head 16 --layers 2``, roles and
+taxonomy); peak memory linear in the length. The ratio depends on the head width: sdpa's cost per
+query-key pair grows with d_head, while the statistics' cost per pair does not, so the 16-wide
+heads are the worst case.
 
-Where the time goes. The last layer's sdpa is never run (no consumer reads what follows it);
-every layer's scores are computed again in blocks, beside its sdpa call, then softmaxed and
-summarised; so a model of L layers costs (L - 1) sdpa calls and L of those. At 32,768 tokens with
-d_head 64 and two threads (wall seconds, one layer): sdpa 3.7; the blocks 4.2, of which the
-scores' product 2.2 (sdpa never writes its scores to memory; the blocks must, at about half its
-rate of arithmetic), the softmax 0.9, entropy's shift and sum 1.0. At d_head 16, one thread, two
-layers: the floor 5.5, the analysis 10.7, of which one sdpa 2.5, both layers' scores and softmax
-5.0, roles' statistics 2.8 (entropy 1.24, the largest weight and where it lies 0.67, what each
-key receives 0.52, the weights on keys -2…+2 0.13, the similarity sample 0.07) and the rest 0.4.
+Where the time goes (32k tokens, d_head 16, two layers, two threads, wall seconds of one
+analysis, profiled in blocks of 8 MiB a thread): the scores' product 1.4 (sdpa never writes its
+scores to memory; the blocks must), the fused kernel's softmax and statistics 3.0
+(``probe.capture.fused``: one pass over each block, bound by the memory it reads and writes), the
+output's product p · V 0.7, the rest (per-block operations, the model's other layers) about 1;
+the floor 3.1. Before the kernel, the softmax, entropy's shift and sum, the two maxima and what
+each key receives were a pass over the block each: 3.03x the floor, where it is now 1.66x.
 """
 
 from __future__ import annotations

@@ -84,6 +84,9 @@ def test_a_cpu_float32_block_only():
     s = scores(1, 2, 3, 5)
     assert fused.softmax_stats(s.double(), torch.empty_like(s.double())) is None
     assert fused.softmax_stats(s.transpose(-1, -2), torch.empty(1, 2, 5, 3)) is None
+    if fused.available(torch.device("cpu")):  # weights the kernel would read past
+        with pytest.raises(ValueError, match=r"queries must be \[batch, rows\] = \[1, 3\]"):
+            fused.softmax_stats(s, torch.empty_like(s), torch.ones(1, 2))
 
 
 @pytest.mark.parametrize(
@@ -127,3 +130,23 @@ def test_built_once_into_the_cache(tmp_path):
     second = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert second.stdout == first.stdout and built[0].stat().st_mtime_ns == stamp
     assert [p.name for p in (tmp_path / "kernels").iterdir()] == [built[0].name]
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork on this system")
+def test_a_forked_child_has_threads_of_its_own():
+    """A child forked after the kernel ran has none of its parent's threads: it makes its own
+    rather than wait for them."""
+    code = (
+        "import os, torch\n"
+        "from probe.capture import fused\n"
+        "torch.set_num_threads(2)\n"
+        "s = torch.randn(1, 2, 64, 2048)\n"
+        "fused.softmax_stats(s, torch.empty_like(s))\n"
+        "child = os.fork()\n"
+        "if child == 0:\n"
+        "    fused.softmax_stats(s, torch.empty_like(s))\n"
+        "    os._exit(0)\n"
+        "assert os.waitpid(child, 0)[1] == 0\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr

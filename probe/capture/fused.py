@@ -72,6 +72,9 @@ def softmax_stats(
     if library is None or not usable or scores.shape != pattern.shape:
         return None
     B, H, b, K = scores.shape
+    if queries is not None and (queries.shape != (B, b) or queries.device.type != "cpu"):
+        raise ValueError(f"queries must be [batch, rows] = [{B}, {b}] on the CPU, not "
+                         f"{list(queries.shape)} on {queries.device}")  # fmt: skip
     entropy, top = scores.new_empty(B, H, b), scores.new_empty(B, H, b)
     first = torch.empty(B, H, b, dtype=torch.long)
     weight = None if queries is None else queries.to(torch.float32).contiguous()
@@ -86,7 +89,7 @@ def softmax_stats(
         library.block_stats(scores.data_ptr(), pattern.data_ptr(), bounds[t], bounds[t + 1],
                             H, b, K, *pointers)  # fmt: skip
 
-    others = [_pool(threads).submit(share, t) for t in range(1, threads)]
+    others = [_pool(threads, os.getpid()).submit(share, t) for t in range(1, threads)]
     share(0)  # this thread takes the first share while the others take theirs
     for other in others:
         other.result()
@@ -168,6 +171,7 @@ def _processor() -> str:
 
 
 @lru_cache(maxsize=4)
-def _pool(threads: int) -> ThreadPoolExecutor:
-    """Threads for the shares after the first (which the caller takes)."""
+def _pool(threads: int, process: int) -> ThreadPoolExecutor:
+    """Threads for the shares after the first (which the caller takes), of this ``process``: a
+    forked child has none of its parent's threads, so it makes its own."""
     return ThreadPoolExecutor(max_workers=max(threads - 1, 1), thread_name_prefix="probe-fused")

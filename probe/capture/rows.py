@@ -9,9 +9,12 @@ computed from them one block of query rows at a time, with the model's own mask:
 
 A causal model's block of rows ``start:stop`` sees keys ``0:stop`` only (and a sliding window's
 fewer), so the keys past ``stop`` are never scored. Memory per layer is O(block × T); the block's
-size follows a memory budget (``parse_size``, ``block_rows``). A receiver that reads every block
-may also mix the layer's output from them (p · V, ``Scored.add_output``) and hand it back: the
-model then goes on from it, and its sdpa kernel does not compute the same scores a second time.
+size follows a memory budget (``parse_size``, ``block_rows``). Each block's softmax and its rows'
+statistics (``RowBlock.summary``, ``top``, ``max_at``, ``received``) come from one pass of the
+fused kernel (``probe.capture.fused``), or from torch where it is not built. A receiver that
+reads every block may also mix the layer's output from them (p · V, ``Scored.add_output``) and
+hand it back: the model then goes on from it, and its sdpa kernel does not compute the same
+scores a second time.
 """
 
 from __future__ import annotations
