@@ -89,34 +89,35 @@ def test_a_cpu_float32_block_only():
             fused.softmax_stats(s, torch.empty_like(s), torch.ones(1, 2))
 
 
-@pytest.mark.parametrize(
-    "compiler, why",
-    [
-        ("/bin/false", "failed on fused.c"),
-        ("/nonexistent/cc", "does not run"),
-    ],
-)
-def test_without_a_compiler_the_row_path_uses_torch(tmp_path, compiler, why):
-    """In a fresh process whose compiler fails: no kernel, the reason in ``described``, the row
-    path's blocks from torch's softmax, and nothing left in the cache folder."""
+@pytest.mark.slow
+def test_without_a_compiler_the_row_path_uses_torch(tmp_path):
+    """In a fresh process, with a compiler that fails and with one that does not run: no
+    kernel, the reason in ``described``, the row path's blocks from torch's softmax, and
+    nothing left in the cache folder."""
     code = (
-        "import torch\n"
+        "import os, torch\n"
         "from probe.capture import fused\n"
         "from probe.capture.rows import Scored\n"
         "q = torch.randn(1, 2, 6, 4)\n"
-        "block = Scored(q, q, None, True, 0.5).block(slice(0, 6))\n"
-        "assert block.fused is None and block.scores is not None\n"
-        "assert fused.softmax_stats(q, torch.empty_like(q)) is None\n"
-        "assert fused.used() is not None\n"
-        "print(fused.described())\n"
+        "for compiler in ('/bin/false', '/nonexistent/cc'):\n"
+        "    os.environ['CC'] = compiler\n"
+        "    fused._library.cache_clear()\n"
+        "    block = Scored(q, q, None, True, 0.5).block(slice(0, 6))\n"
+        "    assert block.fused is None and block.scores is not None\n"
+        "    assert fused.softmax_stats(q, torch.empty_like(q)) is None\n"
+        "    assert not fused.available(q.device) and fused.used() is not None\n"
+        "    print(fused.described())\n"
     )
-    env = {"CC": compiler, "PROBE_CACHE": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    env = {"PROBE_CACHE": str(tmp_path), "PATH": "/usr/bin:/bin"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("torch (") and why in out.stdout
+    failed, missing = out.stdout.splitlines()
+    assert failed.startswith("torch (/bin/false failed on fused.c")
+    assert missing.startswith("torch (the C compiler /nonexistent/cc does not run")
     assert not [p for p in tmp_path.rglob("*") if p.is_file()]
 
 
+@pytest.mark.slow
 def test_built_once_into_the_cache(tmp_path):
     """A second process loads the library the first one built."""
     code = "from probe.capture import fused; print(fused.described())"
@@ -132,6 +133,7 @@ def test_built_once_into_the_cache(tmp_path):
     assert [p.name for p in (tmp_path / "kernels").iterdir()] == [built[0].name]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork on this system")
 def test_a_forked_child_has_threads_of_its_own():
     """A child forked after the kernel ran has none of its parent's threads: it makes its own
