@@ -107,6 +107,8 @@ def mentions(sentences: list[Sentence]) -> list[Mention]:
     ProbeError
         For a bracket that closes a mention never opened, or one left open at the document's end.
     """
+    if not any(any(s.entity) for s in sentences):  # no brackets (all of EWT): nothing to join
+        return []
     joined = join(sentences)
     words, heads, upos, feats = (joined[k] for k in ("words", "heads", "upos", "feats"))
     where = [(s.source, s.sent_id, i + 1) for s in sentences for i in range(len(s.words))]
