@@ -6,6 +6,7 @@ import pytest
 import torch
 import transformers as tf
 from models import CONFIGS, SEQ2SEQ, small_model
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import probe
 from probe.run.runner import decoder_inputs
@@ -151,3 +152,38 @@ def test_an_edited_pattern_acts_alike_under_eager_and_sdpa(kind):
         with torch.no_grad():
             assert not torch.allclose(model(ids)[0], outputs[-1])
     torch.testing.assert_close(outputs[0], outputs[1], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", sorted(k for k in [*CONFIGS, *SEQ2SEQ] if k != "gemma2"))
+def test_the_streams_output_mixed_from_the_pattern_is_sdpas(kind, monkeypatch):
+    """The analyses' stream mixes each layer's output from the pattern it computes beside sdpa
+    (p·V) instead of running sdpa too: every real position's output is sdpa's, to float32
+    rounding, on every architecture (padding, grouped-query attention, T5's position bias,
+    encoder-decoder models' three attentions); a trace outside the stream keeps sdpa's bits."""
+    from probe.capture.mirror import mixed_from_the_pattern
+
+    model = small_model(kind, attn_implementation="sdpa")
+    ids = torch.randint(3, 99, (2, 7), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    if kind in SEQ2SEQ:
+        inputs = decoder_inputs(model, inputs)
+    sdpa, calls = ALL_ATTENTION_FUNCTIONS["sdpa"], []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._global_mapping, "sdpa", counted)
+    with torch.no_grad():
+        plain = model(**inputs)[0]
+        ran = len(calls)
+        with mixed_from_the_pattern(), probe.trace(model, "hook_pattern"):
+            mixed = model(**inputs)[0]
+        assert ran > 0 and len(calls) == ran  # p·V ran, not sdpa
+        with probe.trace(model, "hook_pattern"):
+            traced = model(**inputs)[0]
+    real = (inputs.get("decoder_attention_mask", mask)).bool()
+    torch.testing.assert_close(mixed[real], plain[real], atol=2e-5, rtol=1e-5)
+    assert torch.equal(traced, plain)

@@ -25,6 +25,7 @@ import sys
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Protocol
 
 import torch
@@ -677,6 +678,24 @@ def _spreads(shape: torch.Size, positions: torch.Size) -> bool:
         return False
 
 
+# Set by ``mixed_from_the_pattern``: where the pattern is computed beside the model's kernel and
+# nothing edits it, the layer's output is mixed from it rather than by the kernel again.
+MIXED: ContextVar[bool] = ContextVar("probe_mixed", default=False)
+
+
+@contextmanager
+def mixed_from_the_pattern() -> Iterator[None]:
+    """Within the block, a layer whose pattern is computed beside the model's kernel (sdpa, say)
+    takes its output from that pattern (p·V) instead of running the kernel: the same numbers
+    within the kernel's own rounding, for a reader of patterns that needs not the model's
+    output bit for bit (the analyses' stream; a trace keeps the kernel's bits)."""
+    token = MIXED.set(True)
+    try:
+        yield
+    finally:
+        MIXED.reset(token)
+
+
 def probe_attention(
     module: nn.Module,
     query: torch.Tensor,
@@ -717,6 +736,8 @@ def probe_attention(
         z, weights = _pattern_of_eager(mirror, p, module, query, key, value, attention_mask, kwargs)
     elif p.hook_attn_scores.active or p.hook_pattern.active:
         z, weights = _pattern_beside(mirror, p, module, query, key, value, attention_mask, kwargs)
+    if z is None and weights is not None and MIXED.get() and not module.training:
+        z = _mixed(weights, value)  # the pattern in hand, times V: no second attention
     if z is None:  # nothing edited the scores or the pattern: the model's own kernel
         own = mirror.implementation(module)
         z, own_weights = own(module, query, key, value, attention_mask, **kwargs)
@@ -732,6 +753,14 @@ def probe_attention(
             if edited is not result:  # the layer output becomes Σ_i result_i + b^O, edits and all
                 mirror.pending[id(o)] = edited.sum(dim=2) + (0 if o.bias is None else o.bias)
     return z, weights
+
+
+def _mixed(pattern: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """z ``[batch, q_pos, head, d_head]`` from the pattern and the values (each K/V head serving
+    its group of query heads), as eager attention mixes them."""
+    group = pattern.shape[1] // value.shape[1]
+    value = value.repeat_interleave(group, dim=1) if group > 1 else value
+    return torch.matmul(pattern, value).transpose(1, 2).contiguous()
 
 
 def _returns_pattern(mirror, module) -> bool:

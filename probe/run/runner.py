@@ -18,6 +18,7 @@ import torch
 from transformers import PreTrainedModel
 
 from probe.capture.hookpoints import hooks
+from probe.capture.mirror import mixed_from_the_pattern
 from probe.capture.names import hook_name, parse
 from probe.capture.spec import describe
 from probe.errors import ProbeError
@@ -222,7 +223,13 @@ def stream(
                 if len(finished) == len(readers):
                     raise _AllSeen
 
-    with torch.inference_mode(), hooks(model, dict.fromkeys(where, receive)):
+    # Each layer's pattern is computed beside the model's kernel: its output is mixed from it
+    # (p·V), and the kernel does not compute the same scores a second time.
+    with (
+        torch.inference_mode(),
+        mixed_from_the_pattern(),
+        hooks(model, dict.fromkeys(where, receive)),
+    ):
         for batch in batches:
             batch = batch.to(device)
             alignment = WordAlignment(batch.word_of_token, batch.n_words)
