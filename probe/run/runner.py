@@ -171,7 +171,9 @@ def stream(
     """Run every batch through ``model`` and hand each layer's captures to every consumer.
 
     The forward pass of a batch stops once its last capture has been handed on: nothing the
-    model computes after it reaches a consumer.
+    model computes after it reaches a consumer. A layer whose pattern is computed beside the
+    model's sdpa kernel takes its output from that pattern (p·V, ``mixed_from_the_pattern``):
+    sdpa's output to float32 rounding, without the kernel's second pass over the same scores.
 
     Parameters
     ----------
@@ -223,8 +225,6 @@ def stream(
                 if len(finished) == len(readers):
                     raise _AllSeen
 
-    # Each layer's pattern is computed beside the model's kernel: its output is mixed from it
-    # (p·V), and the kernel does not compute the same scores a second time.
     with (
         torch.inference_mode(),
         mixed_from_the_pattern(),
