@@ -1,6 +1,7 @@
 """`probe analyze` and `probe report` end to end on MiniLM, and their errors on bad input."""
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -305,6 +306,26 @@ def test_console_script_in_a_subprocess(tmp_path):
     assert "not a probe report folder" in bad.stderr and "Traceback" not in bad.stderr
     helped = subprocess.run([exe, "analyze", "--help"], capture_output=True, text=True)
     assert "--max-sentences" in helped.stdout and "--overwrite" in helped.stdout
+
+
+@pytest.mark.slow
+def test_the_console_script_ends_with_its_output_and_its_helper(tmp_path):
+    """The installed command skips the interpreter's teardown (``cli.command``): what it printed
+    still reaches a pipe, its status is the run's, and its helper process has ended with it."""
+    exe = Path(sys.executable).with_name("probe")
+    out = tmp_path / "report"
+    command = [exe, "analyze", "--model", "minilm", "-t", "sample", "-a", "probe", "-q",
+               "--out", str(out)]  # fmt: skip
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)  # fmt: skip
+    stdout, stderr = child.communicate(timeout=300)
+    assert child.returncode == 0, stderr
+    assert stdout == f"report: {out / 'index.html'}\n"
+    assert json.loads((out / "run.json").read_text())["analyses"] == ["probe"]
+    with pytest.raises(ProcessLookupError):  # nothing of the run's process group is left
+        os.killpg(child.pid, 0)
+    again = subprocess.run(command, capture_output=True, text=True)
+    assert again.returncode == 1 and "already exists" in again.stderr and not again.stdout
 
 
 CHROMIUM = next(
