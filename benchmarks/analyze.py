@@ -70,6 +70,20 @@ def peak_rss(command: list[str]) -> tuple[float, int, str, float]:
     return elapsed, usage.ru_maxrss * 1024, out, usage.ru_utime + usage.ru_stime
 
 
+def ratio_interval(floor: list[float], ours: list[float], replicates: int = 10_000) -> tuple:
+    """A 95% bootstrap interval of the ratio of the medians, median(ours) / median(floor): the
+    rounds are resampled whole (a round's two processes ran back to back, under the same load),
+    so that the interval says how far the machine's noise leaves the headline ratio uncertain."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    pairs = np.array([floor, ours])  # [2, rounds]
+    drawn = pairs[:, rng.integers(0, pairs.shape[1], (replicates, pairs.shape[1]))]
+    ratios = np.median(drawn[1], axis=1) / np.median(drawn[0], axis=1)
+    low, high = np.percentile(ratios, [2.5, 97.5])
+    return float(low), float(high)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=2)
@@ -140,7 +154,9 @@ def measure(args: argparse.Namespace) -> None:
     print(f"probe analyze (every analysis, report)                 {o:6.1f} s   "
           f"peak {ours_rss / 2**20:6.0f} MiB")  # fmt: skip
     print("  stages: " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
-    print(f"ratio, process to process:                            {o / f:6.2f}x  (goal ≤ 1.2x)")
+    low, high = ratio_interval(floor, ours)
+    print(f"ratio, process to process:                            {o / f:6.2f}x  (goal ≤ 1.2x)"
+          f"  95% interval {low:.2f}-{high:.2f}")  # fmt: skip
     # On a shared machine the same process varies by a third from run to run: each round's
     # ratio (its two processes ran back to back) shows the spread, and the ratio of the fastest
     # runs is the one least disturbed by other work.
