@@ -64,6 +64,8 @@ JS_QUERIES_PER_INPUT = 64
 # 32,768-token input of a 2 × 4-head model keeps 64 queries. Sentences are far below it.
 JS_CELLS = 2**24
 JS_GROUPS = 8  # of a causal model's sampled queries, each measured over the keys it sees
+# A batch's per-query values of every layer are kept until its last layer, up to this many bytes
+STACKED_BYTES = 16 * 2**20
 # The head map's SMACOF (scikit-learn's MDS) stops when an iteration lowers the stress by less
 # than this share of the distances' sum of squares (the stress is then within 1e-4 of its
 # minimum, far below what a figure shows), or after this many iterations.
@@ -173,33 +175,40 @@ class Roles(Analysis):
         share = np.minimum(share, JS_CELLS / (L * H * length**2))
         chosen = torch.from_numpy(drawn < share).to(b.device)
         self._keep_groups(b[chosen], t[chosen], T)
-        # A layer's per-query values, filled block by block and summed at its last block: the
-        # weights on keys -2…+2, where the maximum lies, entropy and largest weight
-        self._values = torch.zeros(B, H, T, len(ROW_VALUES), device=real.device)
-        self._received = torch.zeros(B, H, T, device=real.device)  # by the real queries
+        # A layer's per-query values, filled block by block: the weights on keys -2…+2, where
+        # the maximum lies, entropy and largest weight; and what each key receives from the real
+        # queries. Every layer's are kept until the batch's last and summed at once (a sixth of
+        # the operations on MiniLM's sentence batches), unless they would take more than
+        # STACKED_BYTES: a long input's are summed a layer at a time.
+        stacked = L * B * H * T * (len(ROW_VALUES) + 1) * 4 <= STACKED_BYTES
+        self._stacked = L if stacked else 1
+        self._values = torch.zeros(self._stacked, B, H, T, len(ROW_VALUES), device=real.device)
+        self._received = torch.zeros(self._stacked, B, H, T, device=real.device)
 
     def update_rows(self, batch: Batch, layer: int, block: RowBlock) -> None:
         rows, keys = block.rows, block.keys
+        slot = layer if self._stacked > 1 else 0
         near = block.at_offsets(MAX_OFFSETS)  # [B, H, rows, offset]
-        values = self._values[:, :, rows]
+        values = self._values[slot, :, :, rows]
         values[..., : len(MAX_OFFSETS)] = near
         values[..., ROW_VALUES.index("max_at")] = block.max_at(MAX_OFFSETS, near)
         values[..., ROW_VALUES.index("entropy")], values[..., ROW_VALUES.index("confidence")] = (
             block.summary
         )
         if rows.start == 0:
-            self._received.zero_()
+            self._received[slot].zero_()
         # each key's share of the real queries' attention (the blocks weigh each query by the
         # batch's attention mask, as ``_real`` does)
-        self._received[..., keys] += block.received
+        self._received[slot, ..., keys] += block.received
         self._keep_sample(layer, block)
-        if rows.stop == self._values.shape[2]:
-            self._add_layer(layer)
+        if rows.stop == self._values.shape[3] and slot == self._stacked - 1:
+            self._add_layers(layer + 1 - self._stacked)
 
-    def _add_layer(self, layer: int) -> None:
-        """Add a layer's sums over its queries, from their values and the keys' shares."""
-        values, real = self._values, self._real  # [B, H, T, ROW_VALUES], [B, T]
-        B, H, T, _ = values.shape
+    def _add_layers(self, first: int) -> None:
+        """Add the sums over their queries of the layers kept, ``first`` on, from their values
+        and the keys' shares."""
+        values, real = self._values, self._real  # [layers, B, H, T, ROW_VALUES], [B, T]
+        layers, B, H, T, _ = values.shape
         n = len(MAX_OFFSETS)
         near = values[..., :n]
         offset = values[..., ROW_VALUES.index("max_at")].long().masked_fill_(real[:, None] == 0, n)
@@ -210,35 +219,37 @@ class Roles(Analysis):
         # normalised entropy and confidence.
         normalised = entropies * self._normaliser[:, None]
         per_query = torch.stack([near[..., MAX_OFFSETS.index(0)], entropies, normalised,
-                                 confidence], 2)  # fmt: skip
+                                 confidence], -2)  # fmt: skip
         per_sentence = torch.cat(
             [self._received @ self._key_kinds, (per_query @ real[:, None, :, None]).squeeze(-1)],
             -1,
-        )  # [B, H, 8]
-        sums = per_sentence.sum(0).T
-        previous = (near[..., MAX_OFFSETS.index(-1)] * real[:, None]).sum((0, 2))  # q -> q-1
-        following = (near[..., MAX_OFFSETS.index(1)] * self._next[:, None]).sum((0, 2))
+        )  # [layers, B, H, 8]
+        sums = per_sentence.sum(1).transpose(1, 2)
+        previous = (near[..., MAX_OFFSETS.index(-1)] * real[:, None]).sum((1, 3))  # q -> q-1
+        following = (near[..., MAX_OFFSETS.index(1)] * self._next[:, None]).sum((1, 3))
         # Where each query's maximum lies, relative to the query: offsets -2…+2 counted at once
         # (anything else, and padding queries, in one more bin).
-        at_each = values.new_zeros(B, H, n + 1).scatter_add_(
-            2, offset, values.new_ones(()).expand(B, H, T)
+        at_each = values.new_zeros(layers, B, H, n + 1).scatter_add_(
+            3, offset, values.new_ones(()).expand(layers, B, H, T)
         )[..., :n]
-        at = at_each.sum(0)  # [H, offset]
+        at = at_each.sum(1)  # [layers, H, offset]
         self_at = METRICS.index("self") + 1  # the sums up to self, then previous and next
-        stats = torch.cat([sums[:self_at], previous[None], following[None], sums[self_at:], at.T])
-        self.sums[:, layer] += stats.double().cpu()  # in the order of METRICS
-        # The roles' statistics per sentence, [B, ROLE_METRICS, H], for the bootstrap
+        stats = torch.cat([sums[:, :self_at], previous[:, None], following[:, None],
+                           sums[:, self_at:], at.transpose(1, 2)], 1)  # fmt: skip
+        kept = slice(first, first + layers)
+        self.sums[:, kept] += stats.double().cpu().transpose(0, 1)  # in the order of METRICS
+        # The roles' statistics per sentence, [B, ROLE_METRICS, layers, H], for the bootstrap
         kinds = self._key_kinds.shape[-1]
         roles = torch.stack([
             at_each[..., MAX_OFFSETS.index(-1)],
             at_each[..., MAX_OFFSETS.index(1)],
             per_sentence[..., 0] + per_sentence[..., 1],
             per_sentence[..., kinds + 2],
-        ], 1)  # fmt: skip
-        self.boot[:, :, layer] += (self._weights @ roles.flatten(1).double().cpu()).view(
-            ROLE_BOOT, len(ROLE_METRICS), H
+        ], 0).permute(2, 0, 1, 3)  # fmt: skip
+        self.boot[:, :, kept] += (self._weights @ roles.flatten(1).double().cpu()).view(
+            ROLE_BOOT, len(ROLE_METRICS), layers, H
         )
-        self.cls_entropy[layer] += entropies[self._has_cls, :, 0].sum(0).double().cpu()
+        self.cls_entropy[kept] += entropies[..., 0][:, self._has_cls].sum(1).double().cpu()
 
     def _keep_groups(self, b: torch.Tensor, t: torch.Tensor, T: int) -> None:
         """Where the sampled queries (sentence ``b``, position ``t``) keep their rows: a causal

@@ -77,6 +77,24 @@ def test_row_blocks_give_the_whole_patterns_tables(kind, minilm):
     assert whole["taxonomy"].sequences.iloc[0] == 8  # and 8 nulls
 
 
+@needs_ewt()
+@pytest.mark.parametrize(("kind", "rows"), [("minilm", False), ("llama", True)])
+def test_roles_sums_a_batchs_layers_at_once_or_one_by_one_alike(kind, rows, minilm, monkeypatch):
+    """Roles keeps a batch's per-query values of every layer and sums them at its last layer,
+    unless they would take more than STACKED_BYTES (a long input): the same tables, number for
+    number, either way."""
+    import analyses.roles
+
+    model, tokenizer = minilm
+    if kind != "minilm":
+        model = decoder(kind, tokenizer)
+    at_once = tables(model, tokenizer, rows)
+    monkeypatch.setattr(analyses.roles, "STACKED_BYTES", 0)
+    one_by_one = tables(model, tokenizer, rows)
+    for name in ("head_stats", "head_similarity", "taxonomy"):
+        pd.testing.assert_frame_equal(at_once[name], one_by_one[name], check_exact=True)
+
+
 def test_only_analyses_of_sums_take_rows():
     takes = {name for name in analyses.REGISTRY if analyses.get(name).rows}
     assert takes == {"roles", "taxonomy"}
