@@ -151,6 +151,24 @@ def test_a_broken_contract_fails_before_the_model_loads(case, monkeypatch, tmp_p
     assert named, f"the message names no analysis: {lines[0]}"
 
 
+def test_looking_up_a_shipped_analysis_leaves_its_template_to_this_file(monkeypatch):
+    """Each start of the command looks every analysis up: a shipped one's template is parsed
+    here (``test_every_registered_analysis_keeps_the_contract``), not there; a plugin's still
+    is, and a broken one is still refused at lookup."""
+    parsed = []
+    real = analyses._macros.__wrapped__
+    monkeypatch.setattr(analyses, "_macros", lambda source: parsed.append(source) or real(source))
+    monkeypatch.setattr(analyses, "_PASSED", set())
+    for name in analyses.REGISTRY:
+        analyses.get(name)
+    assert parsed == []
+    check_analysis(analyses.get("syntax"), "syntax")  # in full: the template too
+    assert parsed == [analyses.get("syntax").template()]
+    monkeypatch.setitem(analyses.REGISTRY, "weights", f"{__name__}:NoCard")
+    with pytest.raises(ContractError, match="has no 'card' macro"):
+        analyses.get("weights")
+
+
 def test_the_well_formed_one_passes_and_gets_the_default_template(monkeypatch):
     monkeypatch.setitem(analyses.REGISTRY, "weights", f"{__name__}:Weights")
     cls = analyses.get("weights")
