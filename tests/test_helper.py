@@ -85,6 +85,54 @@ def test_the_helper_does_the_work_and_gives_what_the_run_would_have():
     assert got["xy"] <= 1e-12 * got["scale"]
 
 
+def test_the_helper_compiles_the_page_and_the_run_renders_with_its_code():
+    """The helper compiles the report's templates while torch would import; the run then
+    compiles none itself, and its code is the code compiled here, instruction for instruction."""
+    got = python("""
+        import json, marshal, sys
+        from jinja2 import Environment
+        from probe.run import helper
+        from probe.app import page
+
+        started = helper.start(["probe.app.page:warm_up"])
+        compiling = Environment.compile
+        compiled_here = []
+        def counted(self, source, *args, **kwargs):
+            compiled_here.append(source)
+            return compiling(self, source, *args, **kwargs)
+        Environment.compile = counted
+        names = ["syntax", "roles"]
+        page.compile_templates(names)
+        from_helper = [page.compiled(source, name) for name, source in page._templates(names)]
+        by_helper = len(compiled_here)
+        page._CODE.clear()
+        here = [page.compiled(source, name) for name, source in page._templates(names)]
+        print(json.dumps({
+            "started": started, "torch": "torch" in sys.modules, "by_helper": by_helper,
+            "same": [marshal.dumps(a) == marshal.dumps(b) for a, b in zip(from_helper, here)],
+            "page": page.page_template().name,
+        }))
+    """)
+    assert got["started"] and not got["torch"]
+    assert got["by_helper"] == 0
+    assert got["same"] == [True, True, True]
+    assert got["page"] == "report.html.j2"
+
+
+def test_every_warm_up_the_command_line_gives_names_a_function():
+    """A warm-up that fails is silent (it only leaves its first-call costs): each must exist."""
+    import importlib
+
+    import analyses
+    from probe.app.cli import warmups
+
+    named = warmups([analyses.get(name) for name in analyses.REGISTRY])
+    assert named[0] == "probe.app.page:warm_up" and len(named) > 1
+    for warmup in named:
+        module, _, function = warmup.partition(":")
+        assert callable(getattr(importlib.import_module(module), function, None)), warmup
+
+
 def test_submitted_work_runs_while_the_run_goes_on(tmp_path):
     """``submit`` returns before the work is done, and the helper works meanwhile: here it
     waits for a file that the run writes only once ``submit`` has returned. A second piece of

@@ -1,5 +1,5 @@
 """The app: the ``probe`` command (``cli``), a run of the analyses from plan to report (``run``),
-the report folder, its page and tables (``output``, ``folder``, ``tables``, ``report``,
+the report folder, its page and tables (``output``, ``folder``, ``tables``, ``report``, ``page``,
 ``examples``, ``findings``), ``probe compare``, ``probe figures``, and ``probe experiment``
 (``experiment``, ``training``, ``answers``). The notebook figures, ``probe.plot``, belong to the
 app too; they live at ``probe/plot.py`` so that ``from probe import plot`` finds them.

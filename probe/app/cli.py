@@ -229,10 +229,15 @@ def analyze(
         _fail("interrupted; no report was written")
     threads.settle(context if corpus else None)  # before torch, and before the helper starts
     leader = Ranks.from_environment().leader  # under torchrun, rank 0 speaks and finishes
-    warmups = [cls.helper_warmup for cls in run.classes if cls.helper_warmup]
-    if leader and warmups:  # a helper imports scikit-learn while this imports torch
-        helper.start(warmups)
+    if leader:  # while this process imports torch, a helper warms up for the run's end
+        helper.start(warmups(run.classes))
     _run(settings, quiet or not leader)
+
+
+def warmups(classes: Iterable[type]) -> list[str]:
+    """What the helper process does while torch imports (``probe.run.helper.start``): compile
+    the report's templates, and warm up what the analyses ``classes`` will hand it."""
+    return ["probe.app.page:warm_up", *(c.helper_warmup for c in classes if c.helper_warmup)]
 
 
 def _with_declared_options(command: Callable) -> Callable:

@@ -26,7 +26,8 @@ from analyses.figures import Figure, Plot, page_figures
 from analyses.vocabulary import Role, Thresholds
 from probe.app.folder import disagreeing
 from probe.app.output import check_free, locked, refuse_inputs, reserved, write_file
-from probe.app.report import embed, environment, read_report
+from probe.app.page import environment
+from probe.app.report import embed, read_report
 from probe.inference import FDR, benjamini_hochberg
 from probe.numerics import pairwise_js
 

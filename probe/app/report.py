@@ -9,14 +9,10 @@ run.
 from __future__ import annotations
 
 import json
-import math
-from functools import cache
 from pathlib import Path
-from types import CodeType
 
 import pandas as pd
-from jinja2 import Environment, PackageLoader, select_autoescape
-from markupsafe import Markup, escape
+from markupsafe import Markup
 
 import analyses
 from analyses.figures import Figure
@@ -24,14 +20,15 @@ from analyses.vocabulary import Direction, Role, Thresholds
 from probe.app import examples as examples_io
 from probe.app import findings
 from probe.app import tables as table_io
+from probe.app.page import (
+    compile_templates,
+    compiled,
+    page_environment,
+    page_template,
+)
 from probe.errors import ProbeError
 from probe.heads import HeadId
-from probe.inputs import units
 from probe.patterns.viewer import View, viewer_script
-
-# Below this many sentences a report says, at the top, that its findings are preliminary (the
-# 76-sentence sample gives 35 sink heads where 300 EWT sentences give 14).
-PRELIMINARY = 500
 
 
 def read_report(folder: Path) -> tuple[dict, dict[str, pd.DataFrame], dict]:
@@ -132,12 +129,6 @@ def gold_arcs(sentence: dict, relation: str | None, direction: str | None) -> li
     return arcs
 
 
-def _number(x, digits: int = 3) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "–"
-    return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
-
-
 def render(folder: str | Path) -> Path:
     """Write ``index.html`` in ``folder`` again from its ``run.json``, tables and examples.
 
@@ -162,28 +153,6 @@ def render(folder: str | Path) -> Path:
         with disagreeing(folder):
             html = render_html(*report)
         return write_file(folder / "index.html", html)
-
-
-def _treebank(path: str) -> Markup:
-    """A treebank as the run card names it: a bundled one by name, not by this machine's path."""
-    from probe.inputs.treebank import BUNDLED, UD_TREEBANKS
-
-    release = UD_TREEBANKS["en_ewt"].release
-    names = {
-        str(BUNDLED["ewt-dev"]): f"UD English EWT {release} dev (bundled with probe; CC BY-SA 4.0)",
-        str(BUNDLED["sample"]): "the hand-written sample (bundled with probe)",
-    }
-    return Markup(escape(names[path])) if path in names else Markup(f"<code>{escape(path)}</code>")
-
-
-def environment() -> Environment:
-    """The Jinja environment of every page probe writes: its templates, everything escaped."""
-    return Environment(
-        loader=PackageLoader("probe.app", "templates"),
-        autoescape=select_autoescape(["html", "j2"], default_for_string=True),
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
 
 
 def _grid(heads: pd.DataFrame, measures: list[analyses.Measure]) -> list[dict]:
@@ -213,36 +182,10 @@ def _grid(heads: pd.DataFrame, measures: list[analyses.Measure]) -> list[dict]:
     return grid
 
 
-@cache
-def _page_environment() -> Environment:
-    """``render_html``'s environment, one per process: it keeps the templates it compiles."""
-    env = environment()
-    env.filters["num"] = _number
-    env.filters["pct"] = lambda x: "–" if x is None or x != x else f"{100 * x:.1f}%"
-    env.globals["HeadId"] = HeadId
-    env.globals["PRELIMINARY"] = PRELIMINARY
-    env.filters["treebank"] = _treebank
-    env.filters["unit"] = lambda name: units.get(name).label if name in units.UNITS else name
-    return env
-
-
-@cache
-def _compiled(source: str) -> CodeType:
-    return _page_environment().compile(source)
-
-
-def compile_templates(names: list[str]) -> None:
-    """Compile the page's templates and those of the analyses ``names`` (about 0.1 s), once per
-    process: a run does it while its helper process fits, before it renders."""
-    _page_environment().get_template("report.html.j2")
-    for name in names:
-        _compiled(analyses.get(name).template())
-
-
 def render_html(run: dict, tables: dict[str, pd.DataFrame], examples: dict) -> str:
     """The report page: the run card, an overview of every head's roles, one section per
     analysis (its template's ``section`` macro), and a card per head."""
-    env = _page_environment()
+    env = page_environment()
     compile_templates(run["analyses"])
     classes = [analyses.get(name) for name in run["analyses"]]
     sections = []
@@ -250,7 +193,7 @@ def render_html(run: dict, tables: dict[str, pd.DataFrame], examples: dict) -> s
         figures = cls.figures(tables)
         data = cls.section(tables, run)  # the card macro reads it too
         names = env.make_globals({"measures": cls.measures, "data": data})
-        code = _compiled(cls.template())
+        code = compiled(cls.template())
         macros = env.template_class.from_code(env, code, names).module
         sections.append(
             {
@@ -275,7 +218,7 @@ def render_html(run: dict, tables: dict[str, pd.DataFrame], examples: dict) -> s
     for r in heads["roles"]:
         for role in filter(None, r.split(";")):
             role_counts[role] = role_counts.get(role, 0) + 1
-    return env.get_template("report.html.j2").render(
+    return page_template().render(
         run=run,
         viewer_script=Markup(viewer_script()) if any(c["view"] for c in cards) else "",
         sections=sections,

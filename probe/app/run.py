@@ -594,17 +594,21 @@ def _plain(counts: dict) -> dict:
 def publish(run: Plan, outcome: Outcome, folder: Path, status: Callable[[str], None]) -> None:
     """Finish the analyses into tables, and write them, the examples, the report and
     ``run.json`` into ``folder`` (the staging folder that ``reserved`` moves into place)."""
+    from probe.app.page import compile_templates
+
     clock = Clock()
+    # first: the helper process compiled the templates while torch imported, and answers at
+    # once, where it would answer only after a fit handed to it
+    compile_templates([analysis.name for analysis in outcome.analyses])
     classes = [type(a) for a in outcome.analyses]
     schemas = table_io.schemas(classes)
     handed = {analysis.name: analysis.hand_off() for analysis in outcome.analyses}
-    # While the helper process works on what was handed to it, this one imports and compiles
-    # the page, finishes the other analyses and writes their tables; those that wait on the
-    # helper finish last.
+    # While the helper process works on what was handed to it, this one imports the page,
+    # finishes the other analyses and writes their tables; those that wait on the helper
+    # finish last.
     from probe.app import examples as examples_io
-    from probe.app.report import compile_templates, render_html
+    from probe.app.report import render_html
 
-    compile_templates([analysis.name for analysis in outcome.analyses])
     finished, tables = {}, {}
     for analysis in sorted(outcome.analyses, key=lambda analysis: handed[analysis.name]):
         status(f"finishing: {analysis.title.lower()}")
