@@ -327,6 +327,7 @@ class Roles(Analysis):
                 "js_divergence": js.ravel().clip(min=0),
             }
         )
+        _start_map(similarity, L * H)
         return {"head_stats": stats, "head_similarity": similarity}
 
     @classmethod
@@ -379,7 +380,23 @@ def embed(similarity: pd.DataFrame, n: int) -> np.ndarray:
     distance = head_distances(similarity, n)
     if n < 3 or not distance.any():  # nothing to lay out (a corpus too small to sample)
         return np.zeros((n, 2))
-    return helper.call(mds_points, distance)  # where scikit-learn is imported
+    started = _STARTED.pop(distance.tobytes(), None)
+    return (started or helper.submit(mds_points, distance)).result()  # where sklearn is imported
+
+
+# The map of the similarity the last ``Roles._tables`` made, started in the helper process then
+# (``_start_map``), by its distances: the run finishes the other analyses meanwhile, and
+# ``heads``, given the same similarity, takes it from here.
+_STARTED: dict[bytes, helper.Pending[np.ndarray]] = {}
+
+
+def _start_map(similarity: pd.DataFrame, n: int) -> None:
+    """Start ``embed``'s map of ``similarity`` in the helper process (without one, it is
+    computed when ``embed`` asks for it)."""
+    distance = head_distances(similarity, n)
+    _STARTED.clear()
+    if n >= 3 and distance.any():
+        _STARTED[distance.tobytes()] = helper.submit(mds_points, distance)
 
 
 def mds_points(distance: np.ndarray) -> np.ndarray:

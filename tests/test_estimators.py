@@ -185,6 +185,30 @@ def test_the_head_map_is_signed_deterministically():
     np.testing.assert_array_equal(points, embed(table_of(distance), 6))
 
 
+def test_the_map_started_by_the_tables_is_the_map_the_heads_get(monkeypatch):
+    """``Roles._tables`` starts the head map (in the helper process, while the run finishes the
+    other analyses); ``heads`` on the same similarity takes that map, and on another similarity
+    makes its own: the same points either way."""
+    from analyses import roles
+
+    g = np.random.default_rng(5)
+    js = pairwise_js(torch.from_numpy(g.dirichlet(np.ones(8), size=12))[:, None]).numpy()
+    table, other = pd.DataFrame({"js_divergence": js.ravel()}), table_of(np.ones((12, 12)))
+    made = []
+    real = roles.mds_points
+    monkeypatch.setattr(roles, "mds_points", lambda d: made.append(d) or real(d))
+    roles._start_map(table, 12)
+    started = embed(table, 12)
+    assert len(made) == 1 and not roles._STARTED
+    roles._start_map(table, 12)
+    assert len(made) == 1  # started, not yet made: the helper would be making it meanwhile
+    np.testing.assert_array_equal(embed(other, 12), real(head_distances(other, 12)))
+    assert len(made) == 2 and roles._STARTED  # another similarity: its own map
+    roles._STARTED.clear()
+    np.testing.assert_array_equal(started, embed(table, 12))
+    assert len(made) == 3
+
+
 def test_an_empty_head_map_is_all_zeros():
     assert not embed(table_of(np.zeros((5, 5))), 5).any()
     assert not embed(table_of(np.ones((2, 2)) - np.eye(2)), 2).any()

@@ -135,9 +135,9 @@ def test_every_warm_up_the_command_line_gives_names_a_function():
 
 def test_submitted_work_runs_while_the_run_goes_on(tmp_path):
     """``submit`` returns before the work is done, and the helper works meanwhile: here it
-    waits for a file that the run writes only once ``submit`` has returned. A second piece of
-    work waits for the first; each ``result`` is its own work's value, whatever order they are
-    asked in. Arrays travel uncopied by pickle and arrive whole and writable."""
+    waits for a file that the run writes only once three ``submit`` calls have returned, the
+    later two queued behind the first. Each ``result`` is its own work's value, whatever order
+    they are asked in. Arrays travel uncopied by pickle and arrive whole and writable."""
     got = python(f"""
         import json, os, time
         import numpy as np
@@ -158,9 +158,9 @@ def test_submitted_work_runs_while_the_run_goes_on(tmp_path):
         helper.start([])
         signal = {str(tmp_path / "go")!r}
         first = helper.submit(wait_for, signal)
-        open(signal, "w").close()  # only once submit has returned
-        second = helper.submit(os.getpid)  # waits on the first
-        third = helper.submit(np.negative, np.arange(3.0))  # waits on the second
+        second = helper.submit(os.getpid)  # queued behind the first: submit returns at once
+        third = helper.submit(np.negative, np.arange(3.0))  # behind the second
+        open(signal, "w").close()  # only once the three submits have returned
         big = np.random.default_rng(0).normal(size=(3000, 500)).astype(np.float32)
         doubled, where = helper.call(double_in_place, big)  # into the helper's copy
         print(json.dumps({{

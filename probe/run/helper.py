@@ -20,10 +20,12 @@ import atexit
 import importlib
 import multiprocessing
 import pickle
+import queue
 import signal
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from multiprocessing.connection import Connection
@@ -94,11 +96,12 @@ def _serve(connection: Connection, parents: Connection, warmups: tuple[str, ...]
         from threadpoolctl import threadpool_limits
 
         threadpool_limits(1)
-    while True:
-        try:
-            head, buffers = _receive_message(connection)
-        except (EOFError, OSError):
-            return
+    # A thread reads the work as it comes, so that the run never waits to send work while the
+    # helper is busy with earlier work: it queues it and goes on.
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+    threading.Thread(target=_read, args=(connection, inbox), daemon=True).start()
+    while (message := inbox.get()) is not None:
+        head, buffers = message
         try:
             function, args = pickle.loads(head, buffers=buffers)
             answer = _pickled((True, function(*args)))
@@ -107,6 +110,17 @@ def _serve(connection: Connection, parents: Connection, warmups: tuple[str, ...]
         try:
             _send(connection, answer)
         except OSError:  # the parent has gone, or stopped listening
+            return
+
+
+def _read(connection: Connection, inbox: queue.SimpleQueue) -> None:
+    """Put each message the parent sends in ``inbox``, then None once its end of the pipe
+    closes."""
+    while True:
+        try:
+            inbox.put(_receive_message(connection))
+        except (EOFError, OSError):
+            inbox.put(None)
             return
 
 
@@ -151,7 +165,7 @@ class Pending(Generic[T]):
     def result(self) -> T:
         """The value: from the helper, once it answers, or computed here."""
         with _exchange:
-            if _waiting is self:
+            while self in _waiting:  # answers come in the order the work was sent
                 _receive()
         if not self._answer[0]:
             self._answer = (True, self._function(*self._args))
@@ -159,23 +173,21 @@ class Pending(Generic[T]):
         return self._answer[1]
 
 
-_waiting: Pending | None = None  # sent to the helper, its answer not yet read
+_waiting: deque[Pending] = deque()  # sent to the helper, their answers not yet read
 
 
 def submit(function: Callable[..., T], *args: Any) -> Pending[T]:
     """Hand ``function(*args)`` to the helper process and return at once, so that it is computed
     there while the run goes on; ``Pending.result()`` gives its value.
 
-    The conditions on ``function`` are ``call``'s. The helper takes one piece of work at a time
-    (a second waits until the first is answered). While it works, the run leaves it a core:
-    torch's threads here are one fewer, since a parallel op whose thread shares a core with the
-    helper stalls until the scheduler gives that thread its turn.
+    The conditions on ``function`` are ``call``'s. The helper does the work in the order it was
+    submitted, one piece at a time; a piece submitted while earlier ones are out is queued
+    there, and the run goes on. While it works, the run leaves it a core: torch's threads here
+    are one fewer, since a parallel op whose thread shares a core with the helper stalls until
+    the scheduler gives that thread its turn.
     """
-    global _waiting
     pending = Pending(function, args)
     with _exchange:
-        if _waiting is not None:
-            _receive()
         message = None
         if _connection is not None:
             with suppress(Exception):  # what cannot be sent (a lambda, say) is done here
@@ -190,7 +202,7 @@ def submit(function: Callable[..., T], *args: Any) -> Pending[T]:
                 _let_go()
                 raise
             else:
-                _waiting = pending
+                _waiting.append(pending)
                 _leave_a_core(True)
     return pending
 
@@ -206,9 +218,8 @@ def call(function: Callable[..., T], *args: Any) -> T:
 
 
 def _receive() -> None:
-    """Read the answer to the work sent (the caller holds ``_exchange``)."""
-    global _waiting
-    pending = _waiting
+    """Read the answer to the oldest work out (the caller holds ``_exchange``)."""
+    pending = _waiting[0]
     try:
         with _watched():
             head, buffers = _receive_message(_connection)
@@ -220,13 +231,13 @@ def _receive() -> None:
     else:
         with suppress(Exception):  # an answer this process cannot read: the work is done here
             pending._answer = pickle.loads(head, buffers=buffers)
-    finally:
-        _waiting = None
-        _leave_a_core(False)
+        _waiting.popleft()
+        if not _waiting:
+            _leave_a_core(False)
 
 
 def _let_go() -> None:
-    """Stop using the helper: later work is done in this process."""
+    """Stop using the helper: the work out and later work are done in this process."""
     global _connection, _process
     _connection.close()
     _connection = None
@@ -234,6 +245,8 @@ def _let_go() -> None:
         with suppress(Exception):
             _process.kill()
         _process = None
+    _waiting.clear()
+    _leave_a_core(False)
 
 
 @contextmanager
