@@ -174,6 +174,40 @@ def test_submitted_work_runs_while_the_run_goes_on(tmp_path):
     assert got["doubler"] == got["second"] and got["doubled"] and got["shape"] == [3000, 500]
 
 
+def test_the_helper_writes_the_tables_and_a_failed_write_fails_in_the_run(tmp_path):
+    """A table handed to the helper is written there while the run goes on (the file is in
+    place before the run asks), the same bytes as written here; one the helper cannot write is
+    written here, where its error is raised."""
+    got = python(f"""
+        import json, os, time
+        import pandas as pd
+        from probe.app import tables as table_io
+        from probe.files import WriteError
+        from probe.run import helper
+
+        helper.start([])
+        table = pd.DataFrame({{"layer": [0, 1], "head": [2, 3], "w": [0.5, float("nan")]}})
+        there = {str(tmp_path / "there.csv")!r}
+        pending = helper.submit(table_io.write, table, there)
+        deadline = time.monotonic() + 60
+        while not os.path.exists(there) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        before_result = os.path.exists(there)
+        pending.result()
+        table_io.write(table, {str(tmp_path / "here.csv")!r})
+        failed = helper.submit(table_io.write, table, {str(tmp_path / "no" / "such.csv")!r})
+        try:
+            failed.result()
+            error = None
+        except WriteError as e:
+            error = str(e)
+        print(json.dumps({{"before_result": before_result, "error": error}}))
+    """)
+    assert got["before_result"]
+    assert (tmp_path / "there.csv").read_bytes() == (tmp_path / "here.csv").read_bytes()
+    assert got["error"].startswith("cannot write") and "such.csv" in got["error"]
+
+
 def test_torch_leaves_the_helper_a_core_while_it_works():
     """A parallel op stalls when one of its threads shares a core with the helper: torch runs
     one thread fewer while work is out, as many as before once it is back."""

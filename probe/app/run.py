@@ -36,6 +36,7 @@ from probe.app.output import check_free, default_out, refuse_inputs, reserved, w
 from probe.errors import ProbeError
 from probe.inputs import units
 from probe.options import ATTENTION_BUDGET, Option, parse_size, resolve
+from probe.run import helper
 
 PACKAGES = ("probe", "torch", "transformers", "tokenizers", "numpy", "pandas")
 Progress = Callable[[str, int | None], Callable[[Iterable], Iterator]]
@@ -603,35 +604,37 @@ def publish(run: Plan, outcome: Outcome, folder: Path, status: Callable[[str], N
     classes = [type(a) for a in outcome.analyses]
     schemas = table_io.schemas(classes)
     handed = {analysis.name: analysis.hand_off() for analysis in outcome.analyses}
-    # While the helper process works on what was handed to it, this one imports the page,
-    # finishes the other analyses and writes their tables; those that wait on the helper
-    # finish last.
+    # While the helper process works on what was handed to it, this one imports the page and
+    # finishes the other analyses; those that wait on the helper finish last. The helper then
+    # writes the files, each queued behind that work, while this one goes on.
     from probe.app import examples as examples_io
     from probe.app.report import render_html
 
-    finished, tables = {}, {}
+    finished, tables, written = {}, {}, []
     for analysis in sorted(outcome.analyses, key=lambda analysis: handed[analysis.name]):
         status(f"finishing: {analysis.title.lower()}")
         done = analysis.finish()
         finished |= done
         for name in (name for name in done if name in schemas):
             tables[name] = table_io.typed(done[name], schemas[name], name)
-            table_io.write(tables[name], folder / f"{name}.csv")
+            written.append(helper.submit(table_io.write, tables[name], folder / f"{name}.csv"))
     heads = join_heads(classes, finished, run.thresholds, outcome.n_layers, outcome.n_heads)
     tables["heads"] = table_io.typed(heads, schemas["heads"], "heads")
-    table_io.write(tables["heads"], folder / "heads.csv")
+    written.append(helper.submit(table_io.write, tables["heads"], folder / "heads.csv"))
     tables = {name: tables[name] for name in schemas}
     clock.lap("tables")
     examples = {"sentences": [], "heads": {}}
     if outcome.examples is not None:
         chosen, patterns = outcome.examples.choose(tables["heads"]), outcome.examples.patterns()
-        examples_io.write(folder, chosen, patterns)
+        written.append(helper.submit(examples_io.write, folder, chosen, patterns))
         examples = examples_io.assemble(chosen, patterns)
     status("rendering the report")
     card = outcome.card
     card.timings_s |= clock.timings
     html = render_html(card.as_dict(), tables, examples)
     write_file(folder / "index.html", html)
+    for pending in written:  # every file in place (or written here, where the helper failed)
+        pending.result()
     clock.lap("render")
     card.timings_s["render"] = clock.timings["render"]
     card.timings_s["total"] = round(sum(v for k, v in card.timings_s.items() if k != "total"), 3)
