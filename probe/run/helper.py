@@ -1,17 +1,20 @@
-"""A helper process for the work a run does after its batches: scikit-learn's fits.
+"""A helper process for the work a run does after its batches: scikit-learn's fits, and
+writing the report's files.
 
 The fits need every batch, so they come at the end; importing scikit-learn for them would cost
 the run about 0.8 s more there, on one core, and a first fit on large data about 0.2 s more
 than the next. Torch's import, at the start of the run, also runs on one core. So
 ``probe analyze`` forks a helper (``start``) before torch is imported: on the core that torch's
-import leaves idle, it imports what the analyses will need and runs each once, small; then it
-waits, taking no CPU while the batches run. At the end the analyses hand it their fits
-(``submit``), and the run finishes the other analyses while the helper fits.
+import leaves idle, it imports what the analyses will need and runs each once, small (and
+compiles the report's templates, ``probe.app.page``); then it waits, taking no CPU while the
+batches run. At the end the analyses hand it their fits (``submit``), the run hands it the
+tables to write, and it does each in turn while the run finishes the other analyses and the
+page.
 
 Without a helper (in a notebook, a test, under torchrun's other processes, or once torch is
 imported and so nothing is left to overlap), or when it has died, the work is done in this
 process: the same function on the same arguments, so the same result. The helper runs nothing
-but pure functions of their arguments, and writes nothing.
+but functions of their arguments: pure ones, and the writes of files the run names.
 """
 
 from __future__ import annotations
