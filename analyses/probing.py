@@ -368,7 +368,8 @@ class AttentionProbe(Analysis):
     def _submit_fit(self) -> helper.Pending[tuple[np.ndarray, float]]:
         """The fit, started in the helper process, where scikit-learn is imported (or here)."""
         order = np.argsort(self.keys[: self.filled])  # the fit must not depend on arrival order
-        return helper.submit(fit_coefficients, self.X[order], self.y[order])
+        filled = slice(self.filled)
+        return helper.submit(fit_in_order, self.X[filled], self.y[filled], order)
 
     def _tables(self) -> dict[str, pd.DataFrame]:
         """``probe``: one row per parser on the same held-out words."""
@@ -422,6 +423,12 @@ def fit_coefficients(X: np.ndarray, y: np.ndarray, c: float = C) -> tuple[np.nda
     helper process sends back (a ``LogisticRegression`` would import scikit-learn here)."""
     model = fit_logistic(X, y, c)
     return model.coef_[0], float(model.intercept_[0])
+
+
+def fit_in_order(X: np.ndarray, y: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, float]:
+    """``fit_coefficients`` of the pairs taken in ``order``: the helper process gathers them (33
+    MB on EWT dev, 14-51 ms), not the run."""
+    return fit_coefficients(X[order], y[order])
 
 
 def warm_up() -> None:

@@ -57,7 +57,7 @@ def test_the_helper_does_the_work_and_gives_what_the_run_would_have():
             return name in sys.modules
 
         started = helper.start(["analyses.probing:warm_up", "analyses.roles:warm_up"])
-        from analyses.probing import fit_coefficients
+        from analyses.probing import fit_coefficients, fit_in_order
         from analyses.roles import mds_points
 
         # answered once the warm-ups are done: what they import is there when the work comes
@@ -70,6 +70,9 @@ def test_the_helper_does_the_work_and_gives_what_the_run_would_have():
         w, b = helper.call(fit_coefficients, X, y)
         xy = helper.call(mds_points, distance)
         here_w, here_b = fit_coefficients(X, y)
+        order = g.permutation(3000)  # the helper gathers the pairs in order itself
+        in_order = helper.call(fit_in_order, X, y, order)[0]
+        ordered_here = fit_coefficients(X[order], y[order])[0]
         here_xy = mds_points(distance)
         print(json.dumps({
             "started": started, "torch": "torch" in sys.modules,
@@ -77,11 +80,12 @@ def test_the_helper_does_the_work_and_gives_what_the_run_would_have():
             "warmed": warmed,
             "w": float(np.abs(w - here_w).max()), "b": abs(b - here_b),
             "xy": float(np.abs(xy - here_xy).max()), "scale": float(np.abs(here_xy).max()),
+            "in_order": float(np.abs(in_order - ordered_here).max()),
         }))
     """)
     assert got["started"] and not got["torch"]
     assert got["helper"] != got["parent"] and got["warmed"] == [True, False]
-    assert got["w"] <= 1e-12 and got["b"] <= 1e-12
+    assert got["w"] <= 1e-12 and got["b"] <= 1e-12 and got["in_order"] <= 1e-12
     assert got["xy"] <= 1e-12 * got["scale"]
 
 
