@@ -233,7 +233,8 @@ def _sentence(rows: list[tuple[int, list[str]]], name: str, sent_id: str) -> Sen
             )
         if (relation == "root") != (head == 0):
             raise ProbeError(f"{name}:{number}: only the root (head 0) has relation 'root'")
-        brackets = _misc(cols[9]).get("Entity", "")
+        # (most words have no Entity: their MISC column need not be taken apart)
+        brackets = _misc(cols[9]).get("Entity", "") if "Entity=" in cols[9] else ""
         if brackets and not ENTITY_BRACKETS.fullmatch(brackets):
             raise ProbeError(
                 f"{name}:{number}: malformed Entity={brackets!r} (CorefUD brackets expected, "
