@@ -326,8 +326,8 @@ def repeats_task(tokenizer, seed: int, pairs: int, n: int, limit: int):
     # Positions s+n … s+2n−2 predict the second copy's tokens s+n+1 … s+2n−1.
     targets = ids[:, s + n + 1 : s + 2 * n]
 
-    def metric(out) -> torch.Tensor:
-        logp = torch.log_softmax(out.logits[:, s + n : s + 2 * n - 1].float(), dim=-1)
+    def metric(logits: torch.Tensor) -> torch.Tensor:
+        logp = torch.log_softmax(logits[:, s + n : s + 2 * n - 1].float(), dim=-1)
         return logp.gather(-1, targets.to(logp.device)[..., None])[..., 0].mean(-1)
 
     return inputs, corrupted_inputs, metric
@@ -377,8 +377,8 @@ def file_task(path: Path, tokenizer, pairs: int, limit: int):
     answer = torch.tensor(answers)
     wrong = torch.tensor(wrongs) if wrongs else None
 
-    def metric(out) -> torch.Tensor:
-        logits = out.logits[torch.arange(len(last)), last.to(out.logits.device)].float()
+    def metric(all_logits: torch.Tensor) -> torch.Tensor:
+        logits = all_logits[torch.arange(len(last)), last.to(all_logits.device)].float()
         picked = logits.gather(-1, answer.to(logits.device)[:, None])[:, 0]
         if wrong is None:
             return picked - logits.logsumexp(-1)

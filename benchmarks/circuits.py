@@ -145,8 +145,8 @@ def main() -> None:
     clean2, corrupted2 = pairs_for(config.vocab_size, args.pairs, args.length, seed=1)
     answer = clean2["input_ids"][:, -1]
 
-    def logprob(out):
-        logp = torch.log_softmax(out.logits[:, -2].float(), dim=-1)
+    def logprob(logits):
+        logp = torch.log_softmax(logits[:, -2].float(), dim=-1)
         return logp[torch.arange(len(logp)), answer[: len(logp)]]
 
     @torch.no_grad()

@@ -88,9 +88,9 @@ def test_bad_input_is_one_clear_line(model):
     clean, corrupted = pairs(2, n=4)
     metric = repeats_metric(clean["input_ids"], 4)
     with pytest.raises(probe.ProbeError, match="not differentiable"):
-        probe.attribute(model, clean, corrupted, lambda out: out.logits[:, -1].argmax(-1).float())
+        probe.attribute(model, clean, corrupted, lambda logits: logits[:, -1].argmax(-1).float())
     with pytest.raises(probe.ProbeError, match="not differentiable"):
-        probe.attribute(model, clean, corrupted, lambda out: float(out.logits[0, -1, 0]))
+        probe.attribute(model, clean, corrupted, lambda logits: float(logits[0, -1, 0]))
     with pytest.raises(probe.ProbeError, match="same length"):
         probe.attribute(model, clean, {"input_ids": corrupted["input_ids"][:, :-1]}, metric)
     with pytest.raises(probe.ProbeError, match="method must be one of"):

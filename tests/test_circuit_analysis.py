@@ -106,7 +106,7 @@ def test_repeats_task_pairs():
         sum(torch.log_softmax(logits[b, i], -1)[ids[b, i + 1]] for i in range(6, 10)) / 4
         for b in range(3)
     ]
-    torch.testing.assert_close(metric(model(**clean)), torch.stack(expected))
+    torch.testing.assert_close(metric(model(**clean).logits), torch.stack(expected))
 
 
 def test_task_file_metric(tmp_path):
@@ -126,7 +126,7 @@ def test_task_file_metric(tmp_path):
     assert "logit difference" in kind
     assert torch.equal(clean["attention_mask"], corrupted["attention_mask"])
     with torch.no_grad():
-        values = metric(model(**clean))
+        values = metric(model(**clean).logits)
         for b, (row, last, answer, wrong) in enumerate([(lines[0], 5, 7, 9), (lines[1], 3, 4, 8)]):
             alone = model(**tokenizer(row["clean"], return_tensors="pt")).logits[0, last]
             assert math.isclose(float(values[b]), float(alone[answer] - alone[wrong]), abs_tol=1e-4)
@@ -139,7 +139,7 @@ def test_task_file_metric(tmp_path):
         logp = torch.log_softmax(model(**tokenizer(lines[0]["clean"], return_tensors="pt"))
                                  .logits[0, 5], -1)  # fmt: skip
         one = {k: v[:1] for k, v in clean.items()}
-        assert math.isclose(float(metric(model(**one))[0]), float(logp[7]), abs_tol=1e-4)
+        assert math.isclose(float(metric(model(**one).logits)[0]), float(logp[7]), abs_tol=1e-4)
 
 
 def test_without_the_lm_head_one_line_says_to_add_it(tmp_path):

@@ -43,8 +43,8 @@ def test_edge_patching_ends_at_both_runs(model, task):
     n = len(graph(model).edges)
     ends = patch_edges(model, clean, corrupted, metric, [[True] * n, [False] * n])
     with torch.no_grad():
-        torch.testing.assert_close(ends[0], metric(model(**clean)), atol=1e-4, rtol=0)
-        torch.testing.assert_close(ends[1], metric(model(**corrupted)), atol=1e-4, rtol=0)
+        torch.testing.assert_close(ends[0], metric(model(**clean).logits), atol=1e-4, rtol=0)
+        torch.testing.assert_close(ends[1], metric(model(**corrupted).logits), atol=1e-4, rtol=0)
 
 
 def test_induction_circuit(model, task):
@@ -86,7 +86,7 @@ def test_refused_under_grouped_query_attention():
 def test_bad_metric(model, task):
     clean, corrupted, _ = task
     with pytest.raises(probe.ProbeError, match="not differentiable"):
-        probe.edges(model, clean, corrupted, lambda out: out.logits[:, -1].argmax(-1).float())
+        probe.edges(model, clean, corrupted, lambda logits: logits[:, -1].argmax(-1).float())
 
 
 def _lm(kind):
@@ -116,7 +116,7 @@ def _gradients(model, inputs, metric, names, start=None):
     start = None if start is None else start.clone().requires_grad_(True)  # a gradient per head
     fns = {} if start is None else {"blocks.0.hook_resid_pre": lambda x, hook: start}
     with probe.hooks(model, fns), probe.trace(model, names, incl_bwd=True) as cache:
-        metric(model(**inputs)).sum().backward()
+        metric(model(**inputs).logits).sum().backward()
     model.zero_grad(set_to_none=True)
     return {name: cache[f"{name}_grad"] for name in names}
 
@@ -133,8 +133,8 @@ def test_scores_against_autograd_edge_by_edge(kind, method):
     corrupted["input_ids"][:, 2:4] = torch.randint(3, 99, (3, 2), generator=g)
     answer = clean["input_ids"][:, -1]
 
-    def metric(out):  # the logits of one position: most rows of the head's gradient are zero
-        logp = torch.log_softmax(out.logits[:, -2].float(), dim=-1)
+    def metric(logits):  # the logits of one position: most rows of the head's gradient are zero
+        logp = torch.log_softmax(logits[:, -2].float(), dim=-1)
         return logp[torch.arange(len(logp)), answer[: len(logp)]]
 
     steps = 3

@@ -23,8 +23,8 @@ def model():
 def repeats_metric(ids: torch.Tensor, n: int):
     """Per pair: mean log-probability of the clean second copy's predictable tokens."""
 
-    def metric(out):
-        logp = torch.log_softmax(out.logits.float(), dim=-1)
+    def metric(logits):
+        logp = torch.log_softmax(logits.float(), dim=-1)
         rows = ids[: logp.shape[0]]
         picked = logp[:, n + 1 : 2 * n].gather(-1, rows[:, n + 2 : 2 * n + 1, None])[..., 0]
         return picked.mean(-1)
@@ -57,7 +57,7 @@ def one_at_a_time(model, clean, corrupted, metric_of, name, head, where):
 
         with torch.no_grad(), probe.hooks(model, {name: put}):
             out = model(**one_corrupted)
-        values.append(float(metric_of(one_clean["input_ids"])(out)))
+        values.append(float(metric_of(one_clean["input_ids"])(out.logits)))
     return values
 
 
@@ -80,8 +80,8 @@ def test_batched_equals_one_head_at_a_time(model, hook):
 
     with torch.no_grad():
         base = [
-            float(metric_of(ids[i : i + 1])(model(input_ids=corrupted["input_ids"][i : i + 1])))
-            for i in range(5)
+            float(metric_of(ids[i : i + 1])(model(input_ids=one).logits))
+            for i, one in enumerate(corrupted["input_ids"].split(1))
         ]
     for row in table.itertuples():
         name = f"blocks.{row.layer}.attn.{hook}"

@@ -37,6 +37,12 @@ model, tokenizer = probe.load(str(MODEL), lm_head=True)
 # tokens, so the second copy cannot be predicted. The metric, per pair, is the mean
 # log-probability of the second copy's predictable tokens. This is what `probe analyze
 # --analyses circuit --lm-head` does by default (`--task repeats`).
+#
+# The inputs and the metric are as TransformerLens takes them: token ids `[pairs, pos]` (a dict
+# of the model's keyword arguments works too, for a padded batch), and `metric(logits)`. A
+# metric that returns one value per pair, as this one does, gives every estimate a 95% interval
+# over the pairs; TransformerLens's usual batch mean, `metric(logits).mean()`, gives the same
+# estimates without them (the results' `attrs["metric"]` says which).
 
 # %%
 n, pairs = 20, 16
@@ -44,14 +50,14 @@ g = torch.Generator().manual_seed(0)
 A = torch.randint(1, 64, (pairs, n), generator=g)
 A_other = torch.randint(1, 64, (pairs, n), generator=g)
 bos = torch.zeros(pairs, 1, dtype=torch.long)
-clean = {"input_ids": torch.cat([bos, A, A], dim=1)}
-corrupted = {"input_ids": torch.cat([bos, A_other, A], dim=1)}
-targets = clean["input_ids"][:, n + 2 :]  # the second copy's tokens after its first
+clean = torch.cat([bos, A, A], dim=1)  # token ids, [pairs, pos]
+corrupted = torch.cat([bos, A_other, A], dim=1)
+targets = clean[:, n + 2 :]  # the second copy's tokens after its first
 
 
-def metric(output):
+def metric(logits):
     """[pairs]: mean log-probability of the second copy's predictable tokens."""
-    logp = output.logits.log_softmax(-1)[:, n + 1 : -1]  # positions that predict them
+    logp = logits.log_softmax(-1)[:, n + 1 : -1]  # positions that predict them
     return logp.gather(-1, targets[..., None])[..., 0].mean(-1)
 
 

@@ -31,6 +31,7 @@
 # | `model.run_with_hooks(tokens, fwd_hooks=[(name, fn)])` | `with probe.hooks(model, [(name, fn)]): model(tokens)` |
 # | `cache.accumulated_resid()`, `decompose_resid()`, `stack_head_results()`, `logit_attrs()` | the same methods on probe's cache |
 # | `model.cfg.n_layers` | `probe.capture.spec.describe(model).n_layers` |
+# | `patching.get_act_patch_attn_head_out_all_pos(model, corrupted_tokens, clean_cache, metric)` | `probe.patch(model, clean_tokens, corrupted_tokens, metric)` |
 
 # %%
 import copy
@@ -142,6 +143,34 @@ assert torch.allclose(edited_tl, edited, atol=1e-4)
 assert not torch.allclose(edited, logits, atol=1e-2)  # the edit reached the output
 print(f"largest change of a logit from zeroing head 1-1: {(edited - logits).abs().max():.2f}")
 assert torch.equal(model(tokens).logits, logits)  # outside the block, the model is as it was
+
+# %% [markdown]
+# ## Patching with a TransformerLens metric
+#
+# probe's patching, attribution, edges and circuits take prompts and metrics as TransformerLens
+# does: token tensors (or a dict of the model's keyword arguments, for a padded batch), and
+# `metric(logits)`. A metric that returns the batch mean, TransformerLens's habit, gives the
+# estimates alone; one that returns a value per pair gives the same estimates with a 95%
+# interval over the pairs (`attrs["metric"]` says which form ran).
+
+# %%
+clean_tokens = torch.tensor([[0, 5, 9, 12, 7, 5, 9, 12], [0, 3, 8, 30, 2, 3, 8, 30]])
+corrupted_tokens = torch.tensor([[0, 40, 41, 42, 43, 5, 9, 12], [0, 50, 51, 52, 53, 3, 8, 30]])
+answers = torch.tensor([7, 2])  # what follows the repeated tokens in the first copy
+
+
+def metric(logits):  # as written for TransformerLens: one scalar, the mean over the batch
+    return logits[:, -1].log_softmax(-1).gather(-1, answers[:, None]).mean()
+
+
+def per_pair(logits):  # the same, one value per pair
+    return logits[:, -1].log_softmax(-1).gather(-1, answers[:, None])[:, 0]
+
+
+scalar = probe.patch(model, clean_tokens, corrupted_tokens, metric)
+each = probe.patch(model, clean_tokens, corrupted_tokens, per_pair)
+assert torch.allclose(torch.tensor(scalar.effect.values), torch.tensor(each.effect.values))
+each.sort_values("effect", ascending=False).head(3).round(3)
 
 # %% [markdown]
 # What probe adds on top of the shared vocabulary: the points on many architectures

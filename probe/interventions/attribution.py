@@ -18,8 +18,7 @@ every head. Three estimates:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import math
 
 import pandas as pd
 import torch
@@ -29,7 +28,7 @@ from probe.capture.hookpoints import hook_points, trace
 from probe.capture.names import point_of
 from probe.errors import ProbeError
 from probe.interventions.gradients import clean_start, run, start_point
-from probe.interventions.pairs import Metric, check_pairs, mean_intervals
+from probe.interventions.pairs import PER_PAIR, Batch, Metric, as_pairs, form, mean_intervals, read
 from probe.interventions.patching import LAYOUT
 
 METHODS = ("atp", "atp*", "ig")
@@ -44,8 +43,8 @@ PARTNER = {
 
 def attribute(
     model: nn.Module,
-    clean: Mapping[str, Any],
-    corrupted: Mapping[str, Any],
+    clean: Batch,
+    corrupted: Batch,
     metric: Metric,
     method: str = "atp",
     *,
@@ -59,11 +58,14 @@ def attribute(
     ----------
     model : nn.Module
         A Hugging Face model, a ``probe.MultiHeadAttention`` or a module built from them.
-    clean, corrupted : dict
-        Keyword arguments of ``model`` for a batch of prompt pairs, of the same shapes.
+    clean, corrupted : dict or torch.Tensor
+        Keyword arguments of ``model`` for a batch of prompt pairs, of the same shapes, or token
+        ids ``[pairs, pos]``.
     metric : callable
-        ``metric(output)``: one differentiable value per pair ``[pairs]`` (a scalar for one
-        pair), e.g. a logit difference or a log-probability.
+        ``metric(logits)`` (``metric(output)`` for a model without logits): one differentiable
+        value per pair ``[pairs]``, e.g. a logit difference or a log-probability, or a scalar
+        over the batch, as TransformerLens's metrics return (the same estimates, without
+        intervals).
     method : {"atp", "atp*", "ig"}
         See the module's description.
     hook : str
@@ -79,8 +81,9 @@ def attribute(
     pandas.DataFrame
         ``layer``, ``head`` (0-based), ``position`` (with ``per_position``), ``attribution``
         (mean over pairs) with its 95% t-interval ``attribution_low``, ``attribution_high``
-        (NaN for one pair). ``attrs``: ``method``, ``pairs``, ``clean`` and ``corrupted`` mean
-        metrics, and a ``note`` where ``"atp*"`` had nothing to fix.
+        (NaN for one pair or a scalar metric). ``attrs``: ``method``, ``pairs``, ``clean`` and
+        ``corrupted`` mean metrics, the ``metric``'s form (``"per pair"`` or ``"scalar"``), and
+        a ``note`` where ``"atp*"`` had nothing to fix.
 
     Raises
     ------
@@ -94,7 +97,7 @@ def attribute(
         raise ProbeError(f"cannot attribute to {hook!r} per head; choose from {', '.join(LAYOUT)}")
     if method == "ig" and steps < 1:
         raise ProbeError(f"steps must be at least 1, not {steps}")
-    pairs = check_pairs(clean, corrupted)
+    clean, corrupted, pairs = as_pairs(clean, corrupted)
     head_dim, position_dim = LAYOUT[hook]
     with hook_points(model) as points:
         names = [name for name in points if point_of(name) == hook]
@@ -106,7 +109,7 @@ def attribute(
         around = [stem + p for stem in stems for p in ("hook_attn_scores", PARTNER.get(hook))]
         first = [p for p in [start_point(model)] if p is not None and p not in names]
         with torch.no_grad(), trace(model, [*names, *first]) as cache:
-            clean_metric = float(torch.as_tensor(metric(model(**clean))).float().mean())
+            clean_metric = float(read(metric, model(**clean), pairs).float().mean())
         start = clean_start(model, clean, cache)
         alphas = [k / steps for k in range(1, steps + 1)] if method == "ig" else [0.0]
         keep = [*names, *patterns, *around]
@@ -115,7 +118,7 @@ def attribute(
         )
         if method == "ig":  # the corrupted run's own activations and metric
             with torch.no_grad(), trace(model, keep) as corrupted_cache:
-                corrupted_metric = float(torch.as_tensor(metric(model(**corrupted))).mean())
+                corrupted_metric = float(read(metric, model(**corrupted), pairs).float().mean())
             corrupted_acts = {n: corrupted_cache[n] for n in keep}
         else:
             corrupted_metric = float(values[0].mean())
@@ -132,12 +135,14 @@ def attribute(
             effect = _per_head(product, head_dim, position_dim)  # [pairs, head, position]
         per_layer.append(effect)
 
-    table = _table(per_layer, per_position, "attribution")
+    metric_form = form(values, pairs)
+    table = _table(per_layer, per_position, "attribution", metric_form == PER_PAIR)
     table.attrs = {
         "method": method,
         "pairs": pairs,
         "clean": clean_metric,
         "corrupted": corrupted_metric,
+        "metric": metric_form,
     }
     if method == "atp*" and not fix:
         table.attrs["note"] = (
@@ -163,9 +168,13 @@ def _fixed(hook, stem, name, cache, corrupted_acts, grads, per_position) -> torc
     )
 
 
-def _table(per_layer: list[torch.Tensor], per_position: bool, column: str) -> pd.DataFrame:
+def _table(
+    per_layer: list[torch.Tensor], per_position: bool, column: str, intervals: bool
+) -> pd.DataFrame:
     """Rows per head (and position) from each layer's ``[pairs, head, position]`` estimates:
-    their mean over pairs and its 95% interval, as ``column``, ``column_low``, ``column_high``."""
+    their mean over pairs and its 95% interval (NaN without ``intervals``: a scalar metric's
+    per-pair terms are shares of one value, not values of their own), as ``column``,
+    ``column_low``, ``column_high``."""
     rows, values = [], []
     for layer, effect in enumerate(per_layer):
         n_heads, n_positions = effect.shape[1], effect.shape[2]
@@ -178,6 +187,8 @@ def _table(per_layer: list[torch.Tensor], per_position: bool, column: str) -> pd
                 rows.append({"layer": layer, "head": head})
                 values.append(effect[:, head].sum(-1))
     mean, low, high = mean_intervals(torch.stack(values))
+    if not intervals:
+        low, high = torch.full_like(mean, math.nan), torch.full_like(mean, math.nan)
     table = pd.DataFrame(rows)
     table[column], table[f"{column}_low"], table[f"{column}_high"] = (
         mean.numpy(),

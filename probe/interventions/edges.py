@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import pandas as pd
 import torch
@@ -33,11 +32,15 @@ from probe.capture.spec import describe
 from probe.errors import ProbeError
 from probe.interventions.gradients import START, clean_start, run
 from probe.interventions.pairs import (
+    PER_PAIR,
+    Batch,
     Metric,
-    check_pairs,
+    as_pairs,
     copies_of,
+    form,
     mean_intervals,
-    per_pair,
+    read,
+    same_form,
     stacked,
 )
 
@@ -128,8 +131,8 @@ def _sender_values(cache: Mapping[str, torch.Tensor], g: Graph) -> torch.Tensor:
 
 def edges(
     model: nn.Module,
-    clean: Mapping[str, Any],
-    corrupted: Mapping[str, Any],
+    clean: Batch,
+    corrupted: Batch,
     metric: Metric,
     method: str = "eap-ig",
     steps: int = 5,
@@ -140,10 +143,12 @@ def edges(
     ----------
     model : transformers.PreTrainedModel
         A pre-LayerNorm model (GPT-2, Llama…), with its LM head where the metric reads logits.
-    clean, corrupted : dict
-        Keyword arguments of ``model`` for a batch of prompt pairs, of the same shapes.
+    clean, corrupted : dict or torch.Tensor
+        Keyword arguments of ``model`` for a batch of prompt pairs, of the same shapes, or token
+        ids ``[pairs, pos]``.
     metric : callable
-        ``metric(output)``: one differentiable value per pair ``[pairs]`` (a scalar for one).
+        ``metric(logits)``: one differentiable value per pair ``[pairs]``, or a scalar over the
+        batch, as TransformerLens's metrics return (the same scores, without intervals).
     method : {"eap", "eap-ig"}
         Gradient at the corrupted run, or averaged over ``steps`` runs interpolated from the
         corrupted to the clean input (α = k/steps, k = 1…steps).
@@ -157,14 +162,15 @@ def edges(
         ``mlpL``), ``receiver`` (``L-H``, ``mlpL``, ``logits``), ``input`` (``q``, ``k``, ``v``
         into a head, empty otherwise), ``score`` (mean over pairs: the estimated change of the
         metric when the edge alone is restored to its clean value in the corrupted run), with
-        its 95% interval ``score_low``, ``score_high``. ``attrs``: ``method``, ``steps``,
-        ``pairs``, ``clean`` and ``corrupted`` mean metrics.
+        its 95% interval ``score_low``, ``score_high`` (NaN for one pair or a scalar metric).
+        ``attrs``: ``method``, ``steps``, ``pairs``, ``clean`` and ``corrupted`` mean metrics,
+        and the ``metric``'s form (``"per pair"`` or ``"scalar"``).
     """
     if method not in METHODS:
         raise ProbeError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
     if steps < 1:
         raise ProbeError(f"steps must be at least 1, not {steps}")
-    pairs = check_pairs(clean, corrupted)
+    clean, corrupted, pairs = as_pairs(clean, corrupted)
     with hook_points(model):  # attached once: graph and every run below share it
         g = graph(model)
         sender_points = sorted({point for _, point, _ in g.senders})
@@ -175,7 +181,7 @@ def edges(
         found, start = {}, None
         for side, inputs in (("clean", clean), ("corrupted", corrupted))[int(folded) :]:
             with torch.no_grad(), trace(model, sender_points) as cache:
-                found[side] = float(torch.as_tensor(metric(model(**inputs))).float().mean())
+                found[side] = float(read(metric, model(**inputs), pairs).float().mean())
             found[side + "_senders"] = _sender_values(cache, g)
             if side == "clean":  # the embeddings, START, are a sender: the runs' start
                 start = clean_start(model, clean, cache)
@@ -198,6 +204,9 @@ def edges(
     mean_grads |= _head_input_grads(model, grads, kept)
     scores = _edge_scores(g, delta, mean_grads, receiver_points, pairs)  # [edge, pairs]
     mean, low, high = mean_intervals(scores)
+    metric_form = form(values, pairs)
+    if metric_form != PER_PAIR:  # a scalar's per-pair terms are shares of one value
+        low, high = torch.full_like(mean, torch.nan), torch.full_like(mean, torch.nan)
     table = pd.DataFrame(
         {
             "sender": [g.senders[s][0] for s, _ in g.edges],
@@ -214,6 +223,7 @@ def edges(
         "pairs": pairs,
         "clean": found["clean"],
         "corrupted": found["corrupted"],
+        "metric": metric_form,
     }
     return table
 
@@ -306,8 +316,8 @@ def _head_input_grads(
 @torch.no_grad()
 def patch_edges(
     model: nn.Module,
-    clean: Mapping[str, Any],
-    corrupted: Mapping[str, Any],
+    clean: Batch,
+    corrupted: Batch,
     metric: Metric,
     kept: Sequence[Sequence[bool]],
     max_rows: int = 256,
@@ -325,9 +335,10 @@ def patch_edges(
 
     Returns
     -------
-    ``[sets, pairs]`` float: the metric of each pair with each set.
+    ``[sets, pairs]`` float: the metric of each pair with each set (``[sets, 1]`` for a scalar
+    metric).
     """
-    pairs = check_pairs(clean, corrupted)
+    clean, corrupted, pairs = as_pairs(clean, corrupted)
     g = graph(model)
     kept = torch.as_tensor(kept, dtype=torch.bool)
     if kept.dim() != 2 or kept.shape[1] != len(g.edges):
@@ -371,14 +382,15 @@ def patch_edges(
             with hooks(model, fns):
                 output = model(**stacked(clean, n, pairs))
             for seen in copies_of(output, n, pairs):
-                out.append(per_pair(metric(seen), pairs))
+                out.append(read(metric, seen, pairs))
+    same_form(out, pairs)
     return torch.stack(out).float()
 
 
 def circuit(
     model: nn.Module,
-    clean: Mapping[str, Any],
-    corrupted: Mapping[str, Any],
+    clean: Batch,
+    corrupted: Batch,
     metric: Metric,
     faithfulness: float = 0.8,
     *,
@@ -396,13 +408,25 @@ def circuit(
     count that reaches ``faithfulness`` is searched for by bisection between the last count
     below it and the first above (taking the curve as rising there).
 
+    Parameters
+    ----------
+    clean, corrupted, metric
+        As ``edges`` takes them: a per-pair metric and a scalar one (their mean) give the same
+        circuit.
+    faithfulness : float
+        The fraction of the clean metric's difference from the corrupted one to recover.
+    scores : pandas.DataFrame, optional
+        ``edges``'s table, where it was computed already; else ``edges`` runs with ``method``
+        and ``steps``.
+
     Returns
     -------
     circuit : pandas.DataFrame
         The chosen edges, ``edges``'s rows, strongest first.
     curve : pandas.DataFrame
         ``edges`` (how many of the top edges are kept), ``total_edges`` and ``faithfulness``,
-        by ``edges``; ``attrs["target"]`` and ``attrs["chosen"]``.
+        by ``edges``; ``attrs["target"]``, ``attrs["chosen"]`` and ``attrs["metric"]`` (its
+        form).
 
     Raises
     ------
@@ -420,9 +444,13 @@ def circuit(
             flags[i, torch.from_numpy(order[:k])] = True
         return flags
 
+    clean, corrupted, pairs = as_pairs(clean, corrupted)
+    readings = []
+
     def measure(counts: list[int]) -> dict[int, float]:
-        values = patch_edges(model, clean, corrupted, metric, kept_for(counts)).mean(-1)
-        return {k: float(v) for k, v in zip(counts, values, strict=True)}
+        values = patch_edges(model, clean, corrupted, metric, kept_for(counts))
+        readings.append(values)
+        return {k: float(v) for k, v in zip(counts, values.mean(-1), strict=True)}
 
     ends = measure([total, 0])
     spread = ends[total] - ends[0]
@@ -448,5 +476,5 @@ def circuit(
             "faithfulness": [faith(k) for k in sorted(found)],
         }
     )
-    curve.attrs = {"target": faithfulness, "chosen": above}
+    curve.attrs = {"target": faithfulness, "chosen": above, "metric": same_form(readings, pairs)}
     return scores.iloc[order[:above]], curve

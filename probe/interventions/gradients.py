@@ -21,7 +21,7 @@ from torch import nn
 
 from probe.capture.hookpoints import Hook, hook_points, hooks, trace
 from probe.capture.names import hook_name
-from probe.interventions.pairs import Metric, copies_of, per_pair, stacked
+from probe.interventions.pairs import SCALAR, Metric, copies_of, read, same_form, stacked
 
 START = hook_name("hook_resid_pre", 0)
 
@@ -91,6 +91,11 @@ def run(
     """Run the pairs from ``corrupted + α (clean - corrupted)`` at the start, for each α (stacked
     copies), and take the gradient of the metric summed over pairs and copies.
 
+    A scalar metric (``probe.interventions.pairs``) is the whole batch's: its gradient is taken
+    times ``pairs``, so that the mean over pairs of each pair's (Δa · gradient) is the
+    linearised change of the scalar, and equals the per-pair form's mean where the scalar is
+    the mean of per-pair values.
+
     ``start`` is the clean run's start (``clean_start``); the corrupted one is this run's own.
     Or, for a Hugging Face model whose ``alphas`` hold 1 and another, ``start`` None and the
     ``clean`` inputs: the copy at α = 1 runs them, and its start is the clean start (so that
@@ -98,7 +103,7 @@ def run(
 
     Returns
     -------
-    values : ``[copies, pairs]`` float
+    values : ``[copies, pairs]`` float (``[copies, 1]`` for a scalar metric)
         The metric of each copy.
     grads : dict
         Hook name -> ∂metric/∂activation, ``[copies, pairs, ...]`` (the pairs' rows of the
@@ -157,10 +162,12 @@ def run(
                 stack.callback(head.register_forward_hook(_read_rows, prepend=True).remove)
             output = model(**inputs)
             values = [
-                per_pair(metric(seen), pairs, differentiable=True)
+                read(metric, seen, pairs, differentiable=True)
                 for seen in copies_of(output, copies, pairs)
             ]
             total = torch.stack(values).sum()
+            if same_form(values, pairs) == SCALAR:
+                total = total * pairs
             torch.autograd.grad(total, leaves, allow_unused=True)
     split = {name: g.unflatten(0, (copies, pairs)) for name, g in grads.items()}
     kept = {name: cache[name].unflatten(0, (copies, pairs)) for name in keep}

@@ -1,10 +1,18 @@
 """Prompt pairs, as patching, attribution and edges take them: a clean and a corrupted batch of the
-same shape, a metric read per pair, and means with 95% intervals over the pairs.
+same shape, a metric read per pair or over the batch, and means with 95% intervals over the pairs.
 
-A metric is ``metric(output)`` of the model's output on a batch of pairs, and returns one value
-per pair (``[batch]``) or, for a single pair, a scalar. Patching stacks several patched copies of
-the batch along the batch dimension; the metric is then read from each copy's rows of the output
-(``copies_of``), so a metric written for the user's batch works unchanged.
+The contract is TransformerLens's. A batch is the model's keyword arguments (a dict) or a tensor
+of token ids ``[batch, pos]``. A metric is ``metric(logits)`` where the model's output has
+logits (a Hugging Face model with its LM head), else ``metric(output)`` of what the model
+returns (an encoder's ``BaseModelOutput``, ``probe.MultiHeadAttention``'s tensor). It returns
+one value per pair (``[batch]``), which gives every estimate an interval over the pairs, or a
+scalar for the whole batch (TransformerLens's batch mean), which gives the same estimates
+without intervals: an effect on a scalar is the effect of patching every pair at once, and the
+mean of per-pair effects is the effect on their mean. Results say which in ``attrs["metric"]``.
+
+Patching stacks several patched copies of the batch along the batch dimension; the metric is
+then read from each copy's rows of the output (``copies_of``), so a metric written for the
+user's batch works unchanged.
 """
 
 from __future__ import annotations
@@ -19,6 +27,76 @@ from probe.errors import ProbeError
 from probe.inference import t975
 
 Metric = Callable[[Any], torch.Tensor | float]
+Batch = Mapping[str, Any] | torch.Tensor
+
+PER_PAIR, SCALAR = "per pair", "scalar"  # attrs["metric"]: the form the metric returned
+
+
+def as_pairs(clean: Batch, corrupted: Batch) -> tuple[dict[str, Any], dict[str, Any], int]:
+    """The pairs as the model's keyword arguments, and their number, checked (``check_pairs``).
+
+    A tensor of token ids ``[batch, pos]`` (TransformerLens's ``tokens``) becomes
+    ``{"input_ids": tokens}``; a dict is taken as it is.
+    """
+    clean, corrupted = _keywords(clean, "clean"), _keywords(corrupted, "corrupted")
+    return clean, corrupted, check_pairs(clean, corrupted)
+
+
+def _keywords(batch: Batch, side: str) -> dict[str, Any]:
+    if isinstance(batch, Mapping):
+        return dict(batch)
+    if isinstance(batch, torch.Tensor):
+        if batch.is_floating_point() or batch.is_complex() or batch.dim() != 2:
+            raise ProbeError(
+                f"{side}: a tensor must hold token ids, [batch, pos] integers; got "
+                f"{str(batch.dtype).removeprefix('torch.')} of shape {tuple(batch.shape)}. "
+                "Pass other inputs as a dict of the model's keyword arguments"
+            )
+        return {"input_ids": batch}
+    raise ProbeError(
+        f"{side}: pass a dict of the model's keyword arguments or a tensor of token ids "
+        f"[batch, pos], not a {type(batch).__name__}"
+    )
+
+
+def read(metric: Metric, output: Any, pairs: int, *, differentiable: bool = False) -> torch.Tensor:
+    """The metric of a model's ``output`` on ``pairs`` pairs: ``[pairs]``, or ``[1]`` for a scalar
+    over the batch (``per_pair``). It is given the logits where the output has them."""
+    logits = getattr(output, "logits", None)
+    seen = logits if isinstance(logits, torch.Tensor) else output
+    try:
+        value = metric(seen)
+    except AttributeError as error:
+        if seen is output or "'Tensor' object has no attribute" not in str(error):
+            raise
+        raise ProbeError(
+            f"the metric is given the logits, [batch, pos, vocab], as in TransformerLens, not "
+            f"the model's output object ({error}); write metric(logits)"
+        ) from None
+    return per_pair(value, pairs, differentiable=differentiable)
+
+
+def form(values: torch.Tensor, pairs: int) -> str:
+    """``PER_PAIR`` or ``SCALAR``: what ``values`` (``[..., pairs]`` or ``[..., 1]`` from
+    ``read``) say the metric returned."""
+    return SCALAR if pairs > 1 and values.shape[-1] == 1 else PER_PAIR
+
+
+def same_form(values: list[torch.Tensor], pairs: int) -> str:
+    """The one form of several readings of a metric.
+
+    Raises
+    ------
+    ProbeError
+        Where the metric returned one value per pair on some runs and a scalar on others.
+    """
+    forms = {form(v, pairs) for v in values}
+    if len(forms) > 1:
+        raise ProbeError(
+            "the metric returned one value per pair on some runs and a scalar on others; "
+            "return the same form for every batch"
+        )
+    return forms.pop() if forms else PER_PAIR
 
 
 def check_pairs(clean: Mapping[str, Any], corrupted: Mapping[str, Any]) -> int:
@@ -98,12 +176,13 @@ def copies_of(output: Any, copies: int, pairs: int) -> list[Any]:
 
 
 def per_pair(value: Any, pairs: int, *, differentiable: bool = False) -> torch.Tensor:
-    """A metric's value as ``[pairs]`` float (one value per pair), checked.
+    """A metric's value as float ``[pairs]`` (one value per pair), or ``[1]`` for a scalar over a
+    batch of several pairs, checked.
 
     Raises
     ------
     ProbeError
-        For a value that is neither a scalar (with one pair) nor one per pair, or, with
+        For a value that is neither a scalar nor one value per pair, or, with
         ``differentiable``, one that carries no gradient.
     """
     if differentiable and not (isinstance(value, torch.Tensor) and value.requires_grad):
@@ -119,12 +198,12 @@ def per_pair(value: Any, pairs: int, *, differentiable: bool = False) -> torch.T
                 f"the metric returned a {type(value).__name__}; return a scalar tensor or one "
                 "value per pair"
             ) from None
-    if value.dim() == 0 and pairs == 1:
+    if value.dim() == 0:
         return value.reshape(1)
     if value.shape != (pairs,):
         raise ProbeError(
             f"the metric returned shape {tuple(value.shape)}; with {pairs} pairs it must return "
-            f"one value per pair, shape ({pairs},)"
+            f"one value per pair, shape ({pairs},), or a scalar"
         )
     return value
 

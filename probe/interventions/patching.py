@@ -4,7 +4,7 @@ over a batch of prompt pairs, many heads to a forward pass."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pandas as pd
@@ -16,11 +16,13 @@ from probe.capture.names import ROTARY_POINTS, point_of
 from probe.errors import ProbeError
 from probe.interventions.ablation import check_heads
 from probe.interventions.pairs import (
+    Batch,
     Metric,
-    check_pairs,
+    as_pairs,
     copies_of,
     mean_intervals,
-    per_pair,
+    read,
+    same_form,
     stacked,
 )
 
@@ -41,8 +43,8 @@ LAYOUT = {
 @torch.no_grad()
 def patch(
     model: nn.Module,
-    clean: Mapping[str, Any],
-    corrupted: Mapping[str, Any],
+    clean: Batch,
+    corrupted: Batch,
     metric: Metric,
     *,
     hook: str = "hook_z",
@@ -63,13 +65,15 @@ def patch(
     ----------
     model : nn.Module
         A Hugging Face model, a ``probe.MultiHeadAttention`` or a module built from them.
-    clean, corrupted : dict
+    clean, corrupted : dict or torch.Tensor
         Keyword arguments of ``model`` for a batch of prompt pairs, ``[pairs, ...]`` of the same
-        shapes (positions are patched one to one; padding must be the same in both).
+        shapes (positions are patched one to one; padding must be the same in both), or token
+        ids ``[pairs, pos]``.
     metric : callable
-        ``metric(output)`` of the model's output on the pairs: one value per pair,
-        ``[pairs]`` (a scalar for a single pair), e.g. a logit difference. With several copies
-        stacked it is called on each copy's rows of the output.
+        ``metric(logits)`` (``metric(output)`` for a model without logits): one value per pair,
+        ``[pairs]``, e.g. a logit difference, or a scalar over the batch, as TransformerLens's
+        metrics return (the same effects, without intervals). With several copies stacked it
+        is called on each copy's rows.
     hook : str
         A per-head hook point: ``hook_z`` (default), ``hook_result``, ``hook_q``, ``hook_k``,
         ``hook_v``, ``hook_rot_q`` or ``hook_rot_k`` (rotary models: after the rotation),
@@ -89,12 +93,13 @@ def patch(
         ``metric`` (mean over pairs), ``recovered`` = (metric - corrupted) / (clean -
         corrupted), NaN when the two inputs score alike, and ``effect`` = the mean over pairs
         of patched - corrupted metric with its 95% t-interval ``effect_low``, ``effect_high``
-        (NaN for one pair). ``attrs`` holds the ``clean`` and ``corrupted`` mean metrics and
-        the number of ``pairs``.
+        (NaN for one pair or a scalar metric). ``attrs`` holds the ``clean`` and ``corrupted``
+        mean metrics, the number of ``pairs`` and the ``metric``'s form (``"per pair"`` or
+        ``"scalar"``).
     """
     if hook not in LAYOUT:
         raise ProbeError(f"cannot patch {hook!r} per head; choose from {', '.join(LAYOUT)}")
-    pairs = check_pairs(clean, corrupted)
+    clean, corrupted, pairs = as_pairs(clean, corrupted)
     head_dim, position_dim = LAYOUT[hook]
     # One mirror for the whole call: the nested trace and hooks blocks below share it.
     with hook_points(model) as points:
@@ -103,8 +108,8 @@ def patch(
             rotary = " (only rotary models have it)" if hook in ROTARY_POINTS else ""
             raise ProbeError(f"the model has no {hook} points{rotary}")
         with trace(model, names) as cache:
-            clean_values = per_pair(metric(model(**clean)), pairs)
-        corrupted_values = per_pair(metric(model(**corrupted)), pairs)
+            clean_values = read(metric, model(**clean), pairs)
+        corrupted_values = read(metric, model(**corrupted), pairs)
         n_heads = max(cache[name].shape[head_dim] for name in names)
         wanted = None if heads is None else check_heads(heads, len(names), n_heads)
         patches = []
@@ -128,12 +133,19 @@ def patch(
             with hooks(model, fns):
                 output = model(**stacked(corrupted, len(chunk), pairs))
             for seen in copies_of(output, len(chunk), pairs):
-                patched.append(per_pair(metric(seen), pairs))
+                patched.append(read(metric, seen, pairs))
 
-    values = torch.stack(patched).double() if patched else torch.zeros(0, pairs)
+    metric_form = same_form([clean_values, corrupted_values, *patched], pairs)
+    width = clean_values.shape[-1]
+    values = torch.stack(patched).double() if patched else torch.zeros(0, width)
     table = _table(patches, per_position, values, clean_values, corrupted_values)
     clean_metric, corrupted_metric = float(clean_values.mean()), float(corrupted_values.mean())
-    table.attrs = {"clean": clean_metric, "corrupted": corrupted_metric, "pairs": pairs}
+    table.attrs = {
+        "clean": clean_metric,
+        "corrupted": corrupted_metric,
+        "pairs": pairs,
+        "metric": metric_form,
+    }
     return table
 
 
