@@ -28,6 +28,7 @@ from probe.capture.hookpoints import hook_points, trace
 from probe.capture.names import point_of
 from probe.errors import ProbeError
 from probe.interventions.gradients import clean_start, run, start_point
+from probe.interventions.guard import keeps_model
 from probe.interventions.pairs import PER_PAIR, Batch, Metric, as_pairs, form, mean_intervals, read
 from probe.interventions.patching import LAYOUT
 
@@ -41,6 +42,7 @@ PARTNER = {
 }
 
 
+@keeps_model
 def attribute(
     model: nn.Module,
     clean: Batch,

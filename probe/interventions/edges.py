@@ -31,6 +31,7 @@ from probe.capture.names import NORM_POINTS, hook_name, point_of
 from probe.capture.spec import describe
 from probe.errors import ProbeError
 from probe.interventions.gradients import START, clean_start, run
+from probe.interventions.guard import keeps_model
 from probe.interventions.pairs import (
     PER_PAIR,
     Batch,
@@ -129,6 +130,7 @@ def _sender_values(cache: Mapping[str, torch.Tensor], g: Graph) -> torch.Tensor:
     return torch.stack(values)
 
 
+@keeps_model
 def edges(
     model: nn.Module,
     clean: Batch,
@@ -313,6 +315,7 @@ def _head_input_grads(
     return found
 
 
+@keeps_model
 @torch.no_grad()
 def patch_edges(
     model: nn.Module,
@@ -387,6 +390,7 @@ def patch_edges(
     return torch.stack(out).float()
 
 
+@keeps_model
 def circuit(
     model: nn.Module,
     clean: Batch,
@@ -433,6 +437,10 @@ def circuit(
     ProbeError
         Where the clean and corrupted inputs score alike (faithfulness is then undefined).
     """
+    if not 0 < faithfulness <= 1:
+        raise ProbeError(f"faithfulness must be in (0, 1], not {faithfulness}")
+    if points < 2:
+        raise ProbeError(f"points must be at least 2 (no edge and every edge), not {points}")
     if scores is None:
         scores = edges(model, clean, corrupted, metric, method=method, steps=steps)
     total = len(scores)

@@ -18,7 +18,9 @@ user's batch works unchanged.
 from __future__ import annotations
 
 import math
+import traceback
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -66,14 +68,26 @@ def read(metric: Metric, output: Any, pairs: int, *, differentiable: bool = Fals
     seen = logits if isinstance(logits, torch.Tensor) else output
     try:
         value = metric(seen)
-    except AttributeError as error:
-        if seen is output or "'Tensor' object has no attribute" not in str(error):
-            raise
+    except ProbeError:
+        raise
+    except Exception as error:  # the user's code: say where, in one line
+        if isinstance(error, AttributeError) and seen is not output and "'Tensor'" in str(error):
+            raise ProbeError(
+                f"the metric is given the logits, [batch, pos, vocab], as in TransformerLens, "
+                f"not the model's output object ({error}); write metric(logits)"
+            ) from None
+        given = f"logits {list(seen.shape)}" if seen is logits else type(seen).__name__
         raise ProbeError(
-            f"the metric is given the logits, [batch, pos, vocab], as in TransformerLens, not "
-            f"the model's output object ({error}); write metric(logits)"
+            f"the metric raised {type(error).__name__}: {error}{_where(error)}; it was given "
+            f"{given}"
         ) from None
     return per_pair(value, pairs, differentiable=differentiable)
+
+
+def _where(error: Exception) -> str:
+    """`` at FILE:LINE``: the last frame of the metric's traceback."""
+    frames = traceback.extract_tb(error.__traceback__)
+    return f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
 
 
 def form(values: torch.Tensor, pairs: int) -> str:
@@ -134,7 +148,10 @@ def check_pairs(clean: Mapping[str, Any], corrupted: Mapping[str, Any]) -> int:
             sizes.add(value.shape[0])
     if len(sizes) > 1:
         raise ProbeError(f"the inputs' batch sizes differ: {sorted(sizes)}")
-    return sizes.pop() if sizes else 1
+    pairs = sizes.pop() if sizes else 1
+    if pairs == 0:
+        raise ProbeError("clean and corrupted hold no pairs (batch size 0); give at least one")
+    return pairs
 
 
 def stacked(inputs: Mapping[str, Any], copies: int, pairs: int) -> dict[str, Any]:
@@ -199,11 +216,22 @@ def per_pair(value: Any, pairs: int, *, differentiable: bool = False) -> torch.T
                 "value per pair"
             ) from None
     if value.dim() == 0:
-        return value.reshape(1)
-    if value.shape != (pairs,):
+        value = value.reshape(1)
+    elif value.shape != (pairs,):
         raise ProbeError(
             f"the metric returned shape {tuple(value.shape)}; with {pairs} pairs it must return "
             f"one value per pair, shape ({pairs},), or a scalar"
+        )
+    if value.is_complex():
+        raise ProbeError("the metric returned complex numbers; return real values")
+    if not value.is_floating_point():  # counts, or flags: their mean is a rate
+        value = value.double()
+    finite = torch.isfinite(value.detach())
+    if not finite.all():
+        which = "the batch" if len(value) == 1 < pairs else f"pair {int((~finite).nonzero()[0])}"
+        raise ProbeError(
+            f"the metric returned {float(value.detach()[~finite][0])} for {which}; it must be "
+            "finite (a log of 0, or a division by 0?)"
         )
     return value
 

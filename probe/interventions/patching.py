@@ -15,6 +15,7 @@ from probe.capture.hookpoints import Hook, hook_points, hooks, trace
 from probe.capture.names import ROTARY_POINTS, point_of
 from probe.errors import ProbeError
 from probe.interventions.ablation import check_heads
+from probe.interventions.guard import keeps_model
 from probe.interventions.pairs import (
     Batch,
     Metric,
@@ -40,6 +41,7 @@ LAYOUT = {
 }
 
 
+@keeps_model
 @torch.no_grad()
 def patch(
     model: nn.Module,
@@ -99,6 +101,8 @@ def patch(
     """
     if hook not in LAYOUT:
         raise ProbeError(f"cannot patch {hook!r} per head; choose from {', '.join(LAYOUT)}")
+    if max_rows < 1:
+        raise ProbeError(f"max_rows must be at least 1, not {max_rows}")
     clean, corrupted, pairs = as_pairs(clean, corrupted)
     head_dim, position_dim = LAYOUT[hook]
     # One mirror for the whole call: the nested trace and hooks blocks below share it.
