@@ -437,8 +437,8 @@ def circuit(
     ProbeError
         Where the clean and corrupted inputs score alike (faithfulness is then undefined).
     """
-    if not 0 < faithfulness <= 1:
-        raise ProbeError(f"faithfulness must be in (0, 1], not {faithfulness}")
+    if not 0 <= faithfulness <= 1:
+        raise ProbeError(f"faithfulness must be in [0, 1], not {faithfulness}")
     if points < 2:
         raise ProbeError(f"points must be at least 2 (no edge and every edge), not {points}")
     if scores is None:
