@@ -6,6 +6,7 @@ placeholder; the site loads nothing from the web; the front page stays short."""
 
 import importlib.util
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -251,3 +252,27 @@ def test_the_site_check_finds_a_font_from_the_web(tmp_path):
     page.write_text(f"<head>{fonts}</head><a href='https://github.com'>a link is fine</a>")
     with pytest.raises(ValueError, match=r"index\.html: loads https://fonts\.googleapis"):
         generate.on_post_build({"site_dir": str(tmp_path)})
+
+
+def _screenshots():
+    spec = importlib.util.spec_from_file_location("screenshots", ROOT / "docs" / "screenshots.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium")
+def test_the_screenshot_script_draws_a_card_and_refuses_a_head_the_pages_misname(
+    sample_report, tmp_path
+):
+    """``docs/screenshots.py`` crops card.png to the card it names; the picture is not blank."""
+    from matplotlib import image
+
+    screenshots = _screenshots()
+    screenshots.card(sample_report, "4-7", tmp_path, tmp_path / "profile")
+    pixels = image.imread(tmp_path / "card.png")[..., :3]
+    assert pixels.shape[1] == screenshots.CARD_WIDTH and 300 < pixels.shape[0] < 1500
+    assert pixels.std() > 0.05 and (pixels.mean(-1) < 0.9).mean() > 0.02  # text and figures
+    with pytest.raises(SystemExit, match="best relation is"):
+        screenshots.card(sample_report, "0-2", tmp_path, tmp_path / "profile")  # previous-token
