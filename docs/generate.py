@@ -69,6 +69,7 @@ def facts() -> dict[str, str]:
         found[f"ud.{name}.release"] = spec.release
         found[f"ud.{name}.repo"] = spec.repo
         found[f"ud.{name}.splits"] = ", ".join(spec.sha256)
+        found[f"ud.{name}.mirror"] = f"<mirror>/{spec.repo}/{spec.release}/{name}-ud-dev.conllu"
     ewt, _ = _sentences(EWT_DEV)
     sample, documents = _sentences(SAMPLE)
     found["ewt_dev.sentences"] = f"{ewt:,}"
@@ -132,7 +133,8 @@ def fill(markdown: str, where: str) -> str:
         Naming the page and the fact, for a name ``facts()`` does not know.
     ValueError
         For a region that starts a line inside a paragraph (Markdown would read it as a block of
-        HTML and break the paragraph there), or a ``{{ name }}`` placeholder.
+        HTML and break the paragraph there) or sits inside a code span (its markers would show),
+        or a ``{{ name }}`` placeholder.
     """
     known = facts()
     if found := PLACEHOLDER.search(markdown):
@@ -148,6 +150,10 @@ def fill(markdown: str, where: str) -> str:
         if not block and not markdown[markdown.rfind("\n", 0, start) + 1 : start].strip():
             line = markdown.count("\n", 0, start) + 1
             raise ValueError(f"{where}:{line}: the fact {name} starts a line; put a word before it")
+        if markdown.count("`", markdown.rfind("\n\n", 0, start) + 1, start) % 2:
+            line = markdown.count("\n", 0, start) + 1
+            raise ValueError(f"{where}:{line}: the fact {name} is inside a code span, which would "
+                             "show its markers; mark the whole span, with (code)")  # fmt: skip
         fact = f"\n\n{fact}\n\n" if block else fact
         return f"<!-- generated: {name}{code or ''} -->{fact}<!-- end -->"
 

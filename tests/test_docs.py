@@ -161,11 +161,15 @@ def test_facts_come_from_the_code_and_an_unknown_one_fails():
 
 def test_a_fact_that_starts_a_line_or_a_placeholder_is_refused():
     """A region at a line's start inside a paragraph would start a block of HTML there (GitHub and
-    the site would break the paragraph); a ``{{ name }}`` would show as written on GitHub."""
+    the site would break the paragraph), and one inside a code span would show its markers; a
+    ``{{ name }}`` would show as written on GitHub."""
     with pytest.raises(ValueError, match=r"page\.md:2: the fact cli\.seed starts a line"):
         generate.fill(
             "the seed, by default\n  <!-- generated: cli.seed -->0<!-- end -->.", "page.md"
         )
+    with pytest.raises(ValueError, match=r"page\.md:1: the fact cli\.seed is inside a code span"):
+        generate.fill("`x`, `--seed <!-- generated: cli.seed -->0<!-- end -->`", "page.md")
+    assert generate.fill("`x`, `--seed` <!-- generated: cli.seed -->0<!-- end -->", "-")  # outside
     with pytest.raises(ValueError, match=r"\{\{ cli\.seed \}\} is shown as written"):
         generate.fill("the seed, by default {{ cli.seed }}.", "page.md")
 
