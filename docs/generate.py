@@ -10,8 +10,13 @@ Written once, in the code, and only shown here:
   columns, their ``heads.csv`` columns, options and roles;
 - ``reference/cli.md``: every command of ``probe`` and its options, from the command line itself;
 - ``reference/api.md``: the public names of ``probe`` (``probe._EXPORTS``), for mkdocstrings;
-- facts in any page, written ``{{ name }}``: release numbers, sentence counts, defaults
-  (``facts()``); a name it does not know fails the build.
+- facts in the pages (release numbers, sentence counts, defaults: ``facts()``), written into
+  the Markdown files themselves, so that they read the same on GitHub as on the site. Each sits
+  between markers that name it, ``<!-- generated: ewt_dev.sentences -->2,001<!-- end -->``
+  (``(code)`` after the name puts it in backticks; a table or a paragraph goes on lines of its
+  own). ``python docs/generate.py --write`` rewrites every marked region from the code;
+  ``python docs/generate.py`` (``--check``) lists the files whose text is stale, and so do the
+  tests (``tests/test_docs.py``) and the site's build.
 
 ``mkdocs.yml`` names this file under ``hooks``; the tests import it to check what it gives.
 """
@@ -28,7 +33,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 GENERATED = ("reference/hooks.md", "reference/analyses.md", "reference/cli.md", "reference/api.md")
-FACT = re.compile(r"\{\{\s*([\w.]+)\s*\}\}")
+# A fact's region: the name, "(code)" for backticks, the text the code gave when last written.
+REGION = re.compile(r"<!-- generated: ([\w.]+)( \(code\))? -->(.*?)<!-- end -->", re.DOTALL)
+# What the pages wrote before (a placeholder filled at build time), raw on GitHub: refused.
+PLACEHOLDER = re.compile(r"\{\{\s*[\w.]+\s*\}\}")
 
 
 def _sentences(path: Path) -> tuple[int, int]:
@@ -49,6 +57,7 @@ def _sentences(path: Path) -> tuple[int, int]:
 def facts() -> dict[str, str]:
     """Every fact a page may name, as the text it shows."""
     from analyses import REGISTRY, get
+    from analyses.circuit import EDGE_METHOD
     from probe.app import examples
     from probe.capture.architectures import ARCHITECTURES, ENCODER_DECODER
     from probe.inputs import download
@@ -60,6 +69,7 @@ def facts() -> dict[str, str]:
         found[f"ud.{name}.release"] = spec.release
         found[f"ud.{name}.repo"] = spec.repo
         found[f"ud.{name}.splits"] = ", ".join(spec.sha256)
+        found[f"ud.{name}.mirror"] = f"<mirror>/{spec.repo}/{spec.release}/{name}-ud-dev.conllu"
     ewt, _ = _sentences(EWT_DEV)
     sample, documents = _sentences(SAMPLE)
     found["ewt_dev.sentences"] = f"{ewt:,}"
@@ -76,6 +86,7 @@ def facts() -> dict[str, str]:
     found["architectures.encoder_decoder"] = ", ".join(sorted(ENCODER_DECODER))
     found["analyses"] = ", ".join(f"`{n}`" for n in REGISTRY)
     found["analyses.default"] = ",".join(n for n in REGISTRY if get(n).default)
+    found["circuit.edge_method"] = EDGE_METHOD
     declared = [o for n in REGISTRY for o in get(n).options]
     declared += [o for n in units_module.UNITS for o in units_module.get(n).options]
     for option in declared:
@@ -113,23 +124,67 @@ def _commands() -> dict:
     return dict(group.commands)
 
 
-def substitute(markdown: str, where: str) -> str:
-    """``markdown`` with each ``{{ name }}`` replaced by its fact.
+def fill(markdown: str, where: str) -> str:
+    """``markdown`` with each marked region's text replaced by its fact, as the code gives it now.
 
     Raises
     ------
     KeyError
         Naming the page and the fact, for a name ``facts()`` does not know.
+    ValueError
+        For a region that starts a line inside a paragraph (Markdown would read it as a block of
+        HTML and break the paragraph there) or sits inside a code span (its markers would show),
+        or a ``{{ name }}`` placeholder.
     """
     known = facts()
+    if found := PLACEHOLDER.search(markdown):
+        raise ValueError(f"{where}: {found.group()} is shown as written; mark the fact instead")
 
-    def fact(match: re.Match) -> str:
-        name = match.group(1)
+    def region(match: re.Match) -> str:
+        name, code, text = match.groups()
         if name not in known:
-            raise KeyError(f"{where}: unknown fact {{{{ {name} }}}}; known: {', '.join(known)}")
-        return known[name]
+            raise KeyError(f"{where}: unknown fact {name}; known: {', '.join(known)}")
+        fact = f"`{known[name]}`" if code else known[name]
+        block = text.startswith("\n")
+        start = match.start()
+        if not block and not markdown[markdown.rfind("\n", 0, start) + 1 : start].strip():
+            line = markdown.count("\n", 0, start) + 1
+            raise ValueError(f"{where}:{line}: the fact {name} starts a line; put a word before it")
+        if markdown.count("`", markdown.rfind("\n\n", 0, start) + 1, start) % 2:
+            line = markdown.count("\n", 0, start) + 1
+            raise ValueError(f"{where}:{line}: the fact {name} is inside a code span, which would "
+                             "show its markers; mark the whole span, with (code)")  # fmt: skip
+        fact = f"\n\n{fact}\n\n" if block else fact
+        return f"<!-- generated: {name}{code or ''} -->{fact}<!-- end -->"
 
-    return FACT.sub(fact, markdown)
+    return REGION.sub(region, markdown)
+
+
+def unmarked(markdown: str) -> str:
+    """``markdown`` without the regions' markers, their text left in place."""
+    return REGION.sub(lambda match: match.group(3), markdown)
+
+
+def marked_pages() -> list[Path]:
+    """The Markdown files that may hold facts: every page of ``docs/`` and the README."""
+    return [*sorted((ROOT / "docs").rglob("*.md")), ROOT / "README.md"]
+
+
+def stale(write: bool = False) -> list[Path]:
+    """The pages whose marked text differs from what the code gives now; rewritten in place
+    where ``write``, once every page is filled (a page that cannot be stops them all), each
+    whole or not at all."""
+    from probe.files import write_file
+
+    found = {}
+    for path in marked_pages():
+        text = path.read_text(encoding="utf-8")
+        current = fill(text, str(path.relative_to(ROOT)))
+        if current != text:
+            found[path] = current
+    for path, current in found.items() if write else ():
+        write_file(path, current)
+    return list(found)
 
 
 def _docstring(module: str) -> str:
@@ -465,21 +520,59 @@ def on_files(files, config):
 
 
 def on_page_markdown(markdown, page, config, files):
-    return substitute(markdown, page.file.src_path)
+    """The page as written, its facts checked against the code (a stale one fails the build)."""
+    if fill(markdown, page.file.src_path) != markdown:
+        raise ValueError(
+            f"{page.file.src_path}: its generated facts are stale; run python docs/generate.py "
+            "--write"
+        )
+    return unmarked(markdown)
+
+
+# What a page may not load from the web: the site reads offline (mkdocs.yml: theme.font false).
+FROM_THE_WEB = re.compile(r"""<(?:link|script|img)\b[^>]*(?:href|src)=["']((?:https?:)?//[^"']+)""")
 
 
 def on_post_build(config):
-    """Fail the build on a link inside the site that leads nowhere: MkDocs checks the Markdown
-    pages' links, not those in the rendered notebooks."""
-    site = Path(config["site_dir"])
+    """Fail the build on a link inside the site that leads nowhere, a page or an anchor in one
+    (MkDocs checks the Markdown pages' links, not those in the rendered notebooks, nor their
+    tables of contents), and on a page that loads anything, a font or a script, from the web."""
+    site = Path(config["site_dir"]).resolve()
+    pages = {p: p.read_text(encoding="utf-8", errors="replace") for p in site.rglob("*.html")}
+    anchors = {page: set(re.findall(r'\bid="([^"]+)"', text)) for page, text in pages.items()}
     broken = []
-    for page in site.rglob("*.html"):
-        text = page.read_text(encoding="utf-8", errors="replace")
-        for link in re.findall(r'href="([^"#:?]+)(?:#[^"]*)?"', text):
-            if link.startswith(("/", "//")) or not link.strip():
+    for page, text in pages.items():
+        where = page.relative_to(site)
+        for link, anchor in re.findall(r'href="([^"#:?]*)(?:#([^"]*))?"', text):
+            if link.startswith(("/", "//")) or not (link.strip() or anchor):
                 continue
-            target = (page.parent / link).resolve()
-            if not (target.exists() or (target / "index.html").exists()):
-                broken.append(f"{page.relative_to(site)}: {link}")
+            target = (page.parent / link).resolve() if link else page
+            if target.is_dir() or not target.exists():
+                target = target / "index.html"
+            if not target.exists():
+                broken.append(f"{where}: {link}")
+            elif anchor and target.suffix == ".html" and anchor not in anchors.get(target, ()):
+                broken.append(f"{where}: {link}#{anchor}")
+        broken += [f"{where}: loads {url} from the web" for url in FROM_THE_WEB.findall(text)]
     if broken:
-        raise ValueError("links to nothing in the site:\n" + "\n".join(sorted(set(broken))))
+        found = "\n".join(sorted(set(broken)))
+        raise ValueError(f"links to nothing in the site, or loads from the web:\n{found}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python docs/generate.py [--write]``: list (or rewrite) the pages whose facts are stale."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--write", action="store_true", help="rewrite the stale pages in place")
+    parser.add_argument("--check", action="store_true", help="only list them (the default)")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    found = stale(write=args.write)
+    for path in found:
+        print(f"{'rewrote' if args.write else 'stale'}: {path.relative_to(ROOT)}")
+    return 0 if args.write or not found else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,10 +1,12 @@
 """The docs say what the code says: the generated references (``docs/generate.py``) list every
 hook point, analysis, table, option and public name; the hook points' declared shapes are what a
-trace captures; facts are written once (in the code) and only named in the pages; no page points
-outside the repository; the front page stays short."""
+trace captures; facts are written once (in the code), and the pages' copies of them, between
+markers, are what the code gives now; no page points outside the repository or shows a raw
+placeholder; the site loads nothing from the web; the front page stays short."""
 
 import importlib.util
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ from probe.capture.names import _POINTS, describe, known_points, point_of
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted((ROOT / "docs").rglob("*.md"))
 README = ROOT / "README.md"
+NAV_CONFIG = ROOT / "mkdocs.yml"
 
 
 def _generator():
@@ -139,17 +142,58 @@ def test_facts_come_from_the_code_and_an_unknown_one_fails():
     assert facts["cards.candidates"] == str(examples.N_CANDIDATES)
     assert facts["ewt_dev.sentences"] == f"{BUNDLED_SENTENCES['ewt-dev']:,}"  # counted, checked
     assert facts["sample.sentences"] == str(BUNDLED_SENTENCES["sample"])
-    assert generate.substitute("first {{ cards.candidates }}", "x") == "first 32"
-    with pytest.raises(KeyError, match=r"page\.md: unknown fact"):
-        generate.substitute("{{ cards.nothing }}", "page.md")
-    for page in PAGES:  # every fact a page names exists
-        for name in generate.FACT.findall(page.read_text(encoding="utf-8")):
-            assert name in facts, (page.name, name)
+    stale = "first <!-- generated: cards.candidates -->16<!-- end --> sentences"
+    assert (
+        generate.fill(stale, "x")
+        == "first <!-- generated: cards.candidates -->32<!-- end --> sentences"
+    )
+    coded = "by default <!-- generated: cli.device (code) -->?<!-- end -->"
+    assert (
+        generate.fill(coded, "x")
+        == "by default <!-- generated: cli.device (code) -->`cpu`<!-- end -->"
+    )
+    assert generate.unmarked(generate.fill(coded, "x")) == "by default `cpu`"
+    block = "text\n\n<!-- generated: design.layers -->\nold\n<!-- end -->\n"
+    assert generate.fill(block, "x").endswith(f"-->\n\n{facts['design.layers']}\n\n<!-- end -->\n")
+    with pytest.raises(KeyError, match=r"page\.md: unknown fact cards\.nothing"):
+        generate.fill("a <!-- generated: cards.nothing -->1<!-- end -->", "page.md")
+
+
+def test_a_fact_that_starts_a_line_or_a_placeholder_is_refused():
+    """A region at a line's start inside a paragraph would start a block of HTML there (GitHub and
+    the site would break the paragraph), and one inside a code span would show its markers; a
+    ``{{ name }}`` would show as written on GitHub."""
+    with pytest.raises(ValueError, match=r"page\.md:2: the fact cli\.seed starts a line"):
+        generate.fill(
+            "the seed, by default\n  <!-- generated: cli.seed -->0<!-- end -->.", "page.md"
+        )
+    with pytest.raises(ValueError, match=r"page\.md:1: the fact cli\.seed is inside a code span"):
+        generate.fill("`x`, `--seed <!-- generated: cli.seed -->0<!-- end -->`", "page.md")
+    assert generate.fill("`x`, `--seed` <!-- generated: cli.seed -->0<!-- end -->", "-")  # outside
+    with pytest.raises(ValueError, match=r"\{\{ cli\.seed \}\} is shown as written"):
+        generate.fill("the seed, by default {{ cli.seed }}.", "page.md")
+
+
+@pytest.mark.slow
+def test_the_pages_facts_are_what_the_code_gives_now():
+    """``python docs/generate.py --write`` has been run since the code last changed a fact; each
+    page the README links to shows its facts written out, no placeholder."""
+    stale = [str(p.relative_to(ROOT)) for p in generate.stale()]
+    assert not stale, f"stale facts in {stale}: run python docs/generate.py --write"
+    linked = {
+        README.parent / link for link in re.findall(r"\]\((docs/[^)#]+\.md)", README.read_text())
+    }
+    assert len(linked) >= 10 and linked <= set(generate.marked_pages())
+    for path in generate.marked_pages():
+        text = path.read_text(encoding="utf-8")
+        assert not re.search(r"\{\{.*?\}\}", text), path
+        assert generate.unmarked(text).count("<!-- generated") == 0
 
 
 def test_facts_are_not_copied_into_the_pages():
-    """Release numbers, the bundled treebanks' sizes and the cards' sentences are named
-    (``{{ … }}``), never written out, in the docs, the README and the reports' README."""
+    """Release numbers, the bundled treebanks' sizes and the cards' sentences are written by
+    ``docs/generate.py`` between markers, never by hand, in the docs, the README and the reports'
+    README."""
     from probe.app import examples
 
     copied = re.compile(
@@ -157,8 +201,9 @@ def test_facts_are_not_copied_into_the_pages():
         r"|\b76 (?:hand-written|sent)"
     )
     for path in [*PAGES, README, ROOT / "reports" / "README.md"]:
-        found = copied.findall(path.read_text(encoding="utf-8"))
-        assert not found, f"{path.relative_to(ROOT)} writes out {found}: name the fact instead"
+        by_hand = generate.REGION.sub("", path.read_text(encoding="utf-8"))
+        found = copied.findall(by_hand)
+        assert not found, f"{path.relative_to(ROOT)} writes out {found}: mark the fact instead"
 
 
 def test_nothing_points_outside_the_repository():
@@ -178,8 +223,60 @@ def test_the_front_page_is_short_and_says_how_to_set_up_run_and_test():
 def test_the_site_check_finds_a_link_to_nothing(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b.png").write_bytes(b"")
-    (tmp_path / "a" / "index.html").write_text('<a href="../b.png">b</a> <a href="../a/#x">a</a>')
+    page = tmp_path / "a" / "index.html"
+    page.write_text('<h2 id="x">X</h2><a href="../b.png">b</a> <a href="../a/#x">a</a>')
     generate.on_post_build({"site_dir": str(tmp_path)})  # both exist
-    (tmp_path / "a" / "index.html").write_text('<a href="../missing/">gone</a>')
+    page.write_text('<a href="../missing/">gone</a>')
     with pytest.raises(ValueError, match=r"a/index\.html: \.\./missing/"):
         generate.on_post_build({"site_dir": str(tmp_path)})
+
+
+def test_the_site_check_finds_an_anchor_a_page_lacks(tmp_path):
+    """As a notebook's table of contents did: ``#and`` for a heading whose id was another."""
+    page = tmp_path / "index.html"
+    page.write_text('<a href="#and">and</a><h2 id="run_with_cache-and-probetrace">…</h2>')
+    with pytest.raises(ValueError, match=r"index\.html: #and"):
+        generate.on_post_build({"site_dir": str(tmp_path)})
+    page.write_text('<a href="#x">x</a><a href="./#x">x</a><a href="#">top</a><h2 id="x">…</h2>')
+    generate.on_post_build({"site_dir": str(tmp_path)})
+
+
+def test_the_site_asks_the_web_for_no_font():
+    """Material asks Google Fonts for its fonts unless told not to; offline, every page would
+    wait for them. The build's check refuses a page that loads anything from the web."""
+    import yaml
+
+    config = yaml.load(NAV_CONFIG.read_text(encoding="utf-8"), Loader=yaml.BaseLoader)
+    assert config["theme"]["font"] == "false"
+
+
+def test_the_site_check_finds_a_font_from_the_web(tmp_path):
+    page = tmp_path / "index.html"
+    fonts = '<link rel="stylesheet" href="https://fonts.googleapis.com/css?family=Roboto">'
+    page.write_text(f"<head>{fonts}</head><a href='https://github.com'>a link is fine</a>")
+    with pytest.raises(ValueError, match=r"index\.html: loads https://fonts\.googleapis"):
+        generate.on_post_build({"site_dir": str(tmp_path)})
+
+
+def _screenshots():
+    spec = importlib.util.spec_from_file_location("screenshots", ROOT / "docs" / "screenshots.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium")
+def test_the_screenshot_script_draws_a_card_and_refuses_a_head_the_pages_misname(
+    sample_report, tmp_path
+):
+    """``docs/screenshots.py`` crops card.png to the card it names; the picture is not blank."""
+    from matplotlib import image
+
+    screenshots = _screenshots()
+    screenshots.card(sample_report, "4-7", tmp_path, tmp_path / "profile")
+    pixels = image.imread(tmp_path / "card.png")[..., :3]
+    assert pixels.shape[1] == screenshots.CARD_WIDTH and 300 < pixels.shape[0] < 1500
+    assert pixels.std() > 0.05 and (pixels.mean(-1) < 0.9).mean() > 0.02  # text and figures
+    with pytest.raises(SystemExit, match="best relation is"):
+        screenshots.card(sample_report, "0-2", tmp_path, tmp_path / "profile")  # previous-token

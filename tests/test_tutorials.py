@@ -1,8 +1,13 @@
 """The tutorials (``docs/tutorials/*.py``, notebooks kept as jupytext percent scripts) run as
 notebooks, offline, on the CPU, in a kernel of this Python: each asserts what it shows (a
 tutorial whose induction head is not found, or whose rows differ from the full pattern, fails
-here). The docs site executes them again to render their outputs (``mkdocs.yml``)."""
+here). The docs site executes them again to render their outputs (``mkdocs.yml``). They are
+Python too: ``python docs/tutorials/first_report.py`` runs it, no shell magic (a ``!probe`` cell
+is a comment to Python), its command line run by this Python."""
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import jupytext
@@ -37,6 +42,33 @@ def test_the_tutorial_runs_and_its_asserts_hold(path, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the kernel inherits it: nothing downloaded
     monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     run(path, tmp_path)
+
+
+@pytest.mark.parametrize("path", TUTORIALS, ids=lambda p: p.stem)
+def test_no_tutorial_needs_jupyter_to_run(path):
+    """No shell or magic cell (``!cmd``, ``%cmd``, which jupytext keeps as comments in the
+    script): the notebook and ``python FILE`` run the same code."""
+    notebook = jupytext.read(path)
+    for cell in notebook.cells:
+        if cell.cell_type == "code":
+            lines = cell.source.splitlines()
+            assert not any(line.lstrip().startswith(("!", "%")) for line in lines), cell.source
+    assert not [line for line in path.read_text().splitlines() if line.startswith(("# !", "# %"))
+                and not line.startswith("# %%")]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_the_first_tutorial_runs_as_a_python_script(tmp_path):
+    """As a reader without Jupyter runs it: ``python docs/tutorials/first_report.py``."""
+    path = ROOT / "docs" / "tutorials" / "first_report.py"
+    environment = os.environ | {"HF_HUB_OFFLINE": "1", "MPLBACKEND": "Agg"}
+    environment["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])
+    )
+    done = subprocess.run([sys.executable, str(path)], cwd=tmp_path, env=environment,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "det: head" in done.stdout  # it ran to its last printed line
 
 
 @pytest.mark.slow

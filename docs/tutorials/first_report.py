@@ -18,11 +18,15 @@
 # hand-written sample treebank, then reads what it wrote: the run card, `heads.csv` with pandas,
 # a relation's best heads, and figures.
 #
-# The command is the one you would type in a terminal. Here it writes into a temporary folder;
-# without `--out` it writes `reports/minilm-sample/`.
+# The command is the one you would type in a terminal,
+# `probe analyze --model minilm --treebank sample`, run here by this Python (`python -m
+# probe.app.cli` is the `probe` command) so that the notebook also runs as a script. It writes
+# into a temporary folder; without `--out` it writes `reports/minilm-sample/`.
 
 # %%
 import json
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -34,7 +38,13 @@ from probe import plot
 out = Path(tempfile.mkdtemp()) / "minilm-sample"
 
 # %%
-# !probe analyze --model minilm --treebank sample --out {out} --quiet
+command = [sys.executable, "-m", "probe.app.cli"]  # the probe command
+done = subprocess.run(
+    [*command, "analyze", "--model", "minilm", "--treebank", "sample", "--out", str(out), "--quiet"],
+    capture_output=True, text=True,
+)  # fmt: skip
+print(done.stdout, done.stderr)
+assert done.returncode == 0
 
 # %% [markdown]
 # The folder holds the self-contained page (`index.html`: open it in any browser, offline), one

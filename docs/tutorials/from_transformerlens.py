@@ -65,9 +65,10 @@ for short in [("pattern", 1), ("z", 0), ("resid_pre", 1), ("scale", 0, "ln1"), (
     assert get_act_name(*short) == act_name(*short)
 
 # %% [markdown]
-# ## `run_with_cache` and `probe.trace`
+# ## Caching: run_with_cache becomes probe.trace
 #
-# `probe.trace` caches while the body runs the model as usual; the model's own output is
+# Where TransformerLens's `run_with_cache` runs the model and returns its cache, `probe.trace`
+# caches while the body runs the model as usual; the model's own output is
 # unchanged (a trace that edits nothing leaves it bit for bit as it was). Give names or suffixes
 # to cache only some points (`probe.trace(model, ["hook_pattern", "hook_z"])`).
 
