@@ -77,6 +77,13 @@ def _with_clean_copy(
     return inputs
 
 
+def _objective(values: list[torch.Tensor], pairs: int) -> torch.Tensor:
+    """What the gradient is taken of: the copies' metrics summed over pairs and copies, a scalar
+    metric's times ``pairs`` (see ``run``)."""
+    total = torch.stack(values).sum()
+    return total * pairs if same_form(values, pairs) == SCALAR else total
+
+
 def run(
     model: nn.Module,
     corrupted: Mapping[str, Any],
@@ -165,10 +172,7 @@ def run(
                 read(metric, seen, pairs, differentiable=True)
                 for seen in copies_of(output, copies, pairs)
             ]
-            total = torch.stack(values).sum()
-            if same_form(values, pairs) == SCALAR:
-                total = total * pairs
-            torch.autograd.grad(total, leaves, allow_unused=True)
+            torch.autograd.grad(_objective(values, pairs), leaves, allow_unused=True)
     split = {name: g.unflatten(0, (copies, pairs)) for name, g in grads.items()}
     kept = {name: cache[name].unflatten(0, (copies, pairs)) for name in keep}
     return torch.stack(values).detach(), split, kept
