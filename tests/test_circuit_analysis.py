@@ -181,3 +181,38 @@ def test_the_section_is_drawn_again_from_the_tables(report):
     result = runner.invoke(app, ["report", str(report)])
     assert result.exit_code == 0, result.output
     assert section((report / "index.html").read_text()) == before
+
+
+def test_probe_figures_and_probe_plot_draw_the_graph_and_the_curve(report, tmp_path):
+    """``probe figures`` writes both figures; ``probe.plot`` draws the tables' values: one line
+    per edge drawn, between the places of its sender and receiver, and the faithfulness curve's
+    points."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from analyses.circuit import DRAWN_EDGES, place
+    from probe import plot
+
+    result = runner.invoke(app, ["figures", str(report), "-f", "svg", "-o", str(tmp_path / "f")])
+    assert result.exit_code == 0, result.output
+    files = {p.name for p in (tmp_path / "f").iterdir() if not p.name.startswith(".")}
+    assert files == {"circuit-graph.svg", "circuit-faithfulness.svg"}
+
+    edges = pd.read_csv(report / "circuit_edges.csv", keep_default_na=False)
+    kept = edges[edges.in_circuit]
+    drawn = kept.loc[kept.score.abs().sort_values(ascending=False).index[:DRAWN_EDGES]]
+    ax = plot.circuit_graph(report)
+    lines = {tuple(np.round(np.r_[line.get_xdata(), line.get_ydata()], 6))
+             for line in ax.get_lines() if len(line.get_xdata()) == 2}  # fmt: skip
+    expected = set()
+    for row in drawn.itertuples():
+        (x1, y1), (x2, y2) = place(row.sender, 2, 4), place(row.receiver, 2, 4)
+        expected.add(tuple(np.round([x1, x2, y1, y2], 6)))
+    assert lines == expected and len(drawn) == min(len(kept), DRAWN_EDGES)
+
+    curve = pd.read_csv(report / "circuit_faithfulness.csv")
+    ax = plot.circuit_faithfulness(plot.tables(report))
+    (points, *_) = ax.get_lines()
+    np.testing.assert_array_equal(points.get_xdata(), curve.edges)
+    np.testing.assert_array_equal(points.get_ydata(), curve.faithfulness)
+    plt.close("all")
