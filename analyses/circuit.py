@@ -148,6 +148,7 @@ class Circuit(Analysis):
     unit = None  # it makes and runs its own pairs when it finishes
     options = (TASK, PAIRS, LENGTH, FAITHFULNESS, PATCHED)
     default = False  # a task of the user's: asked for by name
+    lm_head = True  # its metrics read the logits: --lm-head, checked when the run is planned
     tables: ClassVar[dict[str, Schema]] = {
         "circuit_heads": {
             "layer": "int", "head": "int", "attribution": "float", "attribution_low": "float",
@@ -189,9 +190,14 @@ class Circuit(Analysis):
     @classmethod
     def unsupported(cls, model) -> str | None:
         from probe.capture.spec import describe
+        from probe.run.checkpoint import has_lm_head
 
         if model.get_output_embeddings() is None:
             return "the circuit's metric reads the model's predictions; add --lm-head"
+        if has_lm_head(model.config.to_dict()) is False:  # a head tied to the embeddings
+            saved = ", ".join(model.config.architectures)
+            return (f"the checkpoint has no language-model head (its config.json names "
+                    f"{saved}); give a checkpoint saved with its head")  # fmt: skip
         if not describe(model).causal:
             return "the circuit's tasks predict the next token: it needs a causal language model"
         from probe.interventions.edges import graph
