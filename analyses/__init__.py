@@ -153,6 +153,10 @@ class Analysis:
     # runs its fast kernel (``probe.run.runner.stream_rows``). Analyses that need a whole pattern at
     # once (syntax's word-level attention, say) leave it False.
     rows: ClassVar[bool] = False
+    # Whether it reads the model's predictions: a run that names it needs ``--lm-head`` and a
+    # checkpoint saved with its head, which the plan checks from the model's config.json before
+    # the model loads (``probe.run.checkpoint``); ``unsupported`` checks the loaded model.
+    lm_head: ClassVar[bool] = False
     # Its figures, declared once: the page draws them as SVG, `probe figures` with seaborn.
     plots: ClassVar[tuple[Plot, ...]] = ()
     # What the command line's helper process (``probe.run.helper``) runs while torch imports, for
@@ -372,6 +376,8 @@ def _check_declaration(cls: type, key: str | None, full: bool) -> None:
     for measure in cls.measures:
         if measure.column not in cls.head_columns:
             fail(f"measure {measure.column!r} is not one of its head_columns")
+    if not isinstance(cls.lm_head, bool):
+        fail(f"declares lm_head = {cls.lm_head!r}; make it True or False")
     names = [o.name for o in cls.options]
     if len(set(names)) != len(names):
         fail(f"declares an option twice: {names}")

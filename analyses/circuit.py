@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from analyses import Analysis, Context, Measure, Schema, svg
-from analyses.figures import Figure
+from analyses.figures import Figure, Plot
 from analyses.vocabulary import Thresholds
 from probe.errors import ProbeError
 from probe.lazy import lazy
@@ -148,6 +148,7 @@ class Circuit(Analysis):
     unit = None  # it makes and runs its own pairs when it finishes
     options = (TASK, PAIRS, LENGTH, FAITHFULNESS, PATCHED)
     default = False  # a task of the user's: asked for by name
+    lm_head = True  # its metrics read the logits: --lm-head, checked when the run is planned
     tables: ClassVar[dict[str, Schema]] = {
         "circuit_heads": {
             "layer": "int", "head": "int", "attribution": "float", "attribution_low": "float",
@@ -189,9 +190,14 @@ class Circuit(Analysis):
     @classmethod
     def unsupported(cls, model) -> str | None:
         from probe.capture.spec import describe
+        from probe.run.checkpoint import has_lm_head
 
         if model.get_output_embeddings() is None:
             return "the circuit's metric reads the model's predictions; add --lm-head"
+        if has_lm_head(model.config.to_dict()) is False:  # a head tied to the embeddings
+            saved = ", ".join(model.config.architectures)
+            return (f"the checkpoint has no language-model head (its config.json names "
+                    f"{saved}); give a checkpoint saved with its head")  # fmt: skip
         if not describe(model).causal:
             return "the circuit's tasks predict the next token: it needs a causal language model"
         from probe.interventions.edges import graph
@@ -280,10 +286,13 @@ class Circuit(Analysis):
                              "circuit_attribution": t.attribution,
                              "circuit_effect": t.effect})  # fmt: skip
 
-    @classmethod
-    def figures(cls, tables: dict[str, pd.DataFrame]) -> list[Figure]:
-        found = [graph_figure(tables), faithfulness_figure(tables)]
-        return [f for f in found if f is not None]
+    plots = (
+        Plot("graph", "The circuit's strongest edges", "analyses.paper:circuit_graph",
+             page=lambda tables: graph_figure(tables), needs=("circuit_edges", "circuit_heads"),
+             width="page"),
+        Plot("faithfulness", "Faithfulness curve", "analyses.paper:circuit_faithfulness",
+             page=lambda tables: faithfulness_figure(tables), needs=("circuit_faithfulness",)),
+    )  # fmt: skip
 
     @classmethod
     def section(cls, tables: dict[str, pd.DataFrame], run: dict) -> dict:
@@ -399,31 +408,44 @@ INPUT_COLOURS = {"q": svg.CATEGORIES[0], "k": svg.CATEGORIES[1], "v": svg.CATEGO
                  "": svg.CATEGORIES[7]}  # fmt: skip
 
 
+def drawn_edges(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """The circuit's edges that its graph draws: the ``DRAWN_EDGES`` of largest |score|."""
+    edges = tables["circuit_edges"]
+    kept = edges[edges.in_circuit]
+    return kept.reindex(kept.score.abs().sort_values(ascending=False).index).head(DRAWN_EDGES)
+
+
+def place(node: str, n_layers: int, n_heads: int) -> tuple[float, float]:
+    """A node's place in the graph, ``(column, row)``: heads in their layer's row (a head's
+    index its column), each layer's MLP right of its heads, a third of a row higher; the
+    embeddings in row 0, below, and the logits in the top row, both centred."""
+    if node == "embed":
+        return (n_heads - 1) / 2, 0.0
+    if node == "logits":
+        return (n_heads - 1) / 2, n_layers + 1.0
+    if node.startswith("mlp"):
+        return float(n_heads), int(node[3:]) + 1 + 1 / 3
+    layer, head = map(int, node.split("-"))
+    return float(head), layer + 1.0
+
+
 def graph_figure(tables: dict[str, pd.DataFrame]) -> Figure | None:
     """The circuit's strongest edges as a graph: one row of nodes per layer (the embeddings
     below, the logits on top), edges coloured by the input they enter, as inline SVG."""
     edges = tables.get("circuit_edges")
     if edges is None or edges.empty or not edges.in_circuit.any():
         return None
-    kept = edges[edges.in_circuit]
-    kept = kept.reindex(kept.score.abs().sort_values(ascending=False).index).head(DRAWN_EDGES)
+    kept = drawn_edges(tables)
     heads = tables["circuit_heads"]
     n_layers, n_heads = int(heads.layer.max()) + 1, int(heads["head"].max()) + 1
     step_x, step_y, left, top = 56, 70, 70, 30
     width = left + step_x * (n_heads + 1) + 40
     height = top + step_y * (n_layers + 1) + 40
 
-    def place(node: str) -> tuple[float, float]:
-        """A node's centre: layer rows from the bottom, MLPs right of their layer's heads."""
-        if node == "embed":
-            return left + step_x * (n_heads - 1) / 2, top + step_y * (n_layers + 1)
-        if node == "logits":
-            return left + step_x * (n_heads - 1) / 2, top
-        if node.startswith("mlp"):
-            layer = int(node[3:])
-            return left + step_x * n_heads, top + step_y * (n_layers - layer) - step_y / 3
-        layer, head = map(int, node.split("-"))
-        return left + step_x * head, top + step_y * (n_layers - layer)
+    def at(node: str) -> tuple[float, float]:
+        """A node's centre on the page: rows from the bottom."""
+        column, row = place(node, n_layers, n_heads)
+        return left + step_x * column, top + step_y * (n_layers + 1 - row)
 
     biggest = float(kept.score.abs().max()) or 1.0
     alt = ("A graph of the circuit's strongest edges: the embeddings at the bottom, one row of "
@@ -433,7 +455,7 @@ def graph_figure(tables: dict[str, pd.DataFrame]) -> Figure | None:
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" role="img" viewBox="0 0 {width} {height}" '
              f'width="{width}" height="{height}"><title>{escape(alt)}</title>']  # fmt: skip
     for row in kept.itertuples():
-        (x1, y1), (x2, y2) = place(row.sender), place(row.receiver)
+        (x1, y1), (x2, y2) = at(row.sender), at(row.receiver)
         into = f" ({row.input})" if row.input else ""
         label = f"{row.sender} → {row.receiver}{into}: {row.score:.3g}"
         parts.append(
@@ -444,7 +466,7 @@ def graph_figure(tables: dict[str, pd.DataFrame]) -> Figure | None:
         )
     nodes = dict.fromkeys([*kept.sender, *kept.receiver])
     for node in nodes:
-        x, y = place(node)
+        x, y = at(node)
         parts.append(
             f'<g><title>{escape(node)}</title><circle cx="{x:.1f}" cy="{y:.1f}" r="13" '
             f'fill="#f7f7f7" stroke="currentColor"/><text x="{x:.1f}" y="{y + 4:.1f}" '

@@ -311,6 +311,75 @@ def cross_heads(
     return ax
 
 
+# -- circuits ----------------------------------------------------------------------------------
+
+INPUTS = {"q": "query", "k": "key", "v": "value", "": "MLP, logits"}
+
+
+def circuit_graph(tables: dict[str, pd.DataFrame], ax: Axes | None = None) -> Axes:
+    """The circuit's strongest edges (the page's graph): the embeddings below, a row of heads
+    per layer (each layer's MLP to the right), the logits on top; each edge coloured by the
+    input it enters, wider for a larger |score|."""
+    import seaborn as sns
+
+    from analyses.circuit import drawn_edges, place
+
+    heads = tables["circuit_heads"]
+    n_layers, n_heads = int(heads.layer.max()) + 1, int(heads["head"].max()) + 1
+    kept = drawn_edges(tables)
+    ax = _axes(ax, "page")
+    colours = dict(zip(INPUTS, [*sns.color_palette("colorblind", 3), (0.55, 0.55, 0.55)],
+                       strict=True))  # fmt: skip
+    biggest = float(kept.score.abs().max()) if len(kept) else 1.0
+    shown = set()
+    for row in kept.itertuples():
+        into = row.input if row.input in INPUTS else ""
+        (x1, y1), (x2, y2) = (place(node, n_layers, n_heads) for node in (row.sender, row.receiver))
+        shown.add(into)
+        ax.plot([x1, x2], [y1, y2], color=colours[into], alpha=0.75, zorder=1,
+                linewidth=0.4 + 2 * abs(row.score) / (biggest or 1.0))  # fmt: skip
+    for node in dict.fromkeys([*kept.sender, *kept.receiver]):
+        x, y = place(node, n_layers, n_heads)
+        ax.scatter([x], [y], s=180, color="#f7f7f7", edgecolors="black", linewidths=0.5, zorder=2)
+        ax.annotate(node, (x, y), ha="center", va="center", fontsize=4, zorder=3)
+    if not len(kept):
+        ax.text(0.5, 0.5, "no edge is in the circuit", transform=ax.transAxes, ha="center")
+    ax.set_xlim(-0.6, n_heads + 0.6)
+    ax.set_ylim(-0.5, n_layers + 1.5)
+    ax.set_yticks(range(n_layers + 2), ["embed", *map(str, range(n_layers)), "logits"])
+    ax.set_xticks(range(n_heads), map(str, range(n_heads)))
+    ax.set_xlabel("head (each layer's MLP on the right)")
+    ax.set_ylabel("layer")
+    sns.despine(ax=ax, left=True, bottom=True)
+    ax.tick_params(length=0)
+    if shown:
+        from matplotlib.lines import Line2D
+
+        handles = [Line2D([], [], color=colours[k], label=v)
+                   for k, v in INPUTS.items() if k in shown]  # fmt: skip
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1, 1), frameon=False,
+                  title="into")  # fmt: skip
+    return ax
+
+
+def circuit_faithfulness(tables: dict[str, pd.DataFrame], ax: Axes | None = None) -> Axes:
+    """The faithfulness of the top k edges against k (0: every edge corrupted, 1: the full
+    model); the target and the circuit's k dashed, where the run's table gives them."""
+    curve = tables["circuit_faithfulness"]
+    ax = _axes(ax)
+    ax.plot(curve.edges, curve.faithfulness, marker="o", color="C0")
+    run = tables.get("circuit_run")
+    if run is not None and not run.empty:
+        ax.axhline(float(run.target.iloc[0]), color="C1", linestyle="--", linewidth=0.8,
+                   label="target")  # fmt: skip
+        ax.axvline(int(run.chosen_edges.iloc[0]), color="0.5", linestyle=":", linewidth=0.8,
+                   label="circuit")  # fmt: skip
+        ax.legend(loc="lower right", frameon=False)
+    ax.set_xlabel(f"top edges kept (of {int(curve.total_edges.iloc[0])})")
+    ax.set_ylabel("faithfulness")
+    return ax
+
+
 # -- probe compare -----------------------------------------------------------------------------
 
 

@@ -113,6 +113,16 @@ def cross_heads(report: Report, column: str = "diagonal", ax: Axes | None = None
     return _draw("cross", "heads", report, ax, column=column)
 
 
+def circuit_graph(report: Report, ax: Axes | None = None) -> Axes:
+    """circuit: the circuit's strongest edges, layer by layer."""
+    return _draw("circuit", "graph", report, ax)
+
+
+def circuit_faithfulness(report: Report, ax: Axes | None = None) -> Axes:
+    """circuit: faithfulness against the number of top edges kept."""
+    return _draw("circuit", "faithfulness", report, ax)
+
+
 def rank_changes(report: Report, circuit: str = "qk", ax: Axes | None = None) -> Axes:
     """compare: layer x head, the change of effective rank from A to B."""
     return _draw("compare", "rank-changes", report, ax, circuit=circuit)

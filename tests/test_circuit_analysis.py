@@ -142,11 +142,84 @@ def test_task_file_metric(tmp_path):
         assert math.isclose(float(metric(model(**one).logits)[0]), float(logp[7]), abs_tol=1e-4)
 
 
-def test_without_the_lm_head_one_line_says_to_add_it(tmp_path):
-    result = analyze("--model", str(MODEL), "-a", "circuit", "--out", str(tmp_path / "r"))
+@pytest.mark.parametrize("model", [str(MODEL), MISSING])
+def test_without_the_lm_head_one_line_says_to_add_it(tmp_path, model):
+    """Said when the run is planned: for a model that does not exist, a check after loading
+    would report that instead."""
+    result = analyze("--model", model, "-a", "circuit", "--out", str(tmp_path / "r"))
     assert result.exit_code == 1, result.output
     lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and "--lm-head" in lines[0] and "circuit" in lines[0]
+    assert len(lines) == 1 and "--lm-head" in lines[0] and "circuit" in lines[0], lines
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.fixture(scope="module")
+def base_only(tmp_path_factory):
+    """The induction model saved without its head (``GPT2Model``): loaded with one, GPT-2 ties
+    it to the embeddings, a head the checkpoint never held."""
+    from transformers import AutoTokenizer, GPT2LMHeadModel
+
+    folder = tmp_path_factory.mktemp("base") / "gpt2-base"
+    GPT2LMHeadModel.from_pretrained(MODEL).transformer.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(MODEL).save_pretrained(folder)
+    return folder
+
+
+def test_a_checkpoint_without_a_head_is_refused_before_it_loads(tmp_path, base_only):
+    """One line naming the classes config.json names, before the model loads: with its weights
+    cut, the load would report a damaged file instead."""
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / "config.json").write_text((base_only / "config.json").read_text())
+    (damaged / "model.safetensors").write_bytes(b"\x08not a safetensors file")
+    for model in (base_only, damaged, "minilm"):
+        result = analyze("--model", str(model), "-a", "circuit", "--lm-head", "--out",
+                         str(tmp_path / "r"))  # fmt: skip
+        assert result.exit_code == 1, result.output
+        lines = result.output.strip().splitlines()
+        assert len(lines) == 1, lines
+        said = "BertModel" if model == "minilm" else "GPT2Model"
+        assert "no language-model head" in lines[0] and said in lines[0], lines
+        assert "circuit" in lines[0] and not (tmp_path / "r").exists()
+
+
+PLANNED = """
+import sys
+from probe.app.run import Settings, check
+from probe.errors import ProbeError
+for model, lm_head in (({model!r}, True), ({good!r}, False)):
+    try:
+        check(Settings(model, treebank=["sample"], analyses=["circuit"], lm_head=lm_head,
+                       out={out!r}))
+    except ProbeError as e:
+        print(e)
+    else:
+        raise AssertionError(model)
+assert "torch" not in sys.modules, "torch imported at plan time"
+"""
+
+
+def test_the_refusal_is_planned_without_torch(tmp_path, base_only):
+    import subprocess
+    import sys
+
+    code = PLANNED.format(model=str(base_only), good=str(MODEL), out=str(tmp_path / "r"))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    head, flag = done.stdout.strip().splitlines()
+    assert "no language-model head" in head and "--lm-head" in flag
+
+
+def test_a_head_tied_to_the_embeddings_is_refused_after_loading_too(base_only):
+    """Where the plan could not read the config (a hub model not yet downloaded), the loaded
+    model's config says the same."""
+    from probe.run.loading import load
+
+    model, _ = load(str(base_only), lm_head=True)
+    assert model.get_output_embeddings() is not None  # tied: the load itself accepts it
+    reason = Circuit.unsupported(model)
+    assert reason is not None and "GPT2Model" in reason and "no language-model head" in reason
 
 
 @pytest.mark.parametrize(
@@ -181,3 +254,38 @@ def test_the_section_is_drawn_again_from_the_tables(report):
     result = runner.invoke(app, ["report", str(report)])
     assert result.exit_code == 0, result.output
     assert section((report / "index.html").read_text()) == before
+
+
+def test_probe_figures_and_probe_plot_draw_the_graph_and_the_curve(report, tmp_path):
+    """``probe figures`` writes both figures; ``probe.plot`` draws the tables' values: one line
+    per edge drawn, between the places of its sender and receiver, and the faithfulness curve's
+    points."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from analyses.circuit import DRAWN_EDGES, place
+    from probe import plot
+
+    result = runner.invoke(app, ["figures", str(report), "-f", "svg", "-o", str(tmp_path / "f")])
+    assert result.exit_code == 0, result.output
+    files = {p.name for p in (tmp_path / "f").iterdir() if not p.name.startswith(".")}
+    assert files == {"circuit-graph.svg", "circuit-faithfulness.svg"}
+
+    edges = pd.read_csv(report / "circuit_edges.csv", keep_default_na=False)
+    kept = edges[edges.in_circuit]
+    drawn = kept.loc[kept.score.abs().sort_values(ascending=False).index[:DRAWN_EDGES]]
+    ax = plot.circuit_graph(report)
+    lines = {tuple(np.round(np.r_[line.get_xdata(), line.get_ydata()], 6))
+             for line in ax.get_lines() if len(line.get_xdata()) == 2}  # fmt: skip
+    expected = set()
+    for row in drawn.itertuples():
+        (x1, y1), (x2, y2) = place(row.sender, 2, 4), place(row.receiver, 2, 4)
+        expected.add(tuple(np.round([x1, x2, y1, y2], 6)))
+    assert lines == expected and len(drawn) == min(len(kept), DRAWN_EDGES)
+
+    curve = pd.read_csv(report / "circuit_faithfulness.csv")
+    ax = plot.circuit_faithfulness(plot.tables(report))
+    (points, *_) = ax.get_lines()
+    np.testing.assert_array_equal(points.get_xdata(), curve.edges)
+    np.testing.assert_array_equal(points.get_ydata(), curve.faithfulness)
+    plt.close("all")

@@ -116,6 +116,10 @@ class BadType(Weights):
     tables: ClassVar[dict[str, Schema]] = {"weights": {"layer": "int", "head": "int", "w": "real"}}
 
 
+class HeadSaidAsText(Weights):
+    lm_head = "yes"
+
+
 CASES = {
     "key and name differ": ({"weights": Misnamed}, "registered as 'weights' but its name is"),
     "no card macro": ({"weights": NoCard}, "has no 'card' macro"),
@@ -133,6 +137,7 @@ CASES = {
     "an option of probe analyze": ({"weights": SeedOption}, "'weights' declares option --seed"),
     "an unknown unit": ({"weights": UnknownUnit}, "reads the unknown unit 'paragraph'"),
     "an unknown column type": ({"weights": BadType}, "columns of unknown types {'w': 'real'}"),
+    "lm_head not a bool": ({"weights": HeadSaidAsText}, "declares lm_head = 'yes'"),
 }
 
 

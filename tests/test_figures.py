@@ -24,7 +24,7 @@ from probe.app.figures import declared
 
 pytestmark = pytest.mark.slow  # runs real models or the whole command line
 
-ANALYSES = "syntax,roles,spectra,probe,taxonomy,importance"
+ANALYSES = "syntax,roles,spectra,probe,taxonomy,importance,circuit"
 
 
 def run(*args: str):
@@ -34,11 +34,13 @@ def run(*args: str):
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     """A report of the tiny GPT-2 of tests/data over 20 sample sentences, with every analysis
-    it supports that has figures (coref needs GUM; cross an encoder-decoder)."""
+    it supports that has figures (coref needs GUM; cross an encoder-decoder), the circuit of
+    its repeats task included."""
     out = tmp_path_factory.mktemp("figures") / "tiny"
     result = run("analyze", "-m", MODEL, "-t", "sample", "-n", "20", "-a", ANALYSES,
                  "--lm-head", "--repeat-sequences", "20", "--repeat-length", "10",
-                 "--importance-sentences", "10", "-o", out, "-q")  # fmt: skip
+                 "--importance-sentences", "10", "--circuit-pairs", "8", "-o", out,
+                 "-q")  # fmt: skip
     assert result.exit_code == 0, result.output
     return out
 

