@@ -76,11 +76,25 @@ def _quiet_libraries() -> None:
     transformers.logging.disable_progress_bar()
 
 
-def _fail(message: str) -> None:
+def _fail(message: str, status: int = 1) -> None:
     for stop in (signal.SIGTERM, signal.SIGHUP):  # the error is printed whole, then we exit
         signal.signal(stop, signal.SIG_IGN)
     err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
-    raise typer.Exit(1)
+    raise typer.Exit(status)
+
+
+def _answers_signals(command: Callable) -> Callable:
+    """``command``, with a signal that arrives outside its own answer to one (while it imports
+    what it needs, or prints its summary) answered in one line too."""
+
+    @functools.wraps(command)
+    def answered(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except (KeyboardInterrupt, TerminatedError) as e:
+            _fail(_who() + f"stopped by {_signal(e)}", _status(e))
+
+    return answered
 
 
 def analyze(
@@ -221,12 +235,14 @@ def analyze(
         max_texts=max_texts,
         context=context,
     )
+    _catch_hangups()
     try:
         run = check(settings)  # before torch is imported: a mistake is answered at once
     except (ProbeError, ContractError) as e:
         _fail(str(e))
-    except KeyboardInterrupt:  # while a pipe given as --treebank is read, say
-        _fail("interrupted; no report was written")
+    except (KeyboardInterrupt, TerminatedError) as e:  # while a pipe given as --treebank is read
+        stopped = "interrupted" if isinstance(e, KeyboardInterrupt) else f"stopped by {e}"
+        _fail(f"{stopped}; no report was written", _status(e))
     threads.settle(context if corpus else None)  # before torch, and before the helper starts
     leader = Ranks.from_environment().leader  # under torchrun, rank 0 speaks and finishes
     if leader:  # while this process imports torch, a helper warms up for the run's end
@@ -278,7 +294,7 @@ def _with_declared_options(command: Callable) -> Callable:
     return wrapped
 
 
-app.command()(_with_declared_options(analyze))
+app.command()(_answers_signals(_with_declared_options(analyze)))
 
 
 def _run(settings: Settings, quiet: bool) -> None:
@@ -320,12 +336,13 @@ def _run(settings: Settings, quiet: bool) -> None:
             )
     except ProbeError as e:
         _fail(_who() + str(e))
-    except KeyboardInterrupt:
-        _fail(_who() + "interrupted; no report was written")
+    except KeyboardInterrupt as e:
+        _fail(_who() + "interrupted; no report was written", _status(e))
     except TerminatedError as e:
         _fail(
             _who() + f"stopped by {e} (the job was cancelled, the terminal closed, or another "
-            "process of the run failed: see its error); no report was written"
+            "process of the run failed: see its error); no report was written",
+            _status(e),
         )
     finally:
         gc.enable()
@@ -351,6 +368,14 @@ def _terminated(signum, frame) -> None:
 def _signal(stop: BaseException) -> str:
     """The signal that stopped a command, for its message: ``SIGINT (Ctrl-C)``, ``SIGTERM``…"""
     return "SIGINT (Ctrl-C)" if isinstance(stop, KeyboardInterrupt) else str(stop)
+
+
+def _status(stop: BaseException) -> int:
+    """The exit status of a command a signal stopped, as a shell gives it: 128 + the signal's
+    number (Ctrl-C 130, SIGTERM 143, SIGHUP 129)."""
+    if isinstance(stop, KeyboardInterrupt):
+        return 128 + signal.SIGINT
+    return 128 + signal.Signals[str(stop)]
 
 
 def _catch_hangups() -> None:
@@ -406,6 +431,7 @@ def _summary(console: Console, path: Path) -> None:
 
 
 @app.command()
+@_answers_signals
 def report(
     folder: Path = typer.Argument(..., help="A folder written by `probe analyze`."),
 ) -> None:
@@ -418,7 +444,7 @@ def report(
     except ProbeError as e:
         _fail(str(e))
     except (KeyboardInterrupt, TerminatedError) as e:
-        _fail(f"stopped by {_signal(e)}; index.html is as it was")
+        _fail(f"stopped by {_signal(e)}; index.html is as it was", _status(e))
     typer.echo(f"report: {path}")
 
 
@@ -427,6 +453,7 @@ app.add_typer(experiment, name="experiment")
 
 
 @experiment.command("heads")
+@_answers_signals
 def experiment_heads(
     steps: int = typer.Option(600, "--steps", min=1, help="Training steps per model."),
     seed: int = typer.Option(
@@ -462,7 +489,7 @@ def experiment_heads(
     except ProbeError as e:
         _fail(str(e))
     except (KeyboardInterrupt, TerminatedError) as e:
-        _fail(f"stopped by {_signal(e)}; no report was written")
+        _fail(f"stopped by {_signal(e)}; no report was written", _status(e))
     if not quiet:
         index = path / "index.html"
         Console().print(
@@ -471,6 +498,7 @@ def experiment_heads(
 
 
 @app.command("compare")
+@_answers_signals
 def compare_command(
     a: Path = typer.Argument(..., help="A report folder (e.g. the base model's)."),
     b: Path = typer.Argument(..., help="Another report folder (e.g. the fine-tuned model's)."),
@@ -488,11 +516,12 @@ def compare_command(
     except ProbeError as e:
         _fail(str(e))
     except (KeyboardInterrupt, TerminatedError) as e:
-        _fail(f"stopped by {_signal(e)}; no comparison was written")
+        _fail(f"stopped by {_signal(e)}; no comparison was written", _status(e))
     typer.echo(f"comparison: {path / 'index.html'}")
 
 
 @app.command("figures")
+@_answers_signals
 def figures_command(
     folder: Path = typer.Argument(..., help="A report folder (probe analyze) or a comparison's."),
     format: str = typer.Option("pdf", "--format", "-f", help="pdf, svg or png."),
@@ -513,7 +542,7 @@ def figures_command(
     except ProbeError as e:
         _fail(str(e))
     except (KeyboardInterrupt, TerminatedError) as e:
-        _fail(f"stopped ({e or 'interrupted'}); no figures were written")
+        _fail(f"stopped by {_signal(e)}; no figures were written", _status(e))
     typer.echo(f"figures: {path} ({len(names)} files)")
 
 
