@@ -47,7 +47,18 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,  # click's help: flags as flags, defaults in full
 )
-err = Console(stderr=True)
+
+
+def make_console(*, stderr: bool = True, quiet: bool = False) -> Console:
+    """A console that wraps to the terminal's width, at spaces, and where its output is not a
+    terminal (a file, a pipe, a CI log), not at all: a line stays one line, whatever its length
+    (rich would cut it at 80 columns, mid-phrase)."""
+    console = Console(stderr=stderr, quiet=quiet)
+    console.soft_wrap = not console.is_terminal
+    return console
+
+
+err = make_console()  # an error is one line even on a terminal (_fail): whole when copied
 
 
 def _version(value: bool) -> None:
@@ -300,7 +311,7 @@ app.command()(_answers_signals(_with_declared_options(analyze)))
 def _run(settings: Settings, quiet: bool) -> None:
     """Run the analyses with progress bars (none with ``quiet``), answer a user's mistake, an
     interrupt or SIGTERM in one line, and say where the report is."""
-    console = Console(stderr=True, quiet=quiet)
+    console = make_console(quiet=quiet)
     progress = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -477,7 +488,7 @@ def experiment_heads(
         from probe.app.training import TASKS, VARIANTS
 
         total = len(TASKS) * len(VARIANTS) * seeds
-        console = Console(stderr=True, quiet=quiet)
+        console = make_console(quiet=quiet)
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
         with Progress(*columns, TimeElapsedColumn(), console=console, transient=True) as progress:
             bar = progress.add_task("training", total=total)
@@ -492,7 +503,7 @@ def experiment_heads(
         _fail(f"stopped by {_signal(e)}; no report was written", _status(e))
     if not quiet:
         index = path / "index.html"
-        Console().print(
+        make_console(stderr=False).print(
             Text.assemble("report: ", (str(index), Style(link=index.resolve().as_uri())))
         )
 
