@@ -54,6 +54,13 @@ def test_load_raises_one_error_without_the_libraries_chain(folders, name, messag
     assert "\n" not in text and re.search(message, text), text
 
 
+def test_an_unknown_dtype_is_named():
+    with pytest.raises(probe.ProbeError, match=r"^unknown dtype 'floot16'; use float32, float16"):
+        probe.load("minilm", dtype="floot16")
+    with pytest.raises(probe.ProbeError, match=r"^unknown dtype 'nn'"):  # torch.nn: no dtype
+        probe.load("minilm", dtype="nn")
+
+
 @pytest.mark.slow
 def test_a_missing_folder_is_one_exception_in_the_traceback(tmp_path):
     """What the user sees of ``probe.load("./nosuch")``: probe's exception alone, not three

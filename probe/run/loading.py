@@ -122,6 +122,8 @@ def load(
     """
     source = resolve_name(name_or_path)
     if isinstance(dtype, str):
+        if not isinstance(getattr(torch, dtype, None), torch.dtype):
+            raise ProbeError(f"unknown dtype {dtype!r}; use float32, float16 or bfloat16")
         dtype = getattr(torch, dtype)
     if revision is not None and Path(source).exists():
         raise ProbeError(f"--revision {revision} is for hub models; {source} is a local folder")
