@@ -234,7 +234,7 @@ def test_text_from_the_treebank_is_escaped(tmp_path, minilm):
     ("args", "message"),
     [
         (["--model", "no-such-model-xyz"], "cannot load 'no-such-model-xyz'"),
-        (["--model", "/no/such/folder"], "unknown model '/no/such/folder'"),
+        (["--model", "/no/such/folder"], "no such model folder: /no/such/folder"),
         (
             ["--model", "minilm", "--treebank", "missing.conllu"],
             "treebank missing.conllu does not exist",

@@ -13,6 +13,9 @@ import probe
 def test_equals_transformer_lens_on_the_same_weights(kind):
     """TransformerLens's ``utilities.composition_scores`` on FactoredMatrix(W_V, W_O) and
     FactoredMatrix(W_Q, W_Kᵀ), as its ``all_composition_scores`` builds them."""
+    pytest.importorskip(
+        "transformer_lens", reason="TransformerLens is not installed (pip install -e '.[parity]')"
+    )
     from transformer_lens.FactoredMatrix import FactoredMatrix
     from transformer_lens.utilities.matrix import composition_scores
 

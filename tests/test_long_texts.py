@@ -243,7 +243,7 @@ def test_ctrl_c_on_a_one_line_corpus_is_answered_in_one_line(one_line, tmp_path)
             os.killpg(process.pid, signal.SIGKILL)
     print(f"SIGINT answered in {answered:.2f} s")
     lines = stderr.strip().splitlines()
-    assert process.returncode == 1 and len(lines) == 1, stderr
+    assert process.returncode == 130 and len(lines) == 1, stderr
     assert "interrupted; no report was written" in lines[0]
     assert not out.exists()
 

@@ -15,7 +15,7 @@ from probe.capture.names import ATTENTION_POINTS, ROTARY_POINTS, hook_name
 
 pytest.importorskip(
     "transformer_lens.model_bridge",
-    reason="TransformerLens ≥ 4 is not installed (pip install -e '.[dev]')",
+    reason="TransformerLens ≥ 4 is not installed (pip install -e '.[parity]')",
 )
 
 # Decoders with grouped-query attention (4 query heads, 2 key/value heads); Qwen3 with its

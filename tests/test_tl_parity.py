@@ -25,7 +25,7 @@ from probe.capture.names import NORM_POINTS, hook_name, parse
 
 pytest.importorskip(
     "transformer_lens.model_bridge",
-    reason="TransformerLens ≥ 4 is not installed (pip install -e '.[dev]')",
+    reason="TransformerLens ≥ 4 is not installed (pip install -e '.[parity]')",
 )
 
 HEADS = {

@@ -47,7 +47,18 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,  # click's help: flags as flags, defaults in full
 )
-err = Console(stderr=True)
+
+
+def make_console(*, stderr: bool = True, quiet: bool = False) -> Console:
+    """A console that wraps to the terminal's width, at spaces, and where its output is not a
+    terminal (a file, a pipe, a CI log), not at all: a line stays one line, whatever its length
+    (rich would cut it at 80 columns, mid-phrase)."""
+    console = Console(stderr=stderr, quiet=quiet)
+    console.soft_wrap = not console.is_terminal
+    return console
+
+
+err = make_console()  # an error is one line even on a terminal (_fail): whole when copied
 
 
 def _version(value: bool) -> None:
@@ -76,11 +87,25 @@ def _quiet_libraries() -> None:
     transformers.logging.disable_progress_bar()
 
 
-def _fail(message: str) -> None:
+def _fail(message: str, status: int = 1) -> None:
     for stop in (signal.SIGTERM, signal.SIGHUP):  # the error is printed whole, then we exit
         signal.signal(stop, signal.SIG_IGN)
     err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
-    raise typer.Exit(1)
+    raise typer.Exit(status)
+
+
+def _answers_signals(command: Callable) -> Callable:
+    """``command``, with a signal that arrives outside its own answer to one (while it imports
+    what it needs, or prints its summary) answered in one line too."""
+
+    @functools.wraps(command)
+    def answered(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except (KeyboardInterrupt, TerminatedError) as e:
+            _fail(_who() + f"stopped by {_signal(e)}", _status(e))
+
+    return answered
 
 
 def analyze(
@@ -221,12 +246,14 @@ def analyze(
         max_texts=max_texts,
         context=context,
     )
+    _catch_hangups()
     try:
         run = check(settings)  # before torch is imported: a mistake is answered at once
     except (ProbeError, ContractError) as e:
         _fail(str(e))
-    except KeyboardInterrupt:  # while a pipe given as --treebank is read, say
-        _fail("interrupted; no report was written")
+    except (KeyboardInterrupt, TerminatedError) as e:  # while a pipe given as --treebank is read
+        stopped = "interrupted" if isinstance(e, KeyboardInterrupt) else f"stopped by {e}"
+        _fail(f"{stopped}; no report was written", _status(e))
     threads.settle(context if corpus else None)  # before torch, and before the helper starts
     leader = Ranks.from_environment().leader  # under torchrun, rank 0 speaks and finishes
     if leader:  # while this process imports torch, a helper warms up for the run's end
@@ -278,13 +305,13 @@ def _with_declared_options(command: Callable) -> Callable:
     return wrapped
 
 
-app.command()(_with_declared_options(analyze))
+app.command()(_answers_signals(_with_declared_options(analyze)))
 
 
 def _run(settings: Settings, quiet: bool) -> None:
     """Run the analyses with progress bars (none with ``quiet``), answer a user's mistake, an
     interrupt or SIGTERM in one line, and say where the report is."""
-    console = Console(stderr=True, quiet=quiet)
+    console = make_console(quiet=quiet)
     progress = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -320,12 +347,13 @@ def _run(settings: Settings, quiet: bool) -> None:
             )
     except ProbeError as e:
         _fail(_who() + str(e))
-    except KeyboardInterrupt:
-        _fail(_who() + "interrupted; no report was written")
+    except KeyboardInterrupt as e:
+        _fail(_who() + "interrupted; no report was written", _status(e))
     except TerminatedError as e:
         _fail(
             _who() + f"stopped by {e} (the job was cancelled, the terminal closed, or another "
-            "process of the run failed: see its error); no report was written"
+            "process of the run failed: see its error); no report was written",
+            _status(e),
         )
     finally:
         gc.enable()
@@ -351,6 +379,14 @@ def _terminated(signum, frame) -> None:
 def _signal(stop: BaseException) -> str:
     """The signal that stopped a command, for its message: ``SIGINT (Ctrl-C)``, ``SIGTERM``…"""
     return "SIGINT (Ctrl-C)" if isinstance(stop, KeyboardInterrupt) else str(stop)
+
+
+def _status(stop: BaseException) -> int:
+    """The exit status of a command a signal stopped, as a shell gives it: 128 + the signal's
+    number (Ctrl-C 130, SIGTERM 143, SIGHUP 129)."""
+    if isinstance(stop, KeyboardInterrupt):
+        return 128 + signal.SIGINT
+    return 128 + signal.Signals[str(stop)]
 
 
 def _catch_hangups() -> None:
@@ -406,6 +442,7 @@ def _summary(console: Console, path: Path) -> None:
 
 
 @app.command()
+@_answers_signals
 def report(
     folder: Path = typer.Argument(..., help="A folder written by `probe analyze`."),
 ) -> None:
@@ -418,7 +455,7 @@ def report(
     except ProbeError as e:
         _fail(str(e))
     except (KeyboardInterrupt, TerminatedError) as e:
-        _fail(f"stopped by {_signal(e)}; index.html is as it was")
+        _fail(f"stopped by {_signal(e)}; index.html is as it was", _status(e))
     typer.echo(f"report: {path}")
 
 
@@ -427,6 +464,7 @@ app.add_typer(experiment, name="experiment")
 
 
 @experiment.command("heads")
+@_answers_signals
 def experiment_heads(
     steps: int = typer.Option(600, "--steps", min=1, help="Training steps per model."),
     seed: int = typer.Option(
@@ -450,7 +488,7 @@ def experiment_heads(
         from probe.app.training import TASKS, VARIANTS
 
         total = len(TASKS) * len(VARIANTS) * seeds
-        console = Console(stderr=True, quiet=quiet)
+        console = make_console(quiet=quiet)
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
         with Progress(*columns, TimeElapsedColumn(), console=console, transient=True) as progress:
             bar = progress.add_task("training", total=total)
@@ -462,15 +500,16 @@ def experiment_heads(
     except ProbeError as e:
         _fail(str(e))
     except (KeyboardInterrupt, TerminatedError) as e:
-        _fail(f"stopped by {_signal(e)}; no report was written")
+        _fail(f"stopped by {_signal(e)}; no report was written", _status(e))
     if not quiet:
         index = path / "index.html"
-        Console().print(
+        make_console(stderr=False).print(
             Text.assemble("report: ", (str(index), Style(link=index.resolve().as_uri())))
         )
 
 
 @app.command("compare")
+@_answers_signals
 def compare_command(
     a: Path = typer.Argument(..., help="A report folder (e.g. the base model's)."),
     b: Path = typer.Argument(..., help="Another report folder (e.g. the fine-tuned model's)."),
@@ -488,11 +527,12 @@ def compare_command(
     except ProbeError as e:
         _fail(str(e))
     except (KeyboardInterrupt, TerminatedError) as e:
-        _fail(f"stopped by {_signal(e)}; no comparison was written")
+        _fail(f"stopped by {_signal(e)}; no comparison was written", _status(e))
     typer.echo(f"comparison: {path / 'index.html'}")
 
 
 @app.command("figures")
+@_answers_signals
 def figures_command(
     folder: Path = typer.Argument(..., help="A report folder (probe analyze) or a comparison's."),
     format: str = typer.Option("pdf", "--format", "-f", help="pdf, svg or png."),
@@ -513,7 +553,7 @@ def figures_command(
     except ProbeError as e:
         _fail(str(e))
     except (KeyboardInterrupt, TerminatedError) as e:
-        _fail(f"stopped ({e or 'interrupted'}); no figures were written")
+        _fail(f"stopped by {_signal(e)}; no figures were written", _status(e))
     typer.echo(f"figures: {path} ({len(names)} files)")
 
 

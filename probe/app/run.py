@@ -279,6 +279,7 @@ def _check_values(settings: Settings) -> None:
     if not DEVICE.fullmatch(settings.device):
         known = "cpu, cuda, cuda:N, mps or auto"
         raise ProbeError(f"unknown --device {settings.device!r}; use {known}")
+    _check_build(settings.device)
     if not 0 <= settings.seed < SEEDS:
         raise ProbeError(f"--seed {settings.seed} is out of range; give 0 to {SEEDS - 1}")
     counts = {"max_sentences": settings.max_sentences, "batch_size": settings.batch_size}
@@ -286,6 +287,47 @@ def _check_values(settings: Settings) -> None:
         if isinstance(value, int) and not -LARGEST <= value <= LARGEST:
             flag = "--" + name.replace("_", "-")
             raise ProbeError(f"{flag} {value} is out of range (at most {LARGEST})")
+
+
+def _check_build(device: str) -> None:
+    """A GPU this machine's torch cannot use, refused before torch is imported (which takes
+    seconds): ``cuda`` on a build without CUDA or ROCm (``torch/version.py`` says so), ``mps``
+    off macOS. A machine whose CUDA build sees no GPU is told once torch is loaded
+    (``probe.run.loading.resolve_device``)."""
+    kind = device.partition(":")[0]
+    if kind == "mps" and sys.platform != "darwin":
+        raise ProbeError(f"--device {device} is Apple's GPU, which this machine has not; "
+                         "use --device cpu or cuda")  # fmt: skip
+    build = torch_build() if kind == "cuda" else None
+    if build is not None and not build[1]:
+        raise ProbeError(
+            f"--device {device}: the installed torch ({build[0]}) is built without CUDA; use "
+            "--device cpu, or install a CUDA build of torch (pytorch.org/get-started)"
+        )
+
+
+def torch_build() -> tuple[str, bool] | None:
+    """The installed torch's version and whether it is built for a GPU (CUDA, or ROCm, which
+    torch also calls ``cuda``), read from its ``torch/version.py`` as text, without importing
+    torch; None where it cannot be told (no torch, or a ``version.py`` of another form)."""
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")  # finds, never imports
+    if spec is None or spec.origin is None:
+        return None
+    try:
+        tree = ast.parse(Path(spec.origin).with_name("version.py").read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return None
+    values = {}
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+        if isinstance(target, ast.Name) and isinstance(node.value, ast.Constant):
+            values[target.id] = node.value.value
+    if not {"__version__", "cuda", "hip"} <= values.keys():
+        return None
+    return str(values["__version__"]), values["cuda"] is not None or values["hip"] is not None
 
 
 def _local(model: str) -> list[Path]:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from probe.capture.names import Attention, HookName, act_name, parse, point_of
+from probe.capture.names import Attention, HookName, act_name, parse, point_of, unknown
 from probe.errors import ProbeError
 
 # A position selection, as TransformerLens's Slice takes it: None (all), an int (that position,
@@ -38,6 +38,27 @@ def sliced(x: torch.Tensor, pos_slice: PosSlice, dim: int = -2) -> torch.Tensor:
     return x.index_select(dim, torch.as_tensor(pos_slice, device=x.device))
 
 
+def _missing(name: str, captured: Sequence[str]) -> str:
+    """One line for a name the cache does not hold: a probe point that was not captured (with
+    what was), or a misspelt one (with the nearest names, ``names.unknown``)."""
+    points = sorted({point_of(n) for n in captured})
+    held = f"it holds {', '.join(points)}" if points else "it is empty (the model did not run?)"
+    try:
+        parse(name)
+    except ValueError:  # not a name probe gives: misspelt
+        return unknown(name, captured) + ("" if captured else f"; {held}")
+    if point_of(name) in points:  # captured, at other layers or attentions
+        return f"{name} was not captured: {held}, at {', '.join(_sites(captured, name))}"
+    return (f"{name} was not captured: {held}; name its point in probe.trace(model, names), or "
+            "leave names out for every point")  # fmt: skip
+
+
+def _sites(captured: Sequence[str], name: str) -> list[str]:
+    """Where the cache holds ``name``'s point: its full names (the first four, then a count)."""
+    same = [n for n in captured if point_of(n) == point_of(name)]
+    return same[:4] + ([f"{len(same) - 4} more"] if len(same) > 4 else [])
+
+
 class Cache(dict):
     """Captured tensors by hook name, e.g. ``cache["blocks.0.attn.hook_pattern"]``, or as
     TransformerLens writes it, ``cache["pattern", 0]``; ``model`` is the traced model (the
@@ -55,7 +76,12 @@ class Cache(dict):
             key = act_name(name, layer, *part)
         elif not dict.__contains__(self, key) and isinstance(key, str):
             key = act_name(key)
-        return super().__getitem__(key)
+        try:
+            return super().__getitem__(key)
+        except KeyError:
+            if not isinstance(key, str):
+                raise
+            raise KeyError(_missing(key, self)) from None
 
     @property
     def n_layers(self) -> int:

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from probe.capture.cache import Cache
-from probe.capture.names import MODEL_POINTS, parse, point_of
+from probe.capture.names import MODEL_POINTS, parse, unknown
 from probe.errors import ProbeError
 
 Names = None | str | Sequence[str] | Callable[[str], bool]
@@ -197,11 +197,7 @@ def resolve(names: Names, points: Mapping[str, HookPoint]) -> list[str]:
     for wanted in names:
         hits = [n for n in points if n == wanted or n.endswith("." + wanted)]
         if not hits:
-            suffixes = sorted({point_of(n) for n in points})
-            raise KeyError(
-                f"unknown hook point {wanted!r}; valid suffixes are {', '.join(suffixes)} "
-                f"and full names such as {next(iter(points))!r}"
-            )
+            raise KeyError(unknown(wanted, points))
         chosen += [n for n in hits if n not in chosen]
     return chosen
 

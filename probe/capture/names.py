@@ -24,6 +24,8 @@ encoder-decoder ones. An attention is named by its hook prefix without the layer
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from enum import StrEnum
 from typing import NamedTuple
 
@@ -217,7 +219,7 @@ def describe(point: str) -> Point:
         For a point that is not probe's.
     """
     if point not in _KNOWN:
-        raise ValueError(f"unknown hook point {point!r}; known: {', '.join(_KNOWN)}")
+        raise ValueError(unknown(point, _KNOWN))
     part, _, last = point.rpartition(".")
     if not part:
         return _POINTS[point]
@@ -294,7 +296,7 @@ def hook_name(point: str, layer: int | None = None, site: str = Stack.BLOCKS) ->
     point = point if point.startswith("hook_") else f"hook_{point}"
     point = f"{part}.{point}" if part else point
     if point not in _KNOWN:
-        raise ValueError(f"unknown hook point {point!r}; known: {', '.join(_KNOWN)}")
+        raise ValueError(unknown(point, _KNOWN))
     if layer is None:
         return point
     if point in MODEL_POINTS:
@@ -333,6 +335,53 @@ def parse(name: str) -> HookName:
         f"{name!r} is not a probe hook name such as 'blocks.3.attn.hook_z', "
         "'decoder.1.cross_attn.hook_pattern', 'encoder.0.hook_resid_pre' or 'hook_embed'"
     )
+
+
+def nearest(name: str, names: Iterable[str]) -> list[str]:
+    """The names a misspelt ``name`` most likely meant: those of ``names`` as near to it as the
+    nearest (difflib's ratio, at least 0.6), at most three, in ``names``' order."""
+    names = list(dict.fromkeys(names))
+    ratios = [difflib.SequenceMatcher(None, name, n).ratio() for n in names]
+    best = max(ratios, default=0.0)
+    return [n for n, r in zip(names, ratios, strict=True) if r >= max(best, 0.6)][:3]
+
+
+def unknown(name: str, names: Iterable[str]) -> str:
+    """One line for a hook name that is none of ``names`` (a model's full names, or points):
+    the names nearest to it, as a misspelling's ("did you mean 'hook_pattern'?"); for a layer
+    the model lacks, its layers; for a point of probe's the model lacks, what the point is.
+
+    Examples
+    --------
+    >>> unknown("blocks.0.attn.hook_patern", ["blocks.0.attn.hook_pattern", "blocks.0.hook_z"])
+    "unknown hook point 'blocks.0.attn.hook_patern'; did you mean 'blocks.0.attn.hook_pattern'?"
+    """
+    names = list(names)
+    try:
+        wanted = parse(name)
+    except ValueError:
+        wanted = None
+    if wanted is not None and wanted.layer is not None:
+        layers = {p.layer for p in map(_parsed, names) if p and p.stack == wanted.stack}
+        layers.discard(None)
+        if layers and wanted.layer not in layers:
+            return (f"unknown hook point {name!r}: the model's {wanted.stack} are layers "
+                    f"{min(layers)} to {max(layers)}")  # fmt: skip
+    point = point_of(name)
+    if point in _KNOWN and names and not any(point_of(n) == point for n in names):
+        return f"unknown hook point {name!r}: this model has no {point} ({describe(point).meaning})"
+    close = nearest(name, [*names, *(point_of(n) for n in names)])
+    if close:
+        return f"unknown hook point {name!r}; did you mean {' or '.join(map(repr, close))}?"
+    return (f"unknown hook point {name!r}; a point is named in full ('blocks.0.attn.hook_z') or "
+            "by its last part ('hook_z'), as the hook reference lists them")  # fmt: skip
+
+
+def _parsed(name: str) -> HookName | None:
+    try:
+        return parse(name)
+    except ValueError:
+        return None
 
 
 def point_of(name: str) -> str:

