@@ -405,3 +405,21 @@ def test_gradients_flow_through_soft_capping():
     with probe.hooks(model, {"blocks.0.attn.hook_z": lambda z, hook: z * gate[:, None]}):
         model(**batch).last_hidden_state.sum().backward()
     assert gate.grad is not None and gate.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2", "bert"])
+def test_two_models_sharing_a_config_traced_at_once(kind):
+    """A model built from another's config shares it; traced together (nested), each runs as it
+    does alone, captures its own points, and both are restored when the blocks end."""
+    a = small_model(kind)
+    b = type(a)(a.config).eval()
+    batch = padded_batch(kind)
+    plain = [m(**batch)[0] for m in (a, b)]
+    implementation = a.config._attn_implementation
+    with probe.trace(a, "hook_pattern") as first, probe.trace(b, "hook_pattern") as second:
+        traced = [m(**batch)[0] for m in (a, b)]
+        assert probe.capture.mirror._BY_CONFIG[id(a.config)] is not None
+    assert all(torch.equal(x, y) for x, y in zip(plain, traced, strict=True))
+    assert not torch.equal(first["pattern", 0], second["pattern", 0])
+    assert a.config._attn_implementation == implementation
+    assert not probe.capture.mirror._BY_CONFIG and not probe.capture.mirror._MIRRORS

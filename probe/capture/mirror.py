@@ -531,6 +531,8 @@ class Mirror:
     def attached(self) -> Iterator[None]:
         model = self.model
         previous = model.config._attn_implementation
+        if previous == IMPLEMENTATION:  # a model sharing this config is mirrored: its previous
+            previous = _BY_CONFIG[id(model.config)].previous
         self.previous = previous or "eager"
         handles = [model.base_model.register_forward_pre_hook(self._start_forward)]
         # hook_result's replacement first, so that hook_attn_out sees the edited output.
@@ -566,11 +568,15 @@ class Mirror:
                 m.register_forward_hook(self._output_hook(suffix)) for m in self.modules(suffix)
             ]
         attention = [id(m) for m in self.modules("attn")]
-        for key in attention:
-            _MIRRORS[key] = self
         # A config is a plain attribute, in the module's __dict__ (hasattr would raise and catch
         # an AttributeError on every module without one).
         configs = {id(c) for m in model.modules() if (c := m.__dict__.get("config")) is not None}
+        # Models may share a config (one built from another's): an inner mirror's entries are
+        # put back as they were, not removed, when it detaches.
+        outer = [(registry, key, registry.get(key)) for registry, keys in
+                 ((_MIRRORS, attention), (_BY_CONFIG, configs)) for key in keys]  # fmt: skip
+        for key in attention:
+            _MIRRORS[key] = self
         for key in configs:  # the mask function finds the mirror by the config it is given
             _BY_CONFIG[key] = self
         try:
@@ -580,10 +586,11 @@ class Mirror:
             model.set_attn_implementation(previous)
             for h in handles:
                 h.remove()
-            for key in attention:
-                _MIRRORS.pop(key, None)
-            for key in configs:
-                _BY_CONFIG.pop(key, None)
+            for registry, key, value in outer:
+                if value is None:
+                    registry.pop(key, None)
+                else:
+                    registry[key] = value
 
 
 def _with_heads(
