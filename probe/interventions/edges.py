@@ -33,7 +33,7 @@ from probe.capture.names import NORM_POINTS, hook_name
 from probe.capture.spec import describe
 from probe.errors import ProbeError
 from probe.inference import t975
-from probe.interventions.gradients import START, clean_start, run
+from probe.interventions.gradients import MAX_BYTES, START, clean_start, run
 from probe.interventions.pairs import (
     Metric,
     check_pairs,
@@ -116,11 +116,6 @@ def graph(model: nn.Module) -> Graph:
     receivers.append(("logits", "", hook_name("hook_resid_post", layers[-1]), None))
     edges += [(s, len(receivers) - 1) for s in range(len(senders))]
     return Graph(senders, receivers, edges)
-
-
-# What probe.edges and probe.patch_edges may hold beyond the model's own forward and backward
-# passes, by default: a laptop's share.
-MAX_BYTES = 1 << 30
 
 
 def _too_small(max_bytes: int, needed: int, what: str) -> ProbeError:
