@@ -12,7 +12,8 @@ call made, and the peak read again; "adds" is the peak less the loaded model's m
 
 - floor: a forward pass of the corrupted pairs (no gradient) and a forward and backward pass of
   the metric on the clean pairs, the gradient taken at the embeddings;
-- eap, eap-ig: ``probe.edges`` with that method (EAP-IG's 5 steps) and ``--max-bytes``.
+- eap, eap-ig: ``probe.edges`` with that method (EAP-IG's 5 steps) and ``--max-bytes`` (0: no
+  such argument, as probe before it had one).
 
 Goals at 4 layers: EAP adds under 2 GiB; what it adds grows at most 1.3x from 2 to 4 layers;
 and its peak is at most 2.5x the floor's (adds against adds).
@@ -76,8 +77,9 @@ def measure(what: str, layers: int, kv_heads: int, pairs: int, length: int, max_
         torch.autograd.grad(total, [embeds])
         chunks = None
     else:
-        scores = probe.edges(model, clean, corrupted, metric, method=what, max_bytes=max_bytes)
-        chunks = scores.attrs["chunks"]
+        budget = {"max_bytes": max_bytes} if max_bytes else {}  # 0: the call as it is
+        scores = probe.edges(model, clean, corrupted, metric, method=what, **budget)
+        chunks = scores.attrs.get("chunks")
     took = time.perf_counter() - start
     peak = _status("VmHWM")
     return {"what": what, "layers": layers, "kv_heads": kv_heads, "loaded": loaded,

@@ -225,6 +225,16 @@ def test_scores_do_not_depend_on_the_budget(kind, method):
     assert scores(smallest).attrs["chunks"] == 3 * 7  # a position at a time
 
 
+def test_eap_ig_with_one_step():
+    """One step runs at α = 1 only; the corrupted run is still measured, in a pass of its own."""
+    model = _lm("gpt2")
+    clean, corrupted, metric = _pairs_for()
+    one = probe.edges(model, clean, corrupted, metric, "eap-ig", steps=1)
+    with torch.no_grad():
+        assert one.attrs["corrupted"] == pytest.approx(float(metric(model(**corrupted)).mean()))
+    assert one.attrs["steps"] == 1 and one.score.abs().max() > 0
+
+
 @pytest.mark.slow
 def test_edge_patching_does_not_depend_on_the_budget():
     """Sets of edges patched one copy of the pairs at a time (the smallest budget, named by

@@ -270,7 +270,8 @@ def edges(
         receiver_points = sorted({point for *_, point, _ in g.receivers})
         alphas = [k / steps for k in range(1, steps + 1)] if method == "eap-ig" else [0.0]
         found: dict[str, Any] = {}
-        for side, inputs in (("clean", clean), ("corrupted", corrupted))[: 1 + (len(alphas) > 1)]:
+        sides = (("clean", clean), ("corrupted", corrupted))[: 1 + (0.0 not in alphas)]
+        for side, inputs in sides:  # EAP's run at α = 0 is the corrupted run
             with torch.no_grad(), trace(model, sender_points) as cache:
                 found[side] = float(torch.as_tensor(metric(model(**inputs))).float().mean())
             found[side + "_senders"] = {p: cache[p] for p in sender_points}
