@@ -240,6 +240,7 @@ class Circuit(Analysis):
             ranks = [checked[c].rank().to_numpy() for c in ("attribution", "effect")]
             spearman = float(np.corrcoef(*ranks)[0, 1])
         chosen_edges = int(curve.attrs["chosen"])
+        strongest = scores.score.abs().to_numpy().argsort(kind="stable")[::-1]
         run = {
             "task": self.task, "metric": kind, "pairs": int(patching.attrs["pairs"]),
             "clean": float(patching.attrs["clean"]),
@@ -251,7 +252,9 @@ class Circuit(Analysis):
         }  # fmt: skip
         return {
             "circuit_heads": table[list(self.tables["circuit_heads"])],
-            "circuit_edges": scores[list(self.tables["circuit_edges"])],
+            # Strongest first: a CSV of a large model's edges holds its top ones (see
+            # probe.app.tables.CSV_ROWS; the whole table is then circuit_edges.parquet).
+            "circuit_edges": scores.iloc[strongest][list(self.tables["circuit_edges"])],
             "circuit_faithfulness": curve[list(self.tables["circuit_faithfulness"])],
             "circuit_composition": probe.composition_scores(model, seed=self.context.seed),
             "circuit_run": pd.DataFrame([run]),

@@ -1,4 +1,5 @@
-"""Circuits against plain forward passes: patching every head, attribution, and EAP-IG.
+"""Circuits against plain forward passes: patching every head, attribution, and EAP-IG (their
+memory at Llama-3-8B's width: ``benchmarks/circuit_memory.py``).
 
     python benchmarks/circuits.py [--pairs 8] [--length 16] [--rounds 5] [--only patching]
         [--threads 1]

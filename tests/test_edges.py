@@ -169,3 +169,83 @@ def test_scores_against_autograd_edge_by_edge(kind, method):
         atol=1e-6,
         rtol=1e-4,
     )
+
+
+def _pairs_for(n_pairs=3, length=7, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    clean = {"input_ids": torch.randint(3, 99, (n_pairs, length), generator=g)}
+    corrupted = {"input_ids": clean["input_ids"].clone()}
+    corrupted["input_ids"][:, 2:4] = torch.randint(3, 99, (n_pairs, 2), generator=g)
+    answer = clean["input_ids"][:, -1]
+
+    def metric(out):
+        logp = torch.log_softmax(out.logits[:, -2].float(), dim=-1)
+        return logp[torch.arange(len(logp)), answer]
+
+    return clean, corrupted, metric
+
+
+def _smallest(call) -> int:
+    """The smallest budget a ProbeError for ``max_bytes=1`` names."""
+    import re
+
+    with pytest.raises(probe.ProbeError, match=r"too small for .* at least max_bytes=") as e:
+        call(1)
+    assert "\n" not in str(e.value)
+    return int(re.search(r"at least max_bytes=([\d,]+)", str(e.value)).group(1).replace(",", ""))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+@pytest.mark.parametrize("method", ["eap", "eap-ig"])
+def test_scores_do_not_depend_on_the_budget(kind, method):
+    """4 GiB takes every pair and position at once; the smallest budget that works (named by
+    the error for a smaller one) takes one position at a time, and a budget between them whole
+    pairs; the scores and their intervals agree to float rounding."""
+    model = _lm(kind)
+    clean, corrupted, metric = _pairs_for()
+
+    def scores(max_bytes):
+        return probe.edges(model, clean, corrupted, metric, method, 2, max_bytes=max_bytes)
+
+    smallest = _smallest(scores)
+    whole = scores(4 << 30)
+    assert whole.attrs["chunks"] == 1
+    scale = float(whole.score.abs().max())  # float32 products, summed in float64
+    for budget in (smallest, smallest + 2 * 7 * (smallest // 2)):
+        chunked = scores(budget)
+        assert chunked.attrs["chunks"] > 1
+        for column in ("score", "score_low", "score_high"):
+            torch.testing.assert_close(
+                torch.tensor(chunked[column].values),
+                torch.tensor(whole[column].values),
+                rtol=1e-5,
+                atol=1e-6 * scale,
+            )
+    assert scores(smallest).attrs["chunks"] == 3 * 7  # a position at a time
+
+
+def test_eap_ig_with_one_step():
+    """One step runs at α = 1 only; the corrupted run is still measured, in a pass of its own."""
+    model = _lm("gpt2")
+    clean, corrupted, metric = _pairs_for()
+    one = probe.edges(model, clean, corrupted, metric, "eap-ig", steps=1)
+    with torch.no_grad():
+        assert one.attrs["corrupted"] == pytest.approx(float(metric(model(**corrupted)).mean()))
+    assert one.attrs["steps"] == 1 and one.score.abs().max() > 0
+
+
+@pytest.mark.slow
+def test_edge_patching_does_not_depend_on_the_budget():
+    """Sets of edges patched one copy of the pairs at a time (the smallest budget, named by
+    the error for a smaller one) measure what they measure all in one forward pass."""
+    model = _lm("llama")
+    clean, corrupted, metric = _pairs_for()
+    n = len(graph(model).edges)
+    kept = torch.rand(5, n, generator=torch.Generator().manual_seed(2)) < 0.5
+
+    def patched(max_bytes):
+        return patch_edges(model, clean, corrupted, metric, kept, max_bytes=max_bytes)
+
+    smallest = _smallest(patched)
+    torch.testing.assert_close(patched(smallest), patched(4 << 30), rtol=1e-5, atol=1e-5)

@@ -39,10 +39,22 @@ def typed(table: pd.DataFrame, schema: dict[str, str], name: str = "table") -> p
     return table.reset_index(drop=True)
 
 
+# A table longer than this is written whole as a compressed columnar file beside its CSV
+# (``.parquet``, zstd), and the CSV holds its first rows: a 32-layer model has about 1.5
+# million edges.
+CSV_ROWS = 100_000
+
+
 def write(table: pd.DataFrame, path: Path) -> None:
-    """Write a table that ``typed`` made (``read`` gives it back)."""
+    """Write a table that ``typed`` made (``read`` gives it back): ``path`` (CSV), and where it
+    has more than ``CSV_ROWS`` rows, the whole table as ``path`` with ``.parquet`` and its
+    first ``CSV_ROWS`` rows as the CSV."""
     from probe.files import write_file
 
+    if len(table) > CSV_ROWS:
+        whole = path.with_suffix(".parquet")
+        write_file(whole, lambda tmp: table.to_parquet(tmp, index=False, compression="zstd"))
+        table = table.head(CSV_ROWS)
     write_file(path, lambda tmp: table.to_csv(tmp, index=False))
 
 
@@ -53,8 +65,13 @@ def read(path: Path, schema: dict[str, str]) -> pd.DataFrame:
 
 def load(path: Path, schema: dict[str, str]) -> pd.DataFrame:
     """The table at ``path`` with the columns it has, those the schema declares parsed as
-    declared (an older report's table, before ``probe.app.folder`` migrates it)."""
+    declared (an older report's table, before ``probe.app.folder`` migrates it); the whole
+    table from its ``.parquet`` file where ``write`` wrote one."""
     import pandas as pd
+
+    whole = path.with_suffix(".parquet")
+    if whole.exists():
+        return pd.read_parquet(whole)
 
     text = [c for c, kind in schema.items() if kind == "str"]
     return pd.read_csv(

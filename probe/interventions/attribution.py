@@ -27,7 +27,7 @@ from torch import nn
 from probe.capture.hookpoints import hook_points, trace
 from probe.capture.names import point_of
 from probe.errors import ProbeError
-from probe.interventions.gradients import clean_start, run, start_point
+from probe.interventions.gradients import MAX_BYTES, clean_start, run, start_point
 from probe.interventions.guard import keeps_model
 from probe.interventions.pairs import PER_PAIR, Batch, Metric, as_pairs, form, mean_intervals, read
 from probe.interventions.patching import LAYOUT
@@ -53,6 +53,7 @@ def attribute(
     hook: str = "hook_z",
     per_position: bool = False,
     steps: int = 5,
+    max_bytes: int = MAX_BYTES,
 ) -> pd.DataFrame:
     """Estimate every head's patching effect (``probe.patch``'s ``effect``) from gradients.
 
@@ -76,7 +77,11 @@ def attribute(
     per_position : bool
         One row per head and position (the position's slice patched alone).
     steps : int
-        Interpolation steps of ``"ig"``.
+        Interpolation steps of ``"ig"``, run one after the other.
+    max_bytes : int
+        What the products of differences and gradients may hold at once (float64, a chunk of
+        pairs at a time), beyond the runs and the point's activations and gradients. The
+        estimates do not depend on it.
 
     Returns
     -------
@@ -90,8 +95,8 @@ def attribute(
     Raises
     ------
     ProbeError
-        For an unknown method or point, pairs of different shapes, or a metric that is not
-        differentiable.
+        For an unknown method or point, pairs of different shapes, a metric that is not
+        differentiable, or a ``max_bytes`` too small for one pair (naming the smallest).
     """
     if method not in METHODS:
         raise ProbeError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
@@ -115,9 +120,16 @@ def attribute(
         start = clean_start(model, clean, cache)
         alphas = [k / steps for k in range(1, steps + 1)] if method == "ig" else [0.0]
         keep = [*names, *patterns, *around]
-        values, grads, kept = run(
-            model, corrupted, metric, pairs, [*names, *patterns], start, alphas, keep
-        )
+        grads: dict[str, torch.Tensor] = {}
+        for alpha in alphas:  # one run at a time: the memory of one forward and backward
+            values, found, kept = run(
+                model, corrupted, metric, pairs, [*names, *patterns], start, [alpha],
+                keep if alpha == 0 else [],
+            )  # fmt: skip
+            for point, grad in found.items():  # the mean over the steps, [1, pairs, ...]
+                term = grad.double() / len(alphas)
+                grads[point] = grads[point] + term if point in grads else term
+            del found
         if method == "ig":  # the corrupted run's own activations and metric
             with torch.no_grad(), trace(model, keep) as corrupted_cache:
                 corrupted_metric = float(read(metric, model(**corrupted), pairs).float().mean())
@@ -126,16 +138,35 @@ def attribute(
             corrupted_metric = float(values[0].mean())
             corrupted_acts = {n: kept[n][0] for n in keep}
 
+    # The products, a chunk of pairs at a time within max_bytes: float64 copies of a point's
+    # tensors per pair (atp*: of the pattern's too).
+    per_pair = 8 * 4 * cache[names[0]][0].numel()
+    if fix:
+        per_pair += 8 * 12 * corrupted_acts[patterns[0]][0].numel()
+    if max_bytes < per_pair:
+        raise ProbeError(
+            f"max_bytes={max_bytes:,} is too small for one pair's products at {hook}; give at "
+            f"least max_bytes={per_pair:,} ({per_pair / 2**20:,.1f} MiB)"
+        )
+    step = max(1, min(pairs, max_bytes // per_pair))
     per_layer = []
     for layer, name in enumerate(names):
-        delta = (cache[name] - corrupted_acts[name]).double()  # [pairs, ...]
-        grad = grads[name].double().mean(0)  # over the steps
-        if fix:
-            effect = _fixed(hook, stems[layer], name, cache, corrupted_acts, grads, per_position)
-        else:
-            product = delta * grad
-            effect = _per_head(product, head_dim, position_dim)  # [pairs, head, position]
-        per_layer.append(effect)
+        effects = []
+        for first in range(0, pairs, step):
+            rows = slice(first, first + step)
+            delta = (cache[name][rows] - corrupted_acts[name][rows]).double()  # [pairs, ...]
+            grad = grads[name][:, rows].sum(0)  # the mean over the steps
+            if fix:
+                effect = _fixed(
+                    hook, stems[layer], name, {name: cache[name][rows]},
+                    {n: v[rows] for n, v in corrupted_acts.items()},
+                    {n: v[:, rows] for n, v in grads.items()}, per_position,
+                )  # fmt: skip
+            else:
+                effect = _per_head(delta * grad, head_dim, position_dim)  # [pairs, head, pos]
+            effects.append(effect)
+            del delta, grad
+        per_layer.append(torch.cat(effects))
 
     metric_form = form(values, pairs)
     table = _table(per_layer, per_position, "attribution", metric_form == PER_PAIR)

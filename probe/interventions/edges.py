@@ -18,6 +18,7 @@ corrupted value instead of its value in this run.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -27,10 +28,11 @@ from torch import nn
 
 from probe.capture.architectures import architecture, blocks, head_weights
 from probe.capture.hookpoints import Hook, hook_points, hooks, trace
-from probe.capture.names import NORM_POINTS, hook_name, point_of
+from probe.capture.names import NORM_POINTS, hook_name
 from probe.capture.spec import describe
 from probe.errors import ProbeError
-from probe.interventions.gradients import START, clean_start, run
+from probe.inference import t975
+from probe.interventions.gradients import MAX_BYTES, START, clean_start, run
 from probe.interventions.guard import keeps_model
 from probe.interventions.pairs import (
     PER_PAIR,
@@ -38,8 +40,6 @@ from probe.interventions.pairs import (
     Metric,
     as_pairs,
     copies_of,
-    form,
-    mean_intervals,
     read,
     same_form,
     stacked,
@@ -121,13 +121,95 @@ def graph(model: nn.Module) -> Graph:
     return Graph(senders, receivers, edges)
 
 
-def _sender_values(cache: Mapping[str, torch.Tensor], g: Graph) -> torch.Tensor:
-    """``[sender, batch, pos, d_model]`` from a cache of the senders' points."""
-    values = []
-    for _, point, head in g.senders:
-        x = cache[point]
-        values.append(x if head is None else x[:, :, head])
-    return torch.stack(values)
+def _too_small(max_bytes: int, needed: int, what: str) -> ProbeError:
+    return ProbeError(
+        f"max_bytes={max_bytes:,} is too small for {what}; give at least "
+        f"max_bytes={needed:,} ({needed / 2**20:,.1f} MiB)"
+    )
+
+
+@dataclass
+class _Senders:
+    """What each sender's value differs by, clean − corrupted, kept small: a head's by its
+    ``hook_z`` (its ``hook_result`` is z W_O, formed a chunk of positions at a time) and a whole
+    point as it is (``[pairs, pos, d_model]``)."""
+
+    points: dict[str, torch.Tensor]  # START and hook_mlp_out points -> [pairs, pos, d_model]
+    z: dict[str, torch.Tensor]  # hook_result point -> Δz [pairs, pos, head, d_head]
+    W_O: dict[str, torch.Tensor]  # hook_result point -> W_O [head, d_head, d_model]
+
+    def chunk(self, g: Graph, pairs: slice, pos: slice) -> torch.Tensor:
+        """``[pairs, sender, pos, d_model]`` float64: every sender's difference at the chunk's
+        pairs and positions."""
+        d = next(iter(self.points.values())).shape[-1]
+        first = next(iter(self.points.values()))[pairs, pos]
+        out = torch.empty(first.shape[0], len(g.senders), first.shape[1], d, dtype=torch.float64,
+                          device=first.device)  # fmt: skip
+        for i, (_, point, head) in enumerate(g.senders):
+            if head is None:
+                out[:, i] = self.points[point][pairs, pos]
+            elif head == 0:  # the layer's heads, in order, at once
+                z, W_O = self.z[point][pairs, pos], self.W_O[point]
+                result = torch.einsum("nphe,hed->nhpd", z, W_O.to(z.dtype))
+                out[:, i : i + len(W_O)] = result
+        return out
+
+
+def _sender_points(g: Graph) -> tuple[list[str], dict[str, str]]:
+    """The points a run records for the senders (``hook_z`` for the heads), and each head
+    sender's ``hook_result`` point's ``hook_z``."""
+    whole = sorted({point for _, point, head in g.senders if head is None})
+    z_of = {
+        point: point[: -len("hook_result")] + "hook_z"
+        for _, point, head in g.senders
+        if head is not None
+    }
+    return whole + sorted(set(z_of.values())), z_of
+
+
+@dataclass
+class _HeadInput:
+    """∂metric/∂``hook_{q,k,v}_input`` of one layer, kept small: its mean over the runs is, per
+    head, γ ⊙ (W ḡ) − m · ḡ − Σ_runs a x̂ (see ``_head_input_grads``), formed a chunk of positions
+    at a time."""
+
+    W: torch.Tensor  # [head, d_model, d_head], the model's own (a view)
+    gain: torch.Tensor | float  # the norm's weight γ [d_model]
+    centre: torch.Tensor | None  # LayerNorm's m = mean over d_model of γ W: [head, d_head]
+    grad: torch.Tensor  # ḡ: Σ_runs ∂q / (σ runs) [pairs, pos, head, d_head] float32
+    along: list[torch.Tensor]  # per run a = x̂W' · ∂q / (σ runs d_model) [pairs, pos, head]
+    normalized: list[torch.Tensor]  # per run x̂ [pairs, pos, d_model]
+
+    def chunk(self, pairs: slice, pos: slice) -> torch.Tensor:
+        """``[head, pairs, pos, d_model]`` float64 at the chunk's pairs and positions."""
+        g = self.grad[pairs, pos]
+        n, p, heads, _ = g.shape
+        flat = g.flatten(0, 1).transpose(0, 1)  # [head, n·p, d_head]
+        total = torch.bmm(flat, self.W.to(flat.dtype).transpose(1, 2)) * self.gain
+        if self.centre is not None:
+            total -= (flat * self.centre.unsqueeze(1)).sum(-1, keepdim=True)
+        for a, x in zip(self.along, self.normalized, strict=True):
+            total -= torch.einsum("nph,npd->hnpd", a[pairs, pos], x[pairs, pos]).flatten(1, 2)
+        return total.view(heads, n, p, -1).double()
+
+
+def _head_inputs(model: nn.Module) -> dict[str, _HeadInput]:
+    """Every layer's ``hook_{q,k,v}_input`` receivers, with nothing run yet."""
+    arch = architecture(model)
+    found = {}
+    for layer, (weights, block) in enumerate(zip(head_weights(model), blocks(model), strict=True)):
+        norm = block.get_submodule(arch.ln1)
+        gain = 1.0 if norm.weight is None else norm.weight.detach().float()
+        gain = gain + 1 if "Gemma" in type(norm).__name__ else gain  # Gemma's 1 + weight
+        for part, W in zip("qkv", (weights.W_Q, weights.W_K, weights.W_V), strict=True):
+            centre = None
+            if isinstance(norm, nn.LayerNorm):
+                centre = torch.einsum("d,hde->he", torch.as_tensor(gain).expand(W.shape[1]),
+                                      W.float()) / W.shape[1]  # fmt: skip
+            found[hook_name(f"hook_{part}_input", layer)] = _HeadInput(
+                W, gain, centre, torch.zeros(()), [], []
+            )
+    return found
 
 
 @keeps_model
@@ -138,6 +220,8 @@ def edges(
     metric: Metric,
     method: str = "eap-ig",
     steps: int = 5,
+    *,
+    max_bytes: int = MAX_BYTES,
 ) -> pd.DataFrame:
     """Score every edge from a sender's output into a receiver's input.
 
@@ -153,9 +237,15 @@ def edges(
         batch, as TransformerLens's metrics return (the same scores, without intervals).
     method : {"eap", "eap-ig"}
         Gradient at the corrupted run, or averaged over ``steps`` runs interpolated from the
-        corrupted to the clean input (α = k/steps, k = 1…steps).
+        corrupted to the clean input (α = k/steps, k = 1…steps), run one after the other.
     steps : int
         EAP-IG's interpolation steps.
+    max_bytes : int
+        What the scores' computation may hold at once beyond the runs (one forward and backward
+        pass of the pairs at a time) and the few ``[pairs, pos, d_model]`` tensors per layer it
+        keeps from them: the senders' values and the receivers' gradients are formed for a
+        chunk of pairs and positions at a time, as many as fit. The scores do not depend on
+        it (to float rounding).
 
     Returns
     -------
@@ -166,7 +256,14 @@ def edges(
         metric when the edge alone is restored to its clean value in the corrupted run), with
         its 95% interval ``score_low``, ``score_high`` (NaN for one pair or a scalar metric).
         ``attrs``: ``method``, ``steps``, ``pairs``, ``clean`` and ``corrupted`` mean metrics,
-        and the ``metric``'s form (``"per pair"`` or ``"scalar"``).
+        ``chunks`` (of pairs and positions the scores were summed over) and the ``metric``'s
+        form (``"per pair"`` or ``"scalar"``).
+
+    Raises
+    ------
+    ProbeError
+        Besides bad pairs, metric or model: a ``max_bytes`` too small for one position, naming
+        the smallest that works.
     """
     if method not in METHODS:
         raise ProbeError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
@@ -175,38 +272,59 @@ def edges(
     clean, corrupted, pairs = as_pairs(clean, corrupted)
     with hook_points(model):  # attached once: graph and every run below share it
         g = graph(model)
-        sender_points = sorted({point for _, point, _ in g.senders})
+        budget = _Budget(g, model, max_bytes)  # refuses before anything runs
+        sender_points, z_of = _sender_points(g)
         receiver_points = sorted({point for *_, point, _ in g.receivers})
         alphas = [k / steps for k in range(1, steps + 1)] if method == "eap-ig" else [0.0]
-        # With α = 1 among the steps, that copy of the gradients' run is the clean run.
-        folded = len(alphas) > 1
-        found, start = {}, None
-        for side, inputs in (("clean", clean), ("corrupted", corrupted))[int(folded) :]:
+        found: dict[str, Any] = {}
+        readings = []  # the metric's values, for its form
+        sides = (("clean", clean), ("corrupted", corrupted))[: 1 + (0.0 not in alphas)]
+        for side, inputs in sides:  # EAP's run at α = 0 is the corrupted run
             with torch.no_grad(), trace(model, sender_points) as cache:
-                found[side] = float(read(metric, model(**inputs), pairs).float().mean())
-            found[side + "_senders"] = _sender_values(cache, g)
+                readings.append(read(metric, model(**inputs), pairs))
+                found[side] = float(readings[-1].float().mean())
+            found[side + "_senders"] = {p: cache[p] for p in sender_points}
             if side == "clean":  # the embeddings, START, are a sender: the runs' start
                 start = clean_start(model, clean, cache)
+            del cache
         # The heads' inputs' gradients come from their projections' (see _head_input_grads).
         layers = range(describe(model).n_layers)
-        head_inputs = [p for p in receiver_points if point_of(p) in INPUTS]
+        heads = _head_inputs(model)
         outputs = [hook_name(f"hook_{part}", layer) for layer in layers for part in "qkv"]
         norms = [hook_name(p, layer) for layer in layers for p in _LN1]
-        others = [p for p in receiver_points if p not in head_inputs]
-        keep = norms + outputs + (sender_points if folded else [])
-        values, grads, kept = run(
-            model, corrupted, metric, pairs, others + outputs, start, alphas, keep,
-            clean=clean if folded else None,
-        )  # fmt: skip
-        if folded:
-            found["clean"] = float(values[-1].mean())
-            found["clean_senders"] = _sender_values({p: kept[p][-1] for p in sender_points}, g)
-        delta = (found["clean_senders"] - found["corrupted_senders"]).double()
-    mean_grads = {point: grads[point].mean(0).double() for point in others}
-    mean_grads |= _head_input_grads(model, grads, kept)
-    scores = _edge_scores(g, delta, mean_grads, receiver_points, pairs)  # [edge, pairs]
-    mean, low, high = mean_intervals(scores)
-    metric_form = form(values, pairs)
+        others = [p for p in receiver_points if p not in heads]
+        mean_grads: dict[str, torch.Tensor] = {}
+        for alpha in alphas:  # one run at a time: the memory of one forward and backward
+            own = sender_points if alpha == 0 else []  # EAP's run is the corrupted run
+            keep = norms + outputs + own
+            values, grads, kept = run(
+                model, corrupted, metric, pairs, others + outputs, start, [alpha], keep
+            )
+            for point in others:
+                term = grads.pop(point)[0].double() / len(alphas)
+                mean_grads[point] = mean_grads[point] + term if point in mean_grads else term
+            _head_input_grads(model, heads, grads, kept, len(alphas))
+            if alpha == 0:
+                found["corrupted"] = float(values[0].mean())
+                found["corrupted_senders"] = {p: kept[p][0] for p in sender_points}
+            readings.append(values[0])
+            del values, grads, kept
+        senders = _Senders(
+            {
+                p: found["clean_senders"][p].float() - found["corrupted_senders"][p].float()
+                for p in sender_points
+                if p not in z_of.values()
+            },
+            {
+                r: found["clean_senders"][z].float() - found["corrupted_senders"][z].float()
+                for r, z in z_of.items()
+            },
+            {r: w.W_O for r, w in zip(_result_points(model), head_weights(model), strict=True)},
+        )
+        del found["clean_senders"], found["corrupted_senders"]
+    receivers = {p: heads[p] for p in heads} | mean_grads
+    mean, low, high, chunks = _edge_scores(g, senders, receivers, budget, pairs)
+    metric_form = same_form(readings, pairs)
     if metric_form != PER_PAIR:  # a scalar's per-pair terms are shares of one value
         low, high = torch.full_like(mean, torch.nan), torch.full_like(mean, torch.nan)
     table = pd.DataFrame(
@@ -225,94 +343,159 @@ def edges(
         "pairs": pairs,
         "clean": found["clean"],
         "corrupted": found["corrupted"],
+        "chunks": chunks,
         "metric": metric_form,
     }
     return table
 
 
+def _result_points(model: nn.Module) -> list[str]:
+    return [hook_name("hook_result", layer) for layer in range(describe(model).n_layers)]
+
+
+class _Budget:
+    """How many pairs and positions the scores' computation takes at a time within
+    ``max_bytes``: per position, every sender's value and one receiver point's gradients
+    (float64, with their float32 making); per pair, its scores ``[sender, receiver]``; and
+    throughout, the running means and spreads over the pairs."""
+
+    def __init__(self, g: Graph, model: nn.Module, max_bytes: int) -> None:
+        spec = describe(model)
+        d = int(model.config.hidden_size)
+        S, R, H = len(g.senders), len(g.receivers), spec.n_heads
+        self.per_row = d * (8 * S + 32 * H)
+        self.per_pair = 3 * 8 * S * R
+        weights = head_weights(model)[0].W_O
+        copies = 0 if weights.dtype == torch.float32 else 2 * 4 * weights[0].numel() * H
+        self.fixed = 2 * 8 * S * R + copies
+        self.max_bytes = int(max_bytes)
+        smallest = self.fixed + self.per_pair + self.per_row
+        if self.max_bytes < smallest:
+            raise _too_small(self.max_bytes, smallest, "one position of this model's edges")
+
+    def chunks(self, pairs: int, pos: int) -> list[tuple[slice, slice]]:
+        """The chunks ``(pairs, positions)``: whole pairs where one fits, else a pair at a
+        time in runs of positions."""
+        left = self.max_bytes - self.fixed
+        whole = self.per_pair + pos * self.per_row
+        if left >= whole:
+            n = min(pairs, left // whole)
+            return [(slice(i, min(i + n, pairs)), slice(0, pos)) for i in range(0, pairs, n)]
+        p = (left - self.per_pair) // self.per_row
+        return [
+            (slice(i, i + 1), slice(j, min(j + p, pos)))
+            for i in range(pairs)
+            for j in range(0, pos, p)
+        ]
+
+
 def _edge_scores(
     g: Graph,
-    delta: torch.Tensor,
-    mean_grads: Mapping[str, torch.Tensor],
-    receiver_points: list[str],
+    senders: _Senders,
+    receivers: Mapping[str, Any],
+    budget: _Budget,
     pairs: int,
-) -> torch.Tensor:
-    """Each edge's score per pair, ``[edge, pairs]``: δ_sender · gradient_receiver summed over
-    positions and d_model, one batched product per receiver point (all its heads at once), with
-    the senders upstream of it only (those before the last that feeds it)."""
-    delta = delta.transpose(0, 1).flatten(2)  # [pairs, sender, pos·d_model]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """Each edge's mean score over pairs and its 95% interval, and the number of chunks.
+
+    A pair's score of an edge is δ_sender · gradient_receiver summed over positions and
+    d_model: per chunk of pairs and positions, one batched product per receiver point (all its
+    heads at once) with the senders upstream of it only (those before the last that feeds it),
+    summed over the chunks of a pair's positions; the pairs' scores then join running means
+    and sums of squared deviations (Chan et al.'s update), so that no ``[pairs, edge]`` table is
+    kept."""
     upstream: dict[str, int] = {}
     for s, r in g.edges:
         upstream[g.receivers[r][2]] = max(upstream.get(g.receivers[r][2], 0), s + 1)
-    scores = delta.new_zeros(pairs, len(g.senders), len(g.receivers))
-    for point in receiver_points:
-        x = mean_grads[point]  # the mean over the steps: [(head,) pairs, pos, d_model]
-        x = x.flatten(-2) if x.dim() == 4 else x.flatten(-2).unsqueeze(0)
-        n = upstream[point]
-        columns = [r for r, (*_, p, _) in enumerate(g.receivers) if p == point]
-        heads = [g.receivers[r][3] or 0 for r in columns]
-        scores[:, :n, columns] = torch.bmm(delta[:, :n], x.permute(1, 2, 0))[:, :, heads]
+    columns: dict[str, list[int]] = {}
+    for r, (*_, point, _) in enumerate(g.receivers):
+        columns.setdefault(point, []).append(r)
+    first = next(iter(senders.points.values()))
+    pos = first.shape[1]
+    mean = torch.zeros(len(g.senders), len(g.receivers), dtype=torch.float64)
+    spread = torch.zeros_like(mean)  # Σ (score − mean)² over the pairs so far
+    seen = 0
+    chunks = budget.chunks(pairs, pos)
+    block = None
+    for n, p in chunks:
+        if p.start == 0:
+            block = mean.new_zeros(n.stop - n.start, len(g.senders), len(g.receivers))
+        delta = senders.chunk(g, n, p)  # [pairs, sender, pos, d_model]
+        for point, cols in columns.items():
+            found = receivers[point]
+            x = found.chunk(n, p) if isinstance(found, _HeadInput) else found[n, p].unsqueeze(0)
+            m = upstream[point]
+            heads = [g.receivers[r][3] or 0 for r in cols]
+            product = torch.bmm(delta[:, :m].flatten(2), x.permute(1, 2, 3, 0).flatten(1, 2))
+            block[:, :m, cols] += product[:, :, heads]
+            del x, product
+        del delta
+        if p.stop == pos:  # the chunk's pairs are complete
+            count = len(block)
+            block_mean = block.mean(0)
+            block_spread = ((block - block_mean) ** 2).sum(0)
+            total = seen + count
+            shift = block_mean - mean
+            mean += shift * (count / total)
+            spread += block_spread + shift**2 * (seen * count / total)
+            seen = total
+            block = None
     s_index = torch.tensor([s for s, _ in g.edges])
     r_index = torch.tensor([r for _, r in g.edges])
-    return scores[:, s_index, r_index].T
+    mean, spread = mean[s_index, r_index], spread[s_index, r_index]
+    if seen < 2:
+        nan = torch.full_like(mean, math.nan)
+        return mean, nan, nan, len(chunks)
+    half = t975(seen - 1) * (spread / (seen - 1)).sqrt() / math.sqrt(seen)
+    return mean, mean - half, mean + half, len(chunks)
 
 
 INPUTS = ("hook_q_input", "hook_k_input", "hook_v_input")
 
 
 def _head_input_grads(
-    model: nn.Module, grads: Mapping[str, torch.Tensor], kept: Mapping[str, torch.Tensor]
-) -> dict[str, torch.Tensor]:
-    """The mean over the copies of ∂metric/∂``hook_{q,k,v}_input``, heads first: ``[head,
-    pairs, pos, d_model]`` float64, from ∂metric/∂``hook_{q,k,v}`` in ``grads``, and
-    ``hook_{q,k,v}`` and ``ln1``'s ``hook_scale`` and ``hook_normalized`` in ``kept`` (all
-    ``[copies, pairs, ...]``).
+    model: nn.Module,
+    heads: Mapping[str, _HeadInput],
+    grads: Mapping[str, torch.Tensor],
+    kept: Mapping[str, torch.Tensor],
+    runs: int,
+) -> None:
+    """Add one run's share of ∂metric/∂``hook_{q,k,v}_input`` to ``heads``, from
+    ∂metric/∂``hook_{q,k,v}`` in ``grads``, and ``hook_{q,k,v}`` and ``ln1``'s ``hook_scale``
+    and ``hook_normalized`` in ``kept`` (all ``[1, pairs, ...]``), of ``runs`` in all.
 
     A head's query input reaches the metric only through ``ln1`` and the head's slice of W_Q
     (key and value alike), so its gradient is the vector-Jacobian product of ∂metric/∂q through
     them, worked out here for every head at once instead of autograd running the norm and the
     projection once per head. With x̂ and σ the norm's normalised input and scale and W' = γ W_Q
-    (γ its weight; for LayerNorm centred over d_model, which takes the place of its −mean
-    term): ∂metric/∂x = (W' ∂q − x̂ (x̂ · W' ∂q) / d_model) / σ, exactly for LayerNorm and
-    RMSNorm (eps included). x̂ · W' ∂q is (x̂ W') · ∂q, and x̂ W' is the query less what the
-    norm's bias and the projection's add (β W_Q + b_Q): no product with W' per copy.
+    (γ its weight; for LayerNorm centred over d_model, W' = γ W_Q − m with m its mean over
+    d_model, which takes the place of its −mean term): ∂metric/∂x = (W' ∂q − x̂ (x̂ · W' ∂q) /
+    d_model) / σ, exactly for LayerNorm and RMSNorm (eps included). x̂ · W' ∂q is (x̂ W') · ∂q,
+    and x̂ W' is the query less what the norm's bias and the projection's add (β W_Q + b_Q): no
+    product with W' per run. What is kept is small, ``[pairs, pos, d_model]`` a layer and
+    part: ḡ = Σ ∂q / σ (W' is alike in every run), and per run x̂ and the head's (x̂ W') · ∂q
+    / σ; ``_HeadInput.chunk`` forms the gradient from them.
     """
     arch = architecture(model)
-    found = {}
     for layer, (weights, block) in enumerate(zip(head_weights(model), blocks(model), strict=True)):
         norm = block.get_submodule(arch.ln1)
-        gain = 1.0 if norm.weight is None else norm.weight.detach().float()
-        gain = gain + 1 if "Gemma" in type(norm).__name__ else gain  # Gemma's 1 + weight
-        gain = torch.as_tensor(gain).reshape(-1, 1)
         shift = getattr(norm, "bias", None)
-        scale = kept[hook_name(_LN1[0], layer)].float().unsqueeze(-1)
-        normalized = kept[hook_name(_LN1[1], layer)].float()
-        parts = zip(
-            "qkv",
-            (weights.W_Q, weights.W_K, weights.W_V),
-            (weights.b_Q, weights.b_K, weights.b_V),
-            strict=True,
-        )
-        for part, W, b in parts:
-            W, b = W.float(), b.float()  # [head, d_model, d_head], [head, d_head]
+        scale = kept[hook_name(_LN1[0], layer)][0].float().unsqueeze(-1)
+        normalized = kept[hook_name(_LN1[1], layer)][0].float()
+        parts = zip("qkv", (weights.b_Q, weights.b_K, weights.b_V), strict=True)
+        for part, b in parts:
+            found = heads[hook_name(f"hook_{part}_input", layer)]
+            W = found.W.float()
             offset = (
-                b if shift is None else b + torch.einsum("d,hde->he", shift.detach().float(), W)
+                b.float()
+                if shift is None
+                else b.float() + torch.einsum("d,hde->he", shift.detach().float(), W)
             )
-            W = W * gain
-            if isinstance(norm, nn.LayerNorm):
-                W = W - W.mean(-2, keepdim=True)
-            g = grads[hook_name(f"hook_{part}", layer)].float()  # [copies, n, pos, head, e]
-            copies, pairs, pos, heads, _ = g.shape
-            g = g / (scale * copies)  # the mean over the copies, on the small side
-            # W' ∂q / σ, its mean over the copies first (W' is alike in all): [head, n·pos, d].
-            total = torch.bmm(g.sum(0).flatten(0, 1).transpose(0, 1), W.transpose(1, 2))
-            seen = kept[hook_name(f"hook_{part}", layer)].float() - offset  # x̂ W'
-            along = (seen * g).sum(-1) / normalized.shape[-1]  # [c, n, pos, head]
-            total -= torch.einsum("cnph,cnpd->hnpd", along, normalized).flatten(1, 2)
-            found[hook_name(f"hook_{part}_input", layer)] = total.view(
-                heads, pairs, pos, -1
-            ).double()
-    return found
+            g = grads[hook_name(f"hook_{part}", layer)][0].float() / (scale * runs)
+            seen = kept[hook_name(f"hook_{part}", layer)][0].float() - offset  # x̂ W'
+            found.grad = found.grad + g
+            found.along.append((seen * g).sum(-1) / normalized.shape[-1])  # [n, pos, head]
+            found.normalized.append(normalized)
 
 
 @keeps_model
@@ -324,12 +507,17 @@ def patch_edges(
     metric: Metric,
     kept: Sequence[Sequence[bool]],
     max_rows: int = 256,
+    *,
+    max_bytes: int = MAX_BYTES,
 ) -> torch.Tensor:
     """The metric with only the ``kept`` edges carrying their clean values, exactly.
 
     The model runs on the clean input; each receiver's input has, for every edge not kept, the
     sender's value in this run replaced by its corrupted value. Several sets of edges run in one
-    forward pass, as stacked copies.
+    forward pass, as stacked copies of the pairs: at most ``max_rows`` rows, and as many copies
+    as ``max_bytes`` holds, counting per position the receivers' inputs per head (the patched
+    model forms every head's own input) and the senders' changes, formed a layer at a time from
+    their ``hook_z``.
 
     Parameters
     ----------
@@ -338,47 +526,76 @@ def patch_edges(
 
     Returns
     -------
-    ``[sets, pairs]`` float: the metric of each pair with each set (``[sets, 1]`` for a scalar
-    metric).
+    ``[sets, pairs]`` float: the metric of each pair with each set.
+
+    Raises
+    ------
+    ProbeError
+        Where ``max_bytes`` does not hold one copy of the pairs (naming the smallest that
+        does).
     """
     clean, corrupted, pairs = as_pairs(clean, corrupted)
     g = graph(model)
     kept = torch.as_tensor(kept, dtype=torch.bool)
     if kept.dim() != 2 or kept.shape[1] != len(g.edges):
         raise ProbeError(f"kept must be [sets, {len(g.edges)}] (one flag per edge)")
-    sender_points = sorted({point for _, point, _ in g.senders})
-    # removed[set, sender, receiver]: the edge's receiver sees the sender's corrupted value.
-    removed = torch.zeros(len(kept), len(g.senders), len(g.receivers))
+    sender_points, z_of = _sender_points(g)
+    result_of = {z: r for r, z in z_of.items()}
     s_index = torch.tensor([s for s, _ in g.edges])
     r_index = torch.tensor([r for _, r in g.edges])
-    removed[:, s_index, r_index] = (~kept).float()
     by_point: dict[str, list[int]] = {}
     for r, (*_, point, _) in enumerate(g.receivers):
         by_point.setdefault(point, []).append(r)
-    senders_of = {p: [i for i, (_, q, _) in enumerate(g.senders) if q == p] for p in sender_points}
+    senders_of = {
+        p: [i for i, (_, q, _) in enumerate(g.senders) if q == result_of.get(p, p)]
+        for p in sender_points
+    }
+    W_O = dict(zip(_result_points(model), (w.W_O for w in head_weights(model)), strict=True))
     out = []
     with hook_points(model):
         with trace(model, sender_points) as cache:
             model(**corrupted)
-        corrupted_values = _sender_values(cache, g)  # [sender, pairs, pos, d_model]
-        copies = max(1, max_rows // pairs)
+        corrupted_values = {p: cache[p] for p in sender_points}
+        del cache
+        rows = corrupted_values[START].shape[:2].numel()
+        d, n_heads, n_layers = corrupted_values[START].shape[-1], describe(model).n_heads, len(W_O)
+        per_copy = rows * 4 * d * (6 * n_heads + 2 * n_layers) + 4 * len(g.senders) * len(
+            g.receivers
+        )
+        fixed = rows * 4 * d * (2 * n_layers + 1)
+        if max_bytes < fixed + per_copy:
+            raise _too_small(max_bytes, fixed + per_copy, f"one copy of the {pairs} pairs' "
+                             "patched run (fewer pairs or shorter inputs need less)")  # fmt: skip
+        copies = max(1, min(max_rows // pairs, (max_bytes - fixed) // per_copy))
         for begin in range(0, len(kept), copies):
-            chunk = removed[begin : begin + copies]
-            n = len(chunk)
-            current: dict[int, torch.Tensor] = {}  # sender -> its value in this run
+            # removed[copy, sender, receiver]: the edge's receiver sees the sender's corrupted
+            # value.
+            flags = kept[begin : begin + copies]
+            n = len(flags)
+            chunk = torch.zeros(n, len(g.senders), len(g.receivers))
+            chunk[:, s_index, r_index] = (~flags).float()
+            current: dict[str, torch.Tensor] = {}  # sender point -> its value in this run
 
             def record(x: torch.Tensor, hook: Hook, n=n, current=current) -> None:
-                for i in senders_of[str(hook)]:
-                    head = g.senders[i][2]
-                    value = x if head is None else x[:, :, head]
-                    current[i] = value.unflatten(0, (n, pairs))
+                current[str(hook)] = x.unflatten(0, (n, pairs))
 
             def replace(x: torch.Tensor, hook: Hook, chunk=chunk, current=current) -> torch.Tensor:
                 receivers = by_point[str(hook)]
-                available = sorted(current)
-                diff = torch.stack([current[i] - corrupted_values[i] for i in available])
-                mask = chunk[:, available][:, :, receivers].to(diff)  # [copy, sender, receiver]
-                fix = torch.einsum("scbpd,csr->cbprd", diff, mask).flatten(0, 1)
+                fix = None
+                for point, value in current.items():
+                    mask = chunk[:, senders_of[point]][:, :, receivers]  # [copy, sender, recv.]
+                    if not mask.any():
+                        continue
+                    diff = value - corrupted_values[point]
+                    if point in result_of:  # each head's hook_result: z W_O
+                        diff = torch.einsum("cbphe,hed->cbphd", diff, W_O[result_of[point]])
+                    else:
+                        diff = diff.unsqueeze(-2)
+                    term = torch.einsum("cbpsd,csr->cbprd", diff, mask.to(diff))
+                    fix = term if fix is None else fix.add_(term)
+                if fix is None:
+                    return x
+                fix = fix.flatten(0, 1)
                 return x - (fix if x.dim() == 4 else fix[:, :, 0])
 
             fns = [(p, record) for p in sender_points] + [(p, replace) for p in by_point]
@@ -402,6 +619,7 @@ def circuit(
     method: str = "eap-ig",
     steps: int = 5,
     points: int = 16,
+    max_bytes: int = MAX_BYTES,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The fewest top-scoring edges whose circuit reaches ``faithfulness``, and the curve.
 
@@ -410,7 +628,8 @@ def circuit(
     (clean − corrupted), the metrics averaged over pairs: 1 with every edge, 0 with none. The
     curve is measured at ``points`` edge counts spread from 0 to every edge, then the smallest
     count that reaches ``faithfulness`` is searched for by bisection between the last count
-    below it and the first above (taking the curve as rising there).
+    below it and the first above (taking the curve as rising there). ``max_bytes`` bounds what
+    ``edges`` and ``patch_edges`` hold at once, as theirs does.
 
     Parameters
     ----------
@@ -442,7 +661,7 @@ def circuit(
     if points < 2:
         raise ProbeError(f"points must be at least 2 (no edge and every edge), not {points}")
     if scores is None:
-        scores = edges(model, clean, corrupted, metric, method=method, steps=steps)
+        scores = edges(model, clean, corrupted, metric, method, steps, max_bytes=max_bytes)
     total = len(scores)
     order = scores.score.abs().to_numpy().argsort(kind="stable")[::-1].copy()
 
@@ -456,7 +675,8 @@ def circuit(
     readings = []
 
     def measure(counts: list[int]) -> dict[int, float]:
-        values = patch_edges(model, clean, corrupted, metric, kept_for(counts))
+        flags = kept_for(counts)
+        values = patch_edges(model, clean, corrupted, metric, flags, max_bytes=max_bytes)
         readings.append(values)
         return {k: float(v) for k, v in zip(counts, values.mean(-1), strict=True)}
 

@@ -24,6 +24,9 @@ from probe.capture.names import hook_name
 from probe.interventions.pairs import SCALAR, Metric, copies_of, read, same_form, stacked
 
 START = hook_name("hook_resid_pre", 0)
+# What attribution, edges and edge patching may hold at once beyond the model's own forward and
+# backward passes, by default (``max_bytes``): a laptop's share.
+MAX_BYTES = 1 << 30
 
 
 def start_point(model: nn.Module) -> str | None:
