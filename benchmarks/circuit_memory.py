@@ -62,8 +62,8 @@ def measure(what: str, layers: int, kv_heads: int, pairs: int, length: int, max_
     clean, corrupted = {"input_ids": ids}, {"input_ids": other}
     answer = ids[:, -1]
 
-    def metric(out):
-        logp = torch.log_softmax(out.logits[:, -2].float(), dim=-1)
+    def metric(logits):
+        logp = torch.log_softmax(logits[:, -2].float(), dim=-1)
         return logp[torch.arange(len(logp)), answer]
 
     loaded = _status("VmRSS")

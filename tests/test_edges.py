@@ -178,8 +178,8 @@ def _pairs_for(n_pairs=3, length=7, seed=1):
     corrupted["input_ids"][:, 2:4] = torch.randint(3, 99, (n_pairs, 2), generator=g)
     answer = clean["input_ids"][:, -1]
 
-    def metric(out):
-        logp = torch.log_softmax(out.logits[:, -2].float(), dim=-1)
+    def metric(logits):
+        logp = torch.log_softmax(logits[:, -2].float(), dim=-1)
         return logp[torch.arange(len(logp)), answer]
 
     return clean, corrupted, metric
@@ -231,7 +231,7 @@ def test_eap_ig_with_one_step():
     clean, corrupted, metric = _pairs_for()
     one = probe.edges(model, clean, corrupted, metric, "eap-ig", steps=1)
     with torch.no_grad():
-        assert one.attrs["corrupted"] == pytest.approx(float(metric(model(**corrupted)).mean()))
+        assert one.attrs["corrupted"] == pytest.approx(float(metric(model(**corrupted).logits).mean()))
     assert one.attrs["steps"] == 1 and one.score.abs().max() > 0
 
 
