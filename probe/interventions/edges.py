@@ -28,6 +28,7 @@ from torch import nn
 
 from probe.capture.architectures import architecture, blocks, head_weights
 from probe.capture.hookpoints import Hook, hook_points, hooks, trace
+from probe.capture.mirror import ungroupable, ungrouped
 from probe.capture.names import NORM_POINTS, hook_name, point_of
 from probe.capture.spec import describe
 from probe.errors import ProbeError
@@ -69,8 +70,13 @@ def graph(model: nn.Module) -> Graph:
     ProbeError
         For a model whose components do not read one residual stream as a plain sum: an
         encoder-decoder, a post-LayerNorm (BERT) or a parallel-attention model, or a module that
-        is not a Hugging Face model; and for grouped-query attention, whose key and value inputs
-        are shared by several heads, so that no edge enters one head's.
+        is not a Hugging Face model; and for grouped-query attention that probe cannot take
+        apart per query head (``probe.capture.mirror.ungroupable``).
+
+    Under grouped-query attention every query head is a receiver with its own query, key and
+    value inputs, as on the model's ungrouped twin (TransformerLens's ungrouped view,
+    ``probe.capture.mirror.ungrouped``, in which ``edges`` and ``patch_edges`` run the model):
+    an edge into a head's key input changes the keys that head reads, and no other head's.
     """
     if getattr(model, "config", None) is None or describe(model).encoder_decoder:
         raise ProbeError("edges need a Hugging Face decoder or encoder with one residual stream")
@@ -81,13 +87,8 @@ def graph(model: nn.Module) -> Graph:
             f"sum; {type(model).__name__} normalises after each sum or runs attention and MLP "
             "in parallel"
         )
-    spec = describe(model).attention()
-    if spec.n_kv_heads != spec.n_heads:
-        raise ProbeError(
-            f"edges enter each head through its own query, key and value inputs, but this model "
-            f"shares each key and value head among {spec.n_heads // spec.n_kv_heads} query heads "
-            "(grouped-query attention); score its heads with probe.attribute or probe.patch"
-        )
+    if (why := ungroupable(model)) is not None:
+        raise ProbeError(f"edges enter each query head through its own key and value inputs: {why}")
     layers = range(describe(model).n_layers)
     with hook_points(model) as points:
         needed = [START] + [hook_name("hook_mlp_in", layer) for layer in layers]
@@ -165,7 +166,8 @@ def edges(
     if steps < 1:
         raise ProbeError(f"steps must be at least 1, not {steps}")
     pairs = check_pairs(clean, corrupted)
-    with hook_points(model):  # attached once: graph and every run below share it
+    # Attached once: graph and every run below share it; one key and value head per query head.
+    with hook_points(model), ungrouped():
         g = graph(model)
         sender_points = sorted({point for _, point, _ in g.senders})
         receiver_points = sorted({point for *_, point, _ in g.receivers})
@@ -283,6 +285,8 @@ def _head_input_grads(
         )
         for part, W, b in parts:
             W, b = W.float(), b.float()  # [head, d_model, d_head], [head, d_head]
+            if len(W) != len(weights.W_Q):  # grouped keys and values, ungrouped (``ungrouped``)
+                W, b = W[weights.kv_head], b[weights.kv_head]
             offset = (
                 b if shift is None else b + torch.einsum("d,hde->he", shift.detach().float(), W)
             )
@@ -343,7 +347,7 @@ def patch_edges(
         by_point.setdefault(point, []).append(r)
     senders_of = {p: [i for i, (_, q, _) in enumerate(g.senders) if q == p] for p in sender_points}
     out = []
-    with hook_points(model):
+    with hook_points(model), ungrouped():
         with trace(model, sender_points) as cache:
             model(**corrupted)
         corrupted_values = _sender_values(cache, g)  # [sender, pairs, pos, d_model]
