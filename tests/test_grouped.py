@@ -109,6 +109,9 @@ def test_circuit_is_the_twins(pair):
     found = patch_edges(model, clean, corrupted, metric, kept)
     expected = patch_edges(twin, clean, corrupted, metric, kept)
     print("max |patched metric − twin's|", (found - expected).abs().max())
+    with torch.no_grad():  # every edge kept: the clean run; none: the corrupted one
+        torch.testing.assert_close(found[0], metric(model(**clean)), atol=1e-5, rtol=0)
+        torch.testing.assert_close(found[1], metric(model(**corrupted)), atol=1e-5, rtol=0)
     torch.testing.assert_close(found, expected, atol=1e-5, rtol=0)
     model64, twin64 = model.double(), twin.double()
     try:
@@ -173,3 +176,66 @@ def test_fused_keys_are_refused_in_one_line():
         model(**clean)
     with torch.no_grad():  # and the model is as it was
         model(**clean)
+
+
+def analyze(model: str, out):
+    from typer.testing import CliRunner
+
+    from probe.app.cli import app
+
+    args = ["analyze", "-t", "sample", "-q", "--model", model, "-a", "circuit", "--task",
+            "repeats", "--lm-head", "--out", str(out)]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_the_trained_model_is_small_and_grouped():
+    from induction import MODEL_GQA
+    from transformers import AutoConfig
+
+    assert sum(f.stat().st_size for f in MODEL_GQA.iterdir()) < 1_000_000
+    config = AutoConfig.from_pretrained(MODEL_GQA)
+    assert (config.num_attention_heads, config.num_key_value_heads) == (4, 2)
+
+
+@pytest.mark.slow
+def test_circuit_analysis_on_the_trained_grouped_model(tmp_path):
+    """``probe analyze -a circuit --task repeats --lm-head`` on the Llama with grouped-query
+    attention trained on repeats (tests/make_induction_llama.py): 80% faithfulness with at most
+    a quarter of the edges; and its tables are its ungrouped twin's."""
+    import pandas as pd
+    from induction import MODEL_GQA
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    report = analyze(str(MODEL_GQA), tmp_path / "grouped")
+    run = pd.read_csv(report / "circuit_run.csv").iloc[0]
+    curve = pd.read_csv(report / "circuit_faithfulness.csv").set_index("edges")
+    print(curve.to_string())
+    total, chosen = int(run.total_edges), int(run.chosen_edges)
+    print(f"faithfulness {run.faithfulness:.3f} with {chosen} of {total} edges")
+    assert total == 110  # as the induction GPT-2's: the graph of 2 layers of 4 query heads
+    assert curve.faithfulness[chosen] >= 0.8 > curve.faithfulness[chosen - 1]
+    assert chosen <= total / 4
+    # The 9-back head feeds every layer-1 head's keys, the 8-back heads their values
+    # (tests/induction.py), the keys of heads sharing a key/value head each scored apart.
+    edges = pd.read_csv(report / "circuit_edges.csv", keep_default_na=False)
+    into = edges[edges.sender.str.startswith("0-") & edges.receiver.str.startswith("1-")]
+    for (receiver, part), scores in into[into.input != "q"].groupby(["receiver", "input"]):
+        strongest = scores.loc[scores.score.idxmax()].sender
+        assert strongest in ({"0-1"} if part == "k" else {"0-2", "0-3"}), (receiver, part)
+
+    model = LlamaForCausalLM.from_pretrained(MODEL_GQA, dtype=torch.float32)
+    ungrouped_twin(model).save_pretrained(tmp_path / "twin")
+    AutoTokenizer.from_pretrained(MODEL_GQA).save_pretrained(tmp_path / "twin")
+    twin = analyze(str(tmp_path / "twin"), tmp_path / "twin-report")
+    for name in ("circuit_edges", "circuit_faithfulness"):
+        found, expected = (
+            pd.read_csv(r / f"{name}.csv", keep_default_na=False) for r in (report, twin)
+        )
+        numbers = [c for c in found.columns if found[c].dtype == float]
+        others = [c for c in found.columns if c not in numbers]
+        assert found[others].equals(expected[others]), name  # the edges, and those kept
+        gap = (found[numbers] - expected[numbers]).abs().max().max()
+        print(name, "max difference from the twin's", gap)
+        assert gap < 1e-4, name

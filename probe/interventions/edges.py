@@ -7,7 +7,10 @@ receiver's input is a sum over senders, and an edge is one sender's term in one 
 Nodes: ``embed`` (the first block's input), ``L-H`` (head H of layer L, 0-based: its
 ``hook_result``), ``mlpL`` (``hook_mlp_out``) and ``logits`` (the last block's output, before the
 final norm). Receivers: a head through its query, key or value input (``hook_q_input``,
-``hook_k_input``, ``hook_v_input``), an MLP (``hook_mlp_in``) and the logits.
+``hook_k_input``, ``hook_v_input``), an MLP (``hook_mlp_in``) and the logits. Under grouped-query
+attention every query head receives its own key and value inputs, as on the model's ungrouped
+twin (its key and value weights repeated per query head): both run in TransformerLens's
+ungrouped view (``probe.capture.mirror.ungrouped``).
 
 Edge attribution patching (EAP, Syed et al. 2023) scores an edge by (s_clean − s_corrupted) ·
 ∂metric/∂(receiver's input); EAP-IG (Hanna et al. 2024) averages the gradient over runs
