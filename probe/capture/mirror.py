@@ -402,9 +402,8 @@ class Mirror:
             if group > 1:  # each query head its own copy of the key/value head it reads
                 W = W.repeat_interleave(group, dim=1)
                 b = None if b is None else b.repeat_interleave(group, dim=0)
-                heads *= group
-                output = output.unflatten(-1, (heads // group, -1))
-                output = output.repeat_interleave(group, dim=-2).flatten(-2)
+                output = output.unflatten(-1, (heads, -1)).repeat_interleave(group, dim=-2)
+                output, heads = output.flatten(-2), heads * group
             out = self._from_head_inputs(holder, part, W, b)
             if out is None:
                 return None if group == 1 else output
@@ -769,13 +768,14 @@ def probe_attention(
         )
     p = mirror.owner(module)
 
-    # The points are [batch, pos, head, d_head]: transposed views, only when observed. Keys and
-    # values keep their own heads (fewer with grouped-query attention), as TransformerLens's.
     if UNGROUPED.get() and key.shape[1] != query.shape[1]:
         raise ProbeError(
             f"{type(module).__name__} hands its attention {key.shape[1]} key/value heads for "
             f"{query.shape[1]} query heads: probe cannot split its keys and values per query head"
         )
+    # The points are [batch, pos, head, d_head]: transposed views, only when observed. Keys and
+    # values keep their own heads (fewer with grouped-query attention), as TransformerLens's
+    # (one per query head in its ungrouped view, ``ungrouped``).
     q_point, k_point = p.scored  # hook_rot_q and hook_rot_k on rotary models
     if q_point.active:
         query = q_point(query.transpose(1, 2)).transpose(1, 2)
