@@ -8,10 +8,11 @@ The repeats task of `tests/make_induction_model.py` (same batches: n drawn per s
 tokenizer), on a 2-layer Llama with 4 query heads sharing 2 key/value heads per layer (d_model
 64, head width 16). Its rotary positions are relative, so no position shortcut needs breaking:
 the random position offsets of the GPT-2's batches do nothing here. Seeded and deterministic on
-the CPU (one thread; 811 s on a busy two-core machine, the second copy's loss falling below 1
-after some 2,000 steps), it prints the losses, every head's previous-token and induction scores
-(low: it found an induction circuit that looks 9 and 8 positions back instead of 1 and 0, see
-`induction.MODEL_GQA`), and the losses with heads zero-ablated.
+the CPU (one thread; 550 s and 811 s on a busy two-core machine, the two runs' weights
+byte-identical; the second copy's loss falls below 1 after some 2,000 steps), it prints the
+losses, every head's previous-token and induction scores (low: it found an induction circuit
+that looks 9 and 8 positions back instead of 1 and 0, see `induction.MODEL_GQA`), and the
+losses with heads zero-ablated.
 
 On this model `probe analyze -a circuit --task repeats --lm-head` reaches faithfulness 0.807
 with 17 of its 110 edges (tests/test_grouped.py). With a learning rate of 5e-4 it learned as
