@@ -63,6 +63,7 @@ from probe.capture.names import (
     hook_name,
 )
 from probe.capture.spec import describe
+from probe.errors import ProbeError
 
 IMPLEMENTATION = "probe"
 
@@ -388,16 +389,24 @@ class Mirror:
     def _input_hook(self, part: str):
         """hook_attn_in and hook_{q,k,v}_input: the block's input repeated per head; where a hook
         edits them, the projection's output (``part``: q, k or v) is recomputed head by head from
-        them (through ln1 first, in a pre-LayerNorm block)."""
+        them (through ln1 first, in a pre-LayerNorm block). In the ungrouped view (``ungrouped``)
+        a key or value projection's output is first repeated for every query head its heads
+        serve, as the projection of the model's ungrouped twin would make it."""
 
         def run(module, _inputs, output):
             holder = self.owner(module, f"in:{part}")
             heads = module.out_features // holder.heads[1]  # fewer for keys and values with GQA
             W = module.weight.T.unflatten(-1, (heads, -1))  # [d_model, head, d_head]
             b = None if module.bias is None else module.bias.view(heads, -1)
+            group = holder.heads[0] // heads if UNGROUPED.get() else 1
+            if group > 1:  # each query head its own copy of the key/value head it reads
+                W = W.repeat_interleave(group, dim=1)
+                b = None if b is None else b.repeat_interleave(group, dim=0)
+                output = output.unflatten(-1, (heads, -1)).repeat_interleave(group, dim=-2)
+                output, heads = output.flatten(-2), heads * group
             out = self._from_head_inputs(holder, part, W, b)
             if out is None:
-                return None
+                return None if group == 1 else output
             merged = output.unflatten(-1, (heads, -1)).clone()
             _replace_heads(merged, *out)
             return merged.flatten(-2)
@@ -685,6 +694,44 @@ def _spreads(shape: torch.Size, positions: torch.Size) -> bool:
         return False
 
 
+# Set by ``ungrouped``: keys and values per query head, as on the model's ungrouped twin.
+UNGROUPED: ContextVar[bool] = ContextVar("probe_ungrouped", default=False)
+
+
+@contextmanager
+def ungrouped() -> Iterator[None]:
+    """Within the block, a model with grouped-query attention runs in TransformerLens's ungrouped
+    view: each key and value head's projection is repeated for every query head it serves, so
+    that ``hook_k``, ``hook_v``, ``hook_{k,v}_input`` and every point after them have one head
+    per query head, and an edit of one reaches that query head alone. The model computes what
+    its ungrouped twin (its key and value weights repeated, ``num_key_value_heads`` =
+    ``num_attention_heads``) computes: the same output, to float rounding. Models whose keys
+    and values come out of a fused projection (``Architecture.fused``) cannot be ungrouped: the
+    attention raises ``ProbeError`` (``ungroupable`` says so beforehand)."""
+    token = UNGROUPED.set(True)
+    try:
+        yield
+    finally:
+        UNGROUPED.reset(token)
+
+
+def ungroupable(model: PreTrainedModel) -> str | None:
+    """Why ``model``'s grouped-query attention cannot run ``ungrouped``, or None where it can
+    (or has no grouped-query attention)."""
+    spec = describe(model).attention()
+    if spec.n_kv_heads == spec.n_heads:
+        return None
+    arch = architecture(model)
+    if arch.fused:
+        return (
+            f"{type(model).__name__} computes its queries, keys and values in one fused "
+            f"projection ({arch.qkv}), which probe cannot split into one key and value input per "
+            f"query head under grouped-query attention ({spec.n_heads} query heads, "
+            f"{spec.n_kv_heads} key/value heads)"
+        )
+    return None
+
+
 # Set by ``mixed_from_the_pattern``: where the pattern is computed beside the model's kernel and
 # nothing edits it, the layer's output is mixed from it rather than by the kernel again.
 MIXED: ContextVar[bool] = ContextVar("probe_mixed", default=False)
@@ -728,8 +775,14 @@ def probe_attention(
         )
     p = mirror.owner(module)
 
+    if UNGROUPED.get() and key.shape[1] != query.shape[1]:
+        raise ProbeError(
+            f"{type(module).__name__} hands its attention {key.shape[1]} key/value heads for "
+            f"{query.shape[1]} query heads: probe cannot split its keys and values per query head"
+        )
     # The points are [batch, pos, head, d_head]: transposed views, only when observed. Keys and
-    # values keep their own heads (fewer with grouped-query attention), as TransformerLens's.
+    # values keep their own heads (fewer with grouped-query attention), as TransformerLens's
+    # (one per query head in its ungrouped view, ``ungrouped``).
     q_point, k_point = p.scored  # hook_rot_q and hook_rot_k on rotary models
     if q_point.active:
         query = q_point(query.transpose(1, 2)).transpose(1, 2)
@@ -747,7 +800,8 @@ def probe_attention(
         z = _mixed(weights, value)  # the pattern in hand, times V: no second attention
     if z is None:  # nothing edited the scores or the pattern: the model's own kernel
         own = mirror.implementation(module)
-        z, own_weights = own(module, query, key, value, attention_mask, **kwargs)
+        with _one_group(module, query, key):
+            z, own_weights = own(module, query, key, value, attention_mask, **kwargs)
         weights = own_weights if own_weights is not None else weights
     z = p.hook_z(z) if p.hook_z.active else z
 
@@ -760,6 +814,21 @@ def probe_attention(
             if edited is not result:  # the layer output becomes Σ_i result_i + b^O, edits and all
                 mirror.pending[id(o)] = edited.sum(dim=2) + (0 if o.bias is None else o.bias)
     return z, weights
+
+
+@contextmanager
+def _one_group(module: nn.Module, query: torch.Tensor, key: torch.Tensor) -> Iterator[None]:
+    """The model's own kernel given keys and values per query head (``ungrouped``): the module's
+    ``num_key_value_groups``, by which the kernel would repeat them again, is 1 for the call."""
+    groups = getattr(module, "num_key_value_groups", 1)
+    if groups == 1 or key.shape[1] != query.shape[1]:
+        yield
+        return
+    module.num_key_value_groups = 1
+    try:
+        yield
+    finally:
+        module.num_key_value_groups = groups
 
 
 def _mixed(pattern: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
@@ -781,7 +850,8 @@ def _pattern_of_eager(mirror, p, module, query, key, value, attention_mask, kwar
     computation of what it has just computed. Returns (z, pattern); where a hook edited the
     pattern, z is computed from the edited one."""
     own = mirror.implementation(module)
-    z, pattern = own(module, query, key, value, attention_mask, **kwargs)
+    with _one_group(module, query, key):
+        z, pattern = own(module, query, key, value, attention_mask, **kwargs)
     if pattern is None:  # a kernel that keeps its pattern to itself: compute it beside
         return _pattern_beside(mirror, p, module, query, key, value, attention_mask, kwargs)
     seen = p.hook_pattern(pattern)

@@ -90,7 +90,9 @@ def attribute(
         (mean over pairs) with its 95% t-interval ``attribution_low``, ``attribution_high``
         (NaN for one pair or a scalar metric). ``attrs``: ``method``, ``pairs``, ``clean`` and
         ``corrupted`` mean metrics, the ``metric``'s form (``"per pair"`` or ``"scalar"``), and
-        a ``note`` where ``"atp*"`` had nothing to fix.
+        a ``note`` where ``"atp*"`` had nothing to fix, or where, at the keys of a model with
+        grouped-query attention, it gives a row per query head (the keys it reads, as on the
+        model's ungrouped twin; ``"atp"`` and ``"ig"`` give one per key head).
 
     Raises
     ------
@@ -177,6 +179,12 @@ def attribute(
         "corrupted": corrupted_metric,
         "metric": metric_form,
     }
+    if fix and cache[names[0]].shape[head_dim] < per_layer[0].shape[1]:
+        table.attrs["note"] = (
+            f"grouped-query attention: {hook} has {cache[names[0]].shape[head_dim]} key heads; "
+            "atp* gives one row per query head, its own copy of the keys it reads patched for "
+            "it alone (as on the model's ungrouped twin)"
+        )
     if method == "atp*" and not fix:
         table.attrs["note"] = (
             f"atp* fixes query and key points only; at {hook} it equals atp (the head's own "
@@ -255,11 +263,17 @@ def _query_key_exact(
 
     ``clean``, ``corrupted`` ``[pairs, pos, head, d_head]``: the queries (``query``) or keys,
     and ``other`` the keys (queries) they meet at the corrupted run; ``scores``, ``pattern``,
-    ``grad_pattern`` ``[pairs, head, q_pos, k_pos]``. Returns ``[pairs, head, position]``, or
-    ``[pairs, head, 1]`` for every position patched at once.
+    ``grad_pattern`` ``[pairs, head, q_pos, k_pos]``. Keys of fewer heads than the queries
+    (grouped-query attention) are repeated for every query head they serve. Returns ``[pairs,
+    head, position]`` (a query head per row, keys included), or ``[pairs, head, 1]`` for every
+    position patched at once.
     """
-    if other.shape[2] != clean.shape[2]:
-        raise ProbeError(f"{name}: atp* on grouped-query keys or queries is not supported")
+    # Grouped-query attention: each query head's own copy of the keys it reads (the ungrouped
+    # twin's), so that a key is patched for one query head at a time.
+    heads = scores.shape[1]
+    clean, corrupted, other = (
+        t.repeat_interleave(heads // t.shape[2], dim=2) for t in (clean, corrupted, other)
+    )
     queries, keys = (corrupted, other) if query else (other, corrupted)
     raw = torch.einsum("bqhd,bkhd->bhqk", queries, keys)
     real = scores > torch.finfo(torch.float32).min / 2

@@ -7,7 +7,10 @@ receiver's input is a sum over senders, and an edge is one sender's term in one 
 Nodes: ``embed`` (the first block's input), ``L-H`` (head H of layer L, 0-based: its
 ``hook_result``), ``mlpL`` (``hook_mlp_out``) and ``logits`` (the last block's output, before the
 final norm). Receivers: a head through its query, key or value input (``hook_q_input``,
-``hook_k_input``, ``hook_v_input``), an MLP (``hook_mlp_in``) and the logits.
+``hook_k_input``, ``hook_v_input``), an MLP (``hook_mlp_in``) and the logits. Under grouped-query
+attention every query head receives its own key and value inputs, as on the model's ungrouped
+twin (its key and value weights repeated per query head): both run in TransformerLens's
+ungrouped view (``probe.capture.mirror.ungrouped``).
 
 Edge attribution patching (EAP, Syed et al. 2023) scores an edge by (s_clean − s_corrupted) ·
 ∂metric/∂(receiver's input); EAP-IG (Hanna et al. 2024) averages the gradient over runs
@@ -29,6 +32,7 @@ from torch import nn
 
 from probe.capture.architectures import architecture, blocks, head_weights
 from probe.capture.hookpoints import Hook, hook_points, hooks, trace
+from probe.capture.mirror import ungroupable, ungrouped
 from probe.capture.names import NORM_POINTS, hook_name
 from probe.capture.spec import describe
 from probe.errors import ProbeError
@@ -74,8 +78,13 @@ def graph(model: nn.Module) -> Graph:
     ProbeError
         For a model whose components do not read one residual stream as a plain sum: an
         encoder-decoder, a post-LayerNorm (BERT) or a parallel-attention model, or a module that
-        is not a Hugging Face model; and for grouped-query attention, whose key and value inputs
-        are shared by several heads, so that no edge enters one head's.
+        is not a Hugging Face model; and for grouped-query attention that probe cannot take
+        apart per query head (``probe.capture.mirror.ungroupable``).
+
+    Under grouped-query attention every query head is a receiver with its own query, key and
+    value inputs, as on the model's ungrouped twin (TransformerLens's ungrouped view,
+    ``probe.capture.mirror.ungrouped``, in which ``edges`` and ``patch_edges`` run the model):
+    an edge into a head's key input changes the keys that head reads, and no other head's.
     """
     if getattr(model, "config", None) is None or describe(model).encoder_decoder:
         raise ProbeError("edges need a Hugging Face decoder or encoder with one residual stream")
@@ -86,13 +95,8 @@ def graph(model: nn.Module) -> Graph:
             f"sum; {type(model).__name__} normalises after each sum or runs attention and MLP "
             "in parallel"
         )
-    spec = describe(model).attention()
-    if spec.n_kv_heads != spec.n_heads:
-        raise ProbeError(
-            f"edges enter each head through its own query, key and value inputs, but this model "
-            f"shares each key and value head among {spec.n_heads // spec.n_kv_heads} query heads "
-            "(grouped-query attention); score its heads with probe.attribute or probe.patch"
-        )
+    if (why := ungroupable(model)) is not None:
+        raise ProbeError(f"edges enter each query head through its own key and value inputs: {why}")
     layers = range(describe(model).n_layers)
     with hook_points(model) as points:
         needed = [START] + [hook_name("hook_mlp_in", layer) for layer in layers]
@@ -203,6 +207,8 @@ def _head_inputs(model: nn.Module) -> dict[str, _HeadInput]:
         gain = 1.0 if norm.weight is None else norm.weight.detach().float()
         gain = gain + 1 if "Gemma" in type(norm).__name__ else gain  # Gemma's 1 + weight
         for part, W in zip("qkv", (weights.W_Q, weights.W_K, weights.W_V), strict=True):
+            if len(W) != len(weights.W_Q):  # grouped keys and values, ungrouped (``ungrouped``)
+                W = W[weights.kv_head]
             centre = None
             if isinstance(norm, nn.LayerNorm):
                 centre = torch.einsum("d,hde->he", torch.as_tensor(gain).expand(W.shape[1]),
@@ -271,7 +277,8 @@ def edges(
     if steps < 1:
         raise ProbeError(f"steps must be at least 1, not {steps}")
     clean, corrupted, pairs = as_pairs(clean, corrupted)
-    with hook_points(model):  # attached once: graph and every run below share it
+    # Attached once: graph and every run below share it; one key and value head per query head.
+    with hook_points(model), ungrouped():
         g = graph(model)
         budget = _Budget(g, model, max_bytes)  # refuses before anything runs
         sender_points, z_of = _sender_points(g)
@@ -487,6 +494,8 @@ def _head_input_grads(
         for part, b in parts:
             found = heads[hook_name(f"hook_{part}_input", layer)]
             W = found.W.float()
+            if len(b) != len(weights.b_Q):  # grouped keys and values, ungrouped (``ungrouped``)
+                b = b[weights.kv_head]
             offset = (
                 b.float()
                 if shift is None
@@ -553,7 +562,7 @@ def patch_edges(
     }
     W_O = dict(zip(_result_points(model), (w.W_O for w in head_weights(model)), strict=True))
     out = []
-    with hook_points(model):
+    with hook_points(model), ungrouped():
         with trace(model, sender_points) as cache:
             model(**corrupted)
         corrupted_values = {p: cache[p] for p in sender_points}
