@@ -674,16 +674,17 @@ def join_heads(
     from probe.heads import all_heads
 
     heads = pd.DataFrame(all_heads(n_layers, n_heads), columns=["layer", "head"])
+    granted = {}  # role -> held, per head: a role two analyses grant is held where either does
     for cls in classes:
         part = cls.heads(tables, thresholds)
         if part is not None:
             analyses.check_head_columns(cls, part)
             heads = heads.merge(part, on=["layer", "head"], how="left")
-    granted = {
-        role: heads.pop(role).astype("boolean").fillna(False).to_numpy()
-        for role in map(str, Role)
-        if role in heads
-    }
+            for role in map(str, Role):
+                if role in heads:
+                    held = heads.pop(role).astype("boolean").fillna(False).to_numpy()
+                    granted[role] = granted[role] | held if role in granted else held
+    granted = {role: granted[role] for role in map(str, Role) if role in granted}
     heads["roles"] = [
         ";".join(role for role, held in granted.items() if held[i]) for i in range(len(heads))
     ]
