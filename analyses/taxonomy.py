@@ -215,6 +215,10 @@ class Taxonomy(Analysis):
                              + " ".join(f"{s:.0%}" for s in shares))  # fmt: skip
         return lines
 
+    @classmethod
+    def finish_reads(cls, tables: dict[str, pd.DataFrame], run: dict) -> str | None:
+        return "the weights (copying)"
+
     plots = (
         Plot("scores", "Scores on repeated sequences, and nulls", "analyses.paper:taxonomy_scores",
              page=lambda tables: scores(tables), needs=("taxonomy",), width="page"),

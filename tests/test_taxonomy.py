@@ -291,6 +291,16 @@ def test_probe_finds_the_known_heads_of_a_trained_model(tmp_path):
     assert best.induction_low > best.induction_null + 0.2
     heads = pd.read_csv(out / "heads.csv", keep_default_na=False).set_index(["layer", "head"])
     assert str(Role.INDUCTION) in heads.loc[INDUCTION, "roles"]
+    holding = heads.index[heads.roles.str.contains(str(Role.PREVIOUS_TOKEN))].tolist()
+    assert holding == [PREVIOUS_TOKEN]  # from the repeats alone
+    # The 64-symbol vocabulary reads none of the sample's English: one warning line says so,
+    # run.json records the share, and sink α (read on the sentences) is not measured.
+    run = json.loads((out / "run.json").read_text())
+    assert run["unknown_words"]["treebank"]["share"] == 1.0
+    assert run["reads"] == {"taxonomy": ["repeats"]} and "sentence" not in run["inputs"]
+    warned = [line for line in result.output.splitlines() if line.startswith("warning:")]
+    assert len(warned) == 1 and "100% of the treebank's words" in warned[0]
+    assert table.sink_alpha.isna().all()
 
 
 def set_decoder_induction(n: int):
