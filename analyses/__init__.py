@@ -109,6 +109,15 @@ class Measure:
 
 
 @dataclass(frozen=True)
+class Answer:
+    """What an analysis found, in the words the page opens with (its overview): a sentence, and
+    the heads it names (linked to their cards), ``(layer, head)`` each."""
+
+    text: str
+    heads: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True)
 class Context:
     """What an analysis is told about the run when it is created."""
 
@@ -257,6 +266,19 @@ class Analysis:
     def section(cls, tables: dict[str, pd.DataFrame], run: dict) -> dict[str, Any]:
         """What the report section's template reads, besides the figures."""
         return {}
+
+    @classmethod
+    def answer(cls, tables: dict[str, pd.DataFrame], run: dict) -> Answer | None:
+        """What the analysis found beyond the roles it grants, said in the page's overview;
+        None: nothing more (the roles say it)."""
+        return None
+
+    @classmethod
+    def finish_reads(cls, tables: dict[str, pd.DataFrame], run: dict) -> str | None:
+        """What the analysis reads of its own when it finishes, besides the input units it
+        declares and the weights (the circuit: its task's prompt pairs), in words for the run
+        card; None: nothing."""
+        return None
 
     @classmethod
     def summary(cls, tables: dict[str, pd.DataFrame]) -> list[str]:

@@ -35,7 +35,7 @@ from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from analyses import Analysis, Context, Measure, Schema, svg
+from analyses import Analysis, Answer, Context, Measure, Schema, svg
 from analyses.figures import Figure, Plot
 from analyses.vocabulary import Thresholds
 from probe.errors import ProbeError
@@ -298,6 +298,34 @@ class Circuit(Analysis):
     )  # fmt: skip
 
     @classmethod
+    def answer(cls, tables: dict[str, pd.DataFrame], run: dict) -> Answer | None:
+        """The circuit: the edges kept of all, the faithfulness they reach against the target,
+        and the heads in it (by attribution rank)."""
+        runs = tables["circuit_run"]
+        if runs.empty:
+            return None
+        r = runs.iloc[0]
+        kept, total = int(r.chosen_edges), int(r.total_edges)
+        heads = tables["circuit_heads"]
+        inside = heads[heads.in_circuit].sort_values("attribution_rank")
+        named = tuple(zip(inside.layer.tolist(), inside["head"].tolist(), strict=True))
+        reached = "reaching" if r.faithfulness >= r.target else "short of"
+        text = (f"Circuit of the {task_name(r.task)}: {kept} of {total} edges "
+                f"({kept / max(total, 1):.0%}) keep faithfulness {r.faithfulness:.2f}, "
+                f"{reached} the {r.target:.2f} asked for; {len(named)} heads are in it"
+                + (":" if named else "."))  # fmt: skip
+        return Answer(text, named)
+
+    @classmethod
+    def finish_reads(cls, tables: dict[str, pd.DataFrame], run: dict) -> str | None:
+        runs = tables["circuit_run"]
+        if runs.empty:
+            return None
+        r = runs.iloc[0]
+        return (f"{int(r.pairs)} prompt pairs of the {task_name(r.task)}, run when it finished, "
+                "and the weights (composition)")  # fmt: skip
+
+    @classmethod
     def section(cls, tables: dict[str, pd.DataFrame], run: dict) -> dict:
         runs = tables["circuit_run"]
         if runs.empty:
@@ -312,6 +340,13 @@ class Circuit(Analysis):
             "top": heads.head(SHOWN).to_dict("records"),
             "edges": strongest.head(SHOWN).to_dict("records"),
         }
+
+
+def task_name(task: str) -> str:
+    """The task in words: the repeats task (random tokens made for it) or a task file's."""
+    if task == REPEATS:
+        return "repeats task (random tokens, then the same again)"
+    return f"task {Path(task).name}"
 
 
 def repeats_task(tokenizer, seed: int, pairs: int, n: int, limit: int):

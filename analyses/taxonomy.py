@@ -4,8 +4,11 @@ attention sinks (Gu et al.'s α) on the treebank's sentences, or a ``--corpus``'
 
 The scores are defined in ``probe.patterns.headtypes``; here they are streamed (per-sequence sums
 and sums of squares, so that each mean has a 95% normal interval over sequences, exact under
-merging), tabled, and turned into roles: a head is an induction (duplicate-token) head when the
-lower end of its score's interval lies at least a threshold above the score's null. ``copying`` is Σ
+merging), tabled, and turned into roles: a head is an induction (duplicate-token,
+previous-token) head when the lower end of its score's interval lies at least a threshold above
+the score's null. The previous-token score's null is a head attending uniformly over the keys it
+sees (``headtypes.uniform_previous``), not the null sequences': the previous token is the
+previous token there too, so a previous-token head would score its null exactly. ``copying`` is Σ
 Re λ / Σ |λ| over the eigenvalues of the head's full OV circuit W_E W_V W_O W_U (Elhage et al.
 2021), from ``probe.weights.copying``.
 """
@@ -90,6 +93,9 @@ class Taxonomy(Analysis):
         self.sequences = [0, 0]
         self.sink = {a: torch.zeros(L, H, dtype=torch.float64) for a, (L, H) in self.shapes.items()}
         self.sink_queries = 0
+        # per attention: the previous-token score of a uniform head (its null), once a batch
+        # of repeats has shown the sequences' length
+        self.uniform = dict.fromkeys(self.shapes, math.nan)
 
     def begin_batch(self, batch: Batch) -> None:
         # per attention [layer, sequence, score, head]: Σ over the sequence's rows seen so far
@@ -124,6 +130,11 @@ class Taxonomy(Analysis):
                 self.squares[a][kind] += (scores[:, rows] ** 2).sum(1).transpose(0, 1)
         self.sequences[0] += len(batch) - int(null.sum())
         self.sequences[1] += int(null.sum())
+        for a in self.uniform:
+            decoder = a == Attention.DECODER
+            causal = decoder or (a == Attention.BLOCKS and self.context.causal)
+            self.uniform[a] = headtypes.uniform_previous(self.n, int(decoder), causal=causal,
+                                                         keys=batch.input_ids.shape[1])  # fmt: skip
 
     def merge(self, other: Taxonomy) -> None:
         self._check_mergeable(other)
@@ -132,6 +143,9 @@ class Taxonomy(Analysis):
                 t.add_(getattr(other, name)[a])
         self.sequences = [a + b for a, b in zip(self.sequences, other.sequences, strict=True)]
         self.sink_queries += other.sink_queries
+        for a, value in other.uniform.items():  # the same wherever both saw a batch
+            if not math.isnan(value):
+                self.uniform[a] = value
 
     def _tables(self) -> dict[str, pd.DataFrame]:
         """``taxonomy``: one row per head of every self-attention; ``taxonomy_example``: the
@@ -156,6 +170,8 @@ class Taxonomy(Analysis):
                 table[f"{score}{suffix}"] = mean[k].ravel()
                 table[f"{score}{suffix}_low"] = low[k].ravel()
                 table[f"{score}{suffix}_high"] = high[k].ravel()
+        for part in ("", "_low", "_high"):  # a fixed number: its interval is the point
+            table[f"previous_token_null{part}"] = self.uniform[attention]
         table["sequences"] = self.sequences[0]
         alpha = (self.sink[attention] / max(self.sink_queries, 1)).flatten().numpy()
         table["sink_alpha"] = alpha if self.sink_queries else math.nan
@@ -166,6 +182,7 @@ class Taxonomy(Analysis):
         t = _first(tables["taxonomy"])  # heads.csv: the first attention's heads
         induction = t.induction_low >= t.induction_null + thresholds.induction
         duplicate = t.duplicate_token_low >= t.duplicate_token_null + thresholds.duplicate_token
+        previous = t.previous_token_low >= t.previous_token_null + thresholds.previous_token_repeats
         return pd.DataFrame({
             "layer": t.layer, "head": t["head"],
             "previous_token_score": t.previous_token, "duplicate_token_score": t.duplicate_token,
@@ -173,6 +190,7 @@ class Taxonomy(Analysis):
             "sink_alpha": t.sink_alpha,
             str(Role.INDUCTION): induction.fillna(False).astype(bool),
             str(Role.DUPLICATE_TOKEN): duplicate.fillna(False).astype(bool),
+            str(Role.PREVIOUS_TOKEN): previous.fillna(False).astype(bool),
             # W_Eᵀ in place of an unembedding gives a copying head no particular sign
             str(Role.COPYING): ((t.copying >= thresholds.copying) & ~stand_in(t))
                                .fillna(False).astype(bool),
@@ -197,6 +215,10 @@ class Taxonomy(Analysis):
                              + " ".join(f"{s:.0%}" for s in shares))  # fmt: skip
         return lines
 
+    @classmethod
+    def finish_reads(cls, tables: dict[str, pd.DataFrame], run: dict) -> str | None:
+        return "the weights (copying)"
+
     plots = (
         Plot("scores", "Scores on repeated sequences, and nulls", "analyses.paper:taxonomy_scores",
              page=lambda tables: scores(tables), needs=("taxonomy",), width="page"),
@@ -220,7 +242,7 @@ class Taxonomy(Analysis):
             "sink_shares": {a: sink_shares(t[t.attention == a]).to_dict() for a in names},
             "rules": {
                 r: thresholds.describe()[r]
-                for r in (Role.INDUCTION, Role.DUPLICATE_TOKEN, Role.COPYING)
+                for r in (Role.INDUCTION, Role.DUPLICATE_TOKEN, Role.PREVIOUS_TOKEN, Role.COPYING)
             },
             "unembedding": t.unembedding.iloc[0] if len(t) else "",
             "stand_in": bool(stand_in(_first(t)).any()),
@@ -246,8 +268,10 @@ def stand_in(table: pd.DataFrame) -> pd.Series:
 
 def sink_shares(table: pd.DataFrame) -> pd.Series:
     """Per layer, the share of heads whose sink α exceeds ``SINK_ALPHA`` (Gu et al.); give it
-    one attention's rows."""
-    return table.groupby("layer").sink_alpha.apply(lambda a: (a > SINK_ALPHA).mean())
+    one attention's rows; NaN where α was not measured (no text was read for it)."""
+    return table.groupby("layer").sink_alpha.apply(
+        lambda a: (a > SINK_ALPHA).mean() if a.notna().any() else math.nan
+    )
 
 
 def _intervals(sums, squares, count: int):

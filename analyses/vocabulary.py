@@ -105,6 +105,7 @@ class Thresholds:
     # repeated sequences: the 95% interval's lower end above the null by at least this much
     induction: float = 0.2
     duplicate_token: float = 0.2
+    previous_token_repeats: float = 0.2  # above a head attending uniformly over its keys
     copying: float = 0.7  # Σ Re λ / Σ |λ| of the full OV circuit's eigenvalues
     retrieval: float = 0.1  # share of a needle's answer tokens copied from it (Wu et al. 2024)
 
@@ -129,7 +130,9 @@ class Thresholds:
         """Each role's rule, in words, with this run's numbers."""
         return {
             Role.PREVIOUS_TOKEN: f"maximum on the previous token for ≥ {self.previous_token:.0%} "
-            "of queries",
+            "of queries (roles); or, on repeated random sequences, the 95% interval of the "
+            f"attention to the previous token lies ≥ {self.previous_token_repeats:.2f} above a "
+            "head attending uniformly over the keys it sees (head types)",
             Role.NEXT_TOKEN: f"maximum on the next token for ≥ {self.next_token:.0%} of queries",
             Role.SINK: f"≥ {self.sink:.0%} of attention on special tokens and punctuation",
             Role.BROAD: f"normalised entropy ≥ {self.broad:.2f}",

@@ -86,3 +86,26 @@ def induction_scores(patterns: torch.Tensor, n: int) -> torch.Tensor:
     ``[layer, batch, head, q, k]`` on `repeated` sequences of copy length n."""
     i = torch.arange(n + 1, 2 * n + 1)
     return patterns[..., i, i - n + 1].mean(dim=(1, 3))
+
+
+def symbol(word: str) -> str:
+    """The model's symbol a word stands as: the same word, the same symbol (t1..t63)."""
+    import zlib
+
+    return f"t{1 + zlib.crc32(word.lower().encode()) % (VOCAB - 1)}"
+
+
+def symbols_treebank(path: Path) -> Path:
+    """The bundled sample treebank (its trees, relations and parts of speech) with every word
+    replaced by its ``symbol``, written to ``path``: a treebank the model's vocabulary reads,
+    where English would be its unknown token throughout (and a run would skip what reads it)."""
+    from probe.inputs.treebank import SAMPLE
+
+    lines = []
+    for line in SAMPLE.read_text(encoding="utf-8").splitlines():
+        fields = line.split("\t")
+        if len(fields) == 10 and fields[0].isdigit():
+            fields[1] = fields[2] = symbol(fields[1])
+        lines.append("\t".join(fields))
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path

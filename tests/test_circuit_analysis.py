@@ -5,6 +5,7 @@ against one computed here; and the one-line errors."""
 
 import json
 import math
+import re
 
 import pandas as pd
 import pytest
@@ -289,3 +290,34 @@ def test_probe_figures_and_probe_plot_draw_the_graph_and_the_curve(report, tmp_p
     np.testing.assert_array_equal(points.get_xdata(), curve.edges)
     np.testing.assert_array_equal(points.get_ydata(), curve.faithfulness)
     plt.close("all")
+
+
+def test_the_page_opens_with_the_circuit(report):
+    """The overview states the circuit (edges kept of all, the faithfulness reached, its heads)
+    from the tables; no grid of roles the run did not test; the run card says the circuit read
+    its task's pairs, and accounts its time where it was spent (finishing)."""
+    html = (report / "index.html").read_text()
+    info = pd.read_csv(report / "circuit_run.csv").iloc[0]
+    heads = pd.read_csv(report / "circuit_heads.csv")
+    inside = heads[heads.in_circuit].sort_values("attribution_rank")
+    overview = html[html.index('<section id="overview">') :]
+    overview = overview[: overview.index("</section>")]
+    text = re.sub(r" ([,.;)])", r"\1", " ".join(re.sub(r"<[^>]+>", " ", overview).split()))
+    kept, total = int(info.chosen_edges), int(info.total_edges)
+    assert f"{kept} of {total} edges" in text
+    assert f"faithfulness {info.faithfulness:.2f}, reaching the {info.target:.2f}" in text
+    named = ", ".join(f"{r.layer}-{r.head}" for r in inside.itertuples())
+    assert f"{len(inside)} heads are in it: {named}." in text
+    assert set(inside.itertuples(index=False, name=None)) and INDUCTION in {
+        (r.layer, r.head) for r in inside.itertuples()
+    }
+    assert 'class="grid"' not in overview and "tests a head for a role" in text
+    assert html.index('<section id="overview">') < html.index('<section id="run">')
+    card = html[html.index('<section id="run">') :]
+    card = " ".join(re.sub(r"<[^>]+>", " ", card).split())
+    assert f"circuit: {int(info.pairs)} prompt pairs of the repeats task" in card
+    assert "weights only" not in card and "circuit" in card.split("finishing the analyses")[1]
+    run = json.loads((report / "run.json").read_text())
+    assert (
+        run["finish_s"]["circuit"] > 0 and run["timings_s"]["analyses"] < run["finish_s"]["circuit"]
+    )

@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 import matplotlib.image as plt_image
 import matplotlib.pyplot as plt
 import pytest
-from induction import MODEL
+from induction import MODEL, symbols_treebank
 from matplotlib.axes import Axes
 from typer.testing import CliRunner
 
@@ -37,7 +37,8 @@ def report(tmp_path_factory):
     it supports that has figures (coref needs GUM; cross an encoder-decoder), the circuit of
     its repeats task included."""
     out = tmp_path_factory.mktemp("figures") / "tiny"
-    result = run("analyze", "-m", MODEL, "-t", "sample", "-n", "20", "-a", ANALYSES,
+    treebank = symbols_treebank(out.parent / "symbols.conllu")  # English: unknown tokens
+    result = run("analyze", "-m", MODEL, "-t", treebank, "-n", "20", "-a", ANALYSES,
                  "--lm-head", "--repeat-sequences", "20", "--repeat-length", "10",
                  "--importance-sentences", "10", "--circuit-pairs", "8", "-o", out,
                  "-q")  # fmt: skip

@@ -200,3 +200,25 @@ def test_js_divergence_of_a_causal_model_against_scipy():
                 expected[x, y] += jensenshannon(heads[b, q, x], heads[b, q, y]) ** 2
     assert analysis.js_queries == int(real.sum()) > 3 * 8  # more queries than groups
     np.testing.assert_allclose(analysis.js.numpy(), expected, atol=1e-5)
+
+
+def test_a_role_two_analyses_grant_is_held_where_either_grants_it():
+    """The roles analysis and the head types both grant previous-token: heads.csv holds it
+    where either does, once."""
+    import pandas as pd
+
+    from analyses import Analysis
+    from analyses.vocabulary import Role
+
+    def granting(name: str, held: list[bool]) -> type[Analysis]:
+        def heads(cls, tables, thresholds):
+            return pd.DataFrame({"layer": [0, 0, 0], "head": [0, 1, 2],
+                                 str(Role.PREVIOUS_TOKEN): held})  # fmt: skip
+
+        return type(name, (Analysis,), {"name": name, "head_columns": {},
+                                        "heads": classmethod(heads)})  # fmt: skip
+
+    first, second = granting("a", [True, False, False]), granting("b", [False, True, False])
+    heads = join_heads([first, second], {}, Thresholds(), 1, 3)
+    assert heads.roles.tolist() == ["previous-token", "previous-token", ""]
+    assert list(heads.columns) == ["layer", "head", "roles"]

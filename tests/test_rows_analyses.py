@@ -104,7 +104,7 @@ def test_the_run_reads_rows_where_every_reader_takes_them(tmp_path, monkeypatch)
     """``probe analyze -a taxonomy`` on the trained GPT-2: the repeated sequences (read by the
     taxonomy alone) stream in row blocks beside sdpa; the sentences, whose head cards' examples
     need whole patterns, stream whole."""
-    from induction import MODEL
+    from induction import MODEL, symbols_treebank
     from typer.testing import CliRunner
 
     import probe.capture.rows
@@ -126,7 +126,8 @@ def test_the_run_reads_rows_where_every_reader_takes_them(tmp_path, monkeypatch)
     monkeypatch.setattr(probe.capture.rows, "sdpa_attention_forward",
                         lambda *a, **k: implementations.append(1) or original(*a, **k))  # fmt: skip
     out = tmp_path / "r"
-    args = ["analyze", "-m", str(MODEL), "-t", "sample", "-n", "8", "-a", "taxonomy",
+    treebank = symbols_treebank(tmp_path / "symbols.conllu")  # English: unknown tokens
+    args = ["analyze", "-m", str(MODEL), "-t", str(treebank), "-n", "8", "-a", "taxonomy",
             "--repeat-sequences", "6", "--repeat-length", "10", "-o", str(out), "-q",
             "--attention-budget", "2KiB"]  # fmt: skip
     result = CliRunner().invoke(app, args)
@@ -136,12 +137,17 @@ def test_the_run_reads_rows_where_every_reader_takes_them(tmp_path, monkeypatch)
     assert not implementations
 
 
-def corpus(folder, texts: int = 12) -> str:
+def corpus(folder, texts: int = 12, symbols: bool = False) -> str:
     """A plain-text corpus of ``texts`` lines of random words and punctuation, most of them
-    longer than a window."""
+    longer than a window; with ``symbols``, each word the induction model's symbol for it (its
+    vocabulary reads no English)."""
     rng = np.random.default_rng(3)
     words = ["the", "cat", "sat", "on", "a", "mat", "dogs", "bark", "at", "night", "she",
              "said", "it", "rains", ",", ".", "!", "(", ")", "and", "then", "quietly"]  # fmt: skip
+    if symbols:
+        from induction import symbol
+
+        words = [w if w in ",.!()" else symbol(w) for w in words]
     lines = [" ".join(rng.choice(words, rng.integers(3, 60))) for _ in range(texts)]
     path = folder / "corpus.txt"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -206,7 +212,7 @@ def test_a_corpus_streams_in_rows(tmp_path, monkeypatch):
         monkeypatch.setattr(probe.run.runner, name, spy)
     out = tmp_path / "r"
     args = ["analyze", "-m", str(MODEL), "-a", "roles,taxonomy,importance", "--corpus",
-            corpus(tmp_path), "--context", "24", "--importance-sentences", "4",
+            corpus(tmp_path, symbols=True), "--context", "24", "--importance-sentences", "4",
             "--repeat-sequences", "6", "--repeat-length", "10", "-o", str(out), "-q",
             "--attention-budget", "2KiB"]  # fmt: skip
     result = CliRunner().invoke(app, args)

@@ -20,7 +20,13 @@ from probe.app.cli import app
 from probe.capture.names import parse
 from probe.inputs.units import Source
 from probe.inputs.units.repeats import RepeatedSequences, ordinary_tokens
-from probe.patterns.headtypes import head_types, offset_scores, sink_sums
+from probe.patterns.headtypes import (
+    SCORES,
+    head_types,
+    offset_scores,
+    sink_sums,
+    uniform_previous,
+)
 from probe.run.runner import stream
 
 N = 4  # tokens per copy in the hand-worked patterns: BOS at 0, copies at 1…4 and 5…8
@@ -50,6 +56,17 @@ def test_scores_on_patterns_worked_out_by_hand():
     second = np.mean([1 / (i + 1) for i in range(N + 1, 2 * N + 1)])  # the second copy's
     expected = [every, second, second]
     np.testing.assert_allclose(got.numpy(), expected, rtol=1e-6)
+    # the previous-token null is that uniform head's score, causal or not (1/T: every key seen)
+    assert uniform_previous(N, causal=True, keys=T) == pytest.approx(expected[0])
+    everywhere = torch.full((1, 1, T, T), 1 / T)
+    assert uniform_previous(N, causal=False, keys=T) == pytest.approx(
+        offset_scores(everywhere, N)[0, 0, 0].item()
+    )
+    # with the BOS at 1 (a decoder's start token first), every query moves one right
+    shifted = torch.tril(torch.ones(T + 1, T + 1)) / torch.arange(1, T + 2)[:, None]
+    assert uniform_previous(N, 1, causal=True, keys=T + 1) == pytest.approx(
+        offset_scores(shifted[None, None], N, 1)[0, 0, 0].item()
+    )
 
 
 def test_sink_alpha_by_hand():
@@ -102,14 +119,39 @@ def gpt2(bert_tokenizer):
     return tf.GPT2LMHeadModel(config).eval(), bert_tokenizer
 
 
-def streamed(model, tokenizer, batch_size: int, shard=(0, 1), sequences: int = 24):
+def streamed(model, tokenizer, batch_size: int, shard=(0, 1), sequences: int = 24, n: int = 12):
     analysis = Taxonomy(context(2, 4, model=model, causal=True,
-                                options={"repeat_length": 12}))  # fmt: skip
-    options = {"repeat_sequences": sequences, "repeat_length": 12}
+                                options={"repeat_length": n}))  # fmt: skip
+    options = {"repeat_sequences": sequences, "repeat_length": n}
     unit = RepeatedSequences(Source(seed=0), tokenizer, 128, shard=shard, options=options)
     batches = (setattr(b, "unit", "repeats") or b for b in unit.batches(batch_size))
     stream(model.base_model, batches, [analysis])
     return analysis
+
+
+@pytest.mark.slow
+def test_the_trained_previous_token_head_holds_its_role_and_a_random_head_does_not():
+    """On the tiny GPT-2 trained on repeated sequences, the head the tutorial calls the
+    previous-token head gets the previous-token role from the taxonomy alone (no treebank), and
+    no other head does; on the same model with random weights, no head gets it."""
+    from induction import MODEL, PREVIOUS_TOKEN
+
+    tokenizer = tf.AutoTokenizer.from_pretrained(MODEL)
+    trained = tf.AutoModelForCausalLM.from_pretrained(MODEL).eval()
+    torch.manual_seed(0)
+    untrained = tf.AutoModelForCausalLM.from_config(trained.config).eval()
+    held = {}
+    for name, model in (("trained", trained), ("random", untrained)):
+        tables = streamed(model, tokenizer, 20, sequences=40, n=20)._tables()
+        heads = Taxonomy.heads(tables, Thresholds()).set_index(["layer", "head"])
+        held[name] = heads.index[heads[str(Role.PREVIOUS_TOKEN)]].tolist()
+        table = tables["taxonomy"].set_index(["layer", "head"])
+        if name == "trained":
+            best = table.loc[PREVIOUS_TOKEN]
+            assert best.previous_token_low > best.previous_token_null + 0.5
+        else:  # near uniform: within a little of the uniform head's score
+            assert (table.previous_token - table.previous_token_null).abs().max() < 0.1
+    assert held == {"trained": [PREVIOUS_TOKEN], "random": []}
 
 
 @pytest.mark.slow
@@ -144,10 +186,12 @@ def test_the_entry_point_gives_the_analysis_means(gpt2):
 
 
 def set_heads(n: int, repeats_only: bool):
-    """A hook that makes layer 0, head 0 a previous-token head and layer 1, head 2 attend from
-    each second-copy token to the one after its earlier copy: on every sequence (a head that
-    attends by position), or only on repeats (rows 0, 2, 4… of a batch of pairs: a head that
-    finds the earlier copy by its content, as an induction head does)."""
+    """A hook that makes layer 0, head 0 a previous-token head (on every sequence: it attends
+    by position, as one does), layer 1, head 2 attend from each second-copy token to the one
+    after its earlier copy and layer 1, head 3 to the earlier copy itself: on every sequence (a
+    head that attends by position), or only on repeats (rows 0, 2, 4… of a batch of pairs: a
+    head that finds the earlier copy by its content, as induction and duplicate-token heads
+    do)."""
 
     def hook(p, name):
         out = p.clone()
@@ -159,8 +203,9 @@ def set_heads(n: int, repeats_only: bool):
         else:
             rows = torch.arange(0, len(p), 2 if repeats_only else 1)[:, None]
             queries = torch.arange(n + 1, 2 * n + 1)
-            out[rows, 2, queries] = 0
-            out[rows, 2, queries, queries - n + 1] = 1
+            for head, offset in ((2, n - 1), (3, n)):
+                out[rows, head, queries] = 0
+                out[rows, head, queries, queries - offset] = 1
         return out
 
     return hook
@@ -180,13 +225,26 @@ def test_probe_finds_heads_set_by_hand(gpt2, repeats_only):
     table = tables["taxonomy"].set_index(["layer", "head"])
     assert table.previous_token.idxmax() == (0, 0) and table.induction.idxmax() == (1, 2)
     assert table.loc[(0, 0), "previous_token"] == pytest.approx(1)
-    assert table.loc[(0, 0), "previous_token_null"] == pytest.approx(1)
+    uniform = uniform_previous(12, causal=True, keys=1 + 2 * 12)
+    np.testing.assert_allclose(table.previous_token_null, uniform)  # a uniform head's
     best = table.loc[(1, 2)]
     assert best.induction == pytest.approx(1) and best.induction_low == pytest.approx(1)
     assert (best.induction_null == pytest.approx(1)) is not repeats_only  # nulls: the same place
     heads = Taxonomy.heads(tables, Thresholds()).set_index(["layer", "head"])
-    inducing = heads.index[heads[str(Role.INDUCTION)]].tolist()
-    assert inducing == ([(1, 2)] if repeats_only else [])
+    held = {role: heads.index[heads[str(role)]].tolist()
+            for role in (Role.PREVIOUS_TOKEN, Role.DUPLICATE_TOKEN, Role.INDUCTION)}  # fmt: skip
+    expected = {Role.DUPLICATE_TOKEN: [(1, 3)], Role.INDUCTION: [(1, 2)]} if repeats_only else {}
+    # the previous-token head attends by position, as it should: it holds its role either way
+    nothing = {Role.DUPLICATE_TOKEN: [], Role.INDUCTION: []}
+    assert held == {Role.PREVIOUS_TOKEN: [(0, 0)]} | nothing | expected
+    # Every head type's null is one a head can beat: the head doing exactly that type's job
+    # (by content where the type is about content) lies far above it, none at its null.
+    for score, head in zip(SCORES, [(0, 0), (1, 3), (1, 2)], strict=True):
+        row = table.loc[head]
+        assert row[score] == pytest.approx(1)
+        assert bool(row[f"{score}_low"] - row[f"{score}_null"] > 0.5) is (
+            repeats_only or score == "previous_token"
+        )
 
 
 @pytest.mark.slow
@@ -233,6 +291,16 @@ def test_probe_finds_the_known_heads_of_a_trained_model(tmp_path):
     assert best.induction_low > best.induction_null + 0.2
     heads = pd.read_csv(out / "heads.csv", keep_default_na=False).set_index(["layer", "head"])
     assert str(Role.INDUCTION) in heads.loc[INDUCTION, "roles"]
+    holding = heads.index[heads.roles.str.contains(str(Role.PREVIOUS_TOKEN))].tolist()
+    assert holding == [PREVIOUS_TOKEN]  # from the repeats alone
+    # The 64-symbol vocabulary reads none of the sample's English: one warning line says so,
+    # run.json records the share, and sink α (read on the sentences) is not measured.
+    run = json.loads((out / "run.json").read_text())
+    assert run["unknown_words"]["treebank"]["share"] == 1.0
+    assert run["reads"] == {"taxonomy": ["repeats"]} and "sentence" not in run["inputs"]
+    warned = [line for line in result.output.splitlines() if line.startswith("warning:")]
+    assert len(warned) == 1 and "100% of the treebank's words" in warned[0]
+    assert table.sink_alpha.isna().all()
 
 
 def set_decoder_induction(n: int):

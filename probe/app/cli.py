@@ -7,6 +7,7 @@ import contextlib
 import functools
 import gc
 import inspect
+import json
 import logging
 import os
 import re
@@ -359,6 +360,8 @@ def _run(settings: Settings, quiet: bool) -> None:
         gc.enable()
     if path is None:
         return
+    for line in json.loads((path / "run.json").read_text(encoding="utf-8")).get("warnings", []):
+        typer.echo(f"warning: {line}", err=True)  # quiet or not: a result to read with care
     if quiet:
         typer.echo(f"report: {path / 'index.html'}")
     else:
@@ -432,7 +435,13 @@ def _summary(console: Console, path: Path) -> None:
         + f"{run['layers']} layers x {run['heads']} heads, {run['timings_s']['total']:.1f} s"
     )
     for name in run["analyses"]:
-        for line in analyses.get(name).summary(tables):
+        cls = analyses.get(name)
+        answer = cls.answer(tables, run)
+        if answer is not None:  # what the page opens with, first
+            heads = ", ".join(f"{layer}-{head}" for layer, head in answer.heads)
+            console.print(f"{name}: {answer.text}" + (f" {heads}" if heads else ""),
+                          highlight=False, markup=False)  # fmt: skip
+        for line in cls.summary(tables):
             console.print(f"{name}: {line}", highlight=False, markup=False)
     counts = tables["heads"].roles.str.split(";").explode().loc[lambda r: r != ""].value_counts()
     if len(counts):

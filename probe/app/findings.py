@@ -54,6 +54,8 @@ def _role_line(role: Role, row: dict) -> str | None:
         ),
         Role.PREVIOUS_TOKEN: lambda: (
             f"its maximum on the previous token for {_pct(row['max_at_-1'])} of queries"
+            if _present(row, "max_at_-1")
+            else f"previous-token score {row['previous_token_score']:.2f} on repeated sequences"
         ),
         Role.NEXT_TOKEN: lambda: (
             f"its maximum on the next token for {_pct(row['max_at_+1'])} of queries"
@@ -85,18 +87,21 @@ def spread(row: dict) -> str:
 
 
 def describe(row: dict) -> str:
-    """One line of what the head does: its first role's statistic, else its best relation where
-    one was named, else "no role: attention spread over …"."""
+    """One line of what the head does: its first role's statistic, else "no role: attention
+    spread over …". A line claims only what the page claims, a role: a best relation named
+    without the syntactic role (a margin that held, but under the role's threshold) is given
+    as a number, and said to be under the threshold."""
     roles = [Role(r) for r in str(row.get("roles", "")).split(";") if r]
     for role in sorted(roles, key=DESCRIBED_FIRST.index):
         line = _role_line(role, row)
         if line:
             return f"{role}: {line}"
-    if str(row.get("best_relation") or ""):
-        return f"no role; tracks {_relation(row)}"
+    parts = []
     if any(_present(row, c) for c in DESTINATIONS):
-        return f"no role: attention spread over {spread(row)}"
-    return "no role"
+        parts.append(f"attention spread over {spread(row)}")
+    if str(row.get("best_relation") or ""):
+        parts.append(f"best relation {_relation(row)}, under the syntactic role's threshold")
+    return "no role: " + "; ".join(parts) if parts else "no role"
 
 
 def lead(heads: pd.DataFrame, tables: dict[str, pd.DataFrame]) -> dict:

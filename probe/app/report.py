@@ -183,8 +183,9 @@ def _grid(heads: pd.DataFrame, measures: list[analyses.Measure]) -> list[dict]:
 
 
 def render_html(run: dict, tables: dict[str, pd.DataFrame], examples: dict) -> str:
-    """The report page: the run card, an overview of every head's roles, one section per
-    analysis (its template's ``section`` macro), and a card per head."""
+    """The report page: the overview first (what the analyses found, every head's roles), one
+    section per analysis (its template's ``section`` macro), a card per head, and the run card
+    (collapsed)."""
     env = page_environment()
     compile_templates(run["analyses"])
     classes = [analyses.get(name) for name in run["analyses"]]
@@ -214,6 +215,10 @@ def render_html(run: dict, tables: dict[str, pd.DataFrame], examples: dict) -> s
         cards.append({"id": head, "row": row, "roles": roles, "view": view, "miss": miss,
                       "line": findings.describe(row)})  # fmt: skip
     grid = _grid(heads, [m for cls in classes for m in cls.measures if m.role is not None])
+    thresholds = Thresholds(**run.get("thresholds", {}))
+    answers = [{"name": cls.name, "title": cls.title, "text": a.text,
+                "heads": [HeadId(layer, head) for layer, head in a.heads]}
+               for cls in classes if (a := cls.answer(tables, run)) is not None]  # fmt: skip
     role_counts = {}
     for r in heads["roles"]:
         for role in filter(None, r.split(";")):
@@ -226,7 +231,20 @@ def render_html(run: dict, tables: dict[str, pd.DataFrame], examples: dict) -> s
         grid=grid,
         n_heads=int(heads["head"].max()) + 1,
         roles=list(Role),
+        tested=tested_roles(classes, tables, thresholds),
         role_counts=role_counts,
         lead=findings.lead(heads, tables),
-        thresholds=Thresholds(**run.get("thresholds", {})),
+        answers=answers,
+        finish_reads={cls.name: cls.finish_reads(tables, run) for cls in classes},
+        thresholds=thresholds,
     )
+
+
+def tested_roles(classes, tables: dict[str, pd.DataFrame], thresholds: Thresholds) -> list[Role]:
+    """The roles the run's analyses test (grant to a head or not), in the order of ``Role``."""
+    tested = set()
+    for cls in classes:
+        part = cls.heads(tables, thresholds)
+        if part is not None:
+            tested |= set(part.columns) & set(map(str, Role))
+    return [role for role in Role if str(role) in tested]

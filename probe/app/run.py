@@ -371,6 +371,14 @@ class RunCard:
     command: str = "probe analyze"
     created: str = ""
     timings_s: dict[str, float] = field(default_factory=dict)
+    # Seconds each analysis took to finish (within timings_s's "tables"): where an analysis
+    # runs the model itself when it finishes (the circuit), its time is spent there
+    finish_s: dict[str, float] = field(default_factory=dict)
+    # Per input read (treebank, corpus): of its first words, how many the tokenizer turns into
+    # its unknown token alone, and the share (probe.inputs.unknown)
+    unknown_words: dict[str, dict] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)  # analysis -> why it did not run
+    warnings: list[str] = field(default_factory=list)  # what the page and the command warn of
     schema: int = SCHEMA  # the folder's layout version (probe.app.folder)
     corpus: str | None = None  # the plain-text corpus the text unit read
     context: int | None = None  # its tokens per window, as used (capped at the model's limit)
@@ -500,6 +508,7 @@ def execute(run: Plan, ranks, progress: Progress | None, status: Callable[[str],
             lm_head=settings.lm_head,
             **_placement(settings, ranks),
         )
+        run, skipped, unknown = _readable(run, tokenizer)
         chosen, examples = _begin(run, model, tokenizer)
         _freeze()
         clock.lap("load")
@@ -519,7 +528,79 @@ def execute(run: Plan, ranks, progress: Progress | None, status: Callable[[str],
     _check_input(run, tally)
     card = _card(run, model, tokenizer, chosen, ranks, tally)
     card.timings_s = clock.timings
+    card.unknown_words, card.skipped = unknown, skipped
+    card.warnings = _unreadable_warnings(unknown, skipped, tokenizer)
     return Outcome(chosen, examples, card, card.layers, card.heads)
+
+
+def _readable(run: Plan, tokenizer) -> tuple[Plan, dict[str, str], dict[str, dict]]:
+    """The run without what its tokenizer cannot read: the share of the treebank's and the
+    corpus's words that become the unknown token (``probe.inputs.unknown``), and, where that is
+    more than ``MOSTLY_UNKNOWN``, the run without the units of that input: an analysis that
+    read nothing else is skipped (with why), one that reads another unit too goes on without it.
+
+    Raises
+    ------
+    ProbeError
+        Where no analysis is left.
+    """
+    from dataclasses import replace
+    from itertools import islice
+
+    from probe.inputs import unknown as unknowns
+
+    inputs = {units.get_input(u) for u in run.units}
+    measured = {}
+    if "treebank" in inputs:
+        from probe.inputs.treebank import iter_treebank
+
+        sentences = islice(iter_treebank(run.source.treebank), run.source.max_sentences)
+        measured["treebank"] = unknowns.unknown_words(tokenizer, unknowns.treebank_words(sentences))
+    if "corpus" in inputs:
+        from probe.inputs.texts import texts
+
+        rows = texts(run.source.corpus, run.source.max_texts)
+        measured["corpus"] = unknowns.unknown_words(tokenizer, unknowns.corpus_words(rows))
+    unreadable = {name for name, m in measured.items() if m["share"] > unknowns.MOSTLY_UNKNOWN}
+    if not unreadable:
+        return run, {}, measured
+    dropped = {u for u in run.units if units.get_input(u) in unreadable}
+    reads = {name: tuple(u for u in read if u not in dropped) for name, read in run.reads.items()}
+    skipped = {}
+    for cls in run.classes:
+        lost = [units.get_input(u) for u in run.reads[cls.name] if u in dropped]
+        if lost and not reads[cls.name]:
+            m = measured[lost[0]]
+            skipped[cls.name] = (f"{m['share']:.0%} of the {lost[0]}'s words (of the first "
+                                 f"{m['words']}) are the tokenizer's unknown token")  # fmt: skip
+    classes = tuple(cls for cls in run.classes if cls.name not in skipped)
+    if not classes:
+        what = " and ".join(sorted(unreadable))
+        m = measured[min(unreadable)]
+        raise ProbeError(f"{m['share']:.0%} of the {min(unreadable)}'s words (of the first "
+                         f"{m['words']}) become the tokenizer's unknown token, and every analysis "
+                         f"of this run reads the {what}; give a {what} in the model's language, "
+                         "or analyses of the weights or of repeated sequences")  # fmt: skip
+    reads = {cls.name: reads[cls.name] for cls in classes}
+    needed = tuple(u for u in run.units if u not in dropped)
+    return replace(run, classes=classes, reads=reads, units=needed), skipped, measured
+
+
+def _unreadable_warnings(unknown: dict[str, dict], skipped: dict[str, str], tokenizer) -> list:
+    """One line per input the tokenizer mostly cannot read: the share, and what was skipped."""
+    from probe.inputs.unknown import MOSTLY_UNKNOWN
+
+    lines = []
+    for name, m in unknown.items():
+        if m["share"] > MOSTLY_UNKNOWN:
+            gone = [a for a, why in skipped.items() if f"the {name}'s words" in why]
+            lines.append(
+                f"{m['share']:.0%} of the {name}'s words (of the first {m['words']}) become the "
+                f"tokenizer's unknown token {tokenizer.unk_token!r}: the model cannot read the "
+                f"{name}, so nothing was measured on it"
+                + (f"; skipped {', '.join(gone)}" if gone else "")
+            )
+    return lines
 
 
 def _begin(run: Plan, model, tokenizer) -> tuple[list[analyses.Analysis], Any]:
@@ -686,7 +767,9 @@ def publish(run: Plan, outcome: Outcome, folder: Path, status: Callable[[str], N
     finished, tables, written = {}, {}, []
     for analysis in sorted(outcome.analyses, key=lambda analysis: handed[analysis.name]):
         status(f"finishing: {analysis.title.lower()}")
+        started = time.perf_counter()
         done = analysis.finish()
+        outcome.card.finish_s[analysis.name] = round(time.perf_counter() - started, 3)
         finished |= done
         for name in (name for name in done if name in schemas):
             tables[name] = table_io.typed(done[name], schemas[name], name)
@@ -747,16 +830,17 @@ def join_heads(
     from probe.heads import all_heads
 
     heads = pd.DataFrame(all_heads(n_layers, n_heads), columns=["layer", "head"])
+    granted = {}  # role -> held, per head: a role two analyses grant is held where either does
     for cls in classes:
         part = cls.heads(tables, thresholds)
         if part is not None:
             analyses.check_head_columns(cls, part)
             heads = heads.merge(part, on=["layer", "head"], how="left")
-    granted = {
-        role: heads.pop(role).astype("boolean").fillna(False).to_numpy()
-        for role in map(str, Role)
-        if role in heads
-    }
+            for role in map(str, Role):
+                if role in heads:
+                    held = heads.pop(role).astype("boolean").fillna(False).to_numpy()
+                    granted[role] = granted[role] | held if role in granted else held
+    granted = {role: granted[role] for role in map(str, Role) if role in granted}
     heads["roles"] = [
         ";".join(role for role, held in granted.items() if held[i]) for i in range(len(heads))
     ]

@@ -10,7 +10,11 @@ at n+1…2n, a head's attention A (rows: queries, columns: keys) gives, per sequ
   earlier copy (Olsson et al. 2022).
 
 On a null sequence (the second half fresh random tokens) the same offsets measure what the head
-gives those positions without a repeat. ``sink_alpha`` is Gu et al.'s (2024) α for the first
+gives those positions without a repeat: the duplicate-token and induction scores' nulls. The
+previous token is the previous token on a null sequence too, so a previous-token head scores the
+same there and that null would equal its score by construction; its null is instead
+``uniform_previous``: what a head attending uniformly over the keys it sees gives the previous
+position, averaged over the same queries. ``sink_alpha`` is Gu et al.'s (2024) α for the first
 position: the mean attention to key 0 over the queries that see it, on a text's first 64 tokens.
 """
 
@@ -58,6 +62,28 @@ def offset_scores(pattern: torch.Tensor, n: int, start: int = 0) -> torch.Tensor
     duplicate = pattern.diagonal(-n, -2, -1)[..., s + 1 : s + n + 1]  # i = s+n+1…s+2n
     induction = pattern.diagonal(-(n - 1), -2, -1)[..., s + 2 : s + n + 2]  # i = s+n+1…s+2n
     return torch.stack([previous.mean(-1), duplicate.mean(-1), induction.mean(-1)], 1)
+
+
+def uniform_previous(n: int, start: int = 0, *, causal: bool, keys: int) -> float:
+    """The previous-token score of a head that attends uniformly over the keys it sees: the mean
+    over the score's queries i = start+1…start+2n of 1/(i+1) where a query sees itself and the
+    keys before it (causal), or of 1/``keys`` where every query sees all ``keys`` keys.
+
+    Parameters
+    ----------
+    n : int
+        Tokens in each copy.
+    start : int
+        Where the BOS is (as in ``offset_scores``).
+    causal : bool
+        Whether query i sees keys 0…i only.
+    keys : int
+        The sequence's length (the keys a non-causal query sees).
+    """
+    if not causal:
+        return 1.0 / keys
+    queries = range(start + 1, start + 2 * n + 1)
+    return sum(1.0 / (i + 1) for i in queries) / len(queries)
 
 
 def sink_sums(pattern: torch.Tensor, real: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -132,7 +158,9 @@ def head_types(
     n : int
         Tokens in each copy.
     nulls : ``[batch, pos]`` long, optional
-        Sequences of the same shape whose second half is not a repeat: each score's null.
+        Sequences of the same shape whose second half is not a repeat: the duplicate-token and
+        induction scores' nulls (the previous-token score's null is ``uniform_previous``, which
+        needs none).
     attention : str, optional
         Which attention of an encoder-decoder model (``"decoder.attn"``…); default its first.
 
@@ -140,7 +168,8 @@ def head_types(
     -------
     pandas.DataFrame
         One row per (layer, head): each of ``SCORES``, its mean over the sequences and, with
-        ``nulls``, ``<score>_null``; layers and heads 0-based.
+        ``nulls``, ``<score>_null``; layers and heads 0-based. ``previous_token_null`` is
+        ``uniform_previous`` (for a model without a config, one that reads every key causally).
     """
     import pandas as pd
 
@@ -158,7 +187,11 @@ def head_types(
         nulls = arguments.token_ids(model, nulls, "nulls")
         arguments.same_shape(nulls, sequences, "nulls")
     start = int(attention == Attention.DECODER)
-    encoder_decoder = getattr(model, "config", None) is not None and describe(model).encoder_decoder
+    described = describe(model) if getattr(model, "config", None) is not None else None
+    encoder_decoder = described is not None and described.encoder_decoder
+    causal = described is None or (
+        attention == Attention.DECODER if encoder_decoder else described.causal
+    )
 
     def scores(ids: torch.Tensor) -> torch.Tensor:  # [layer, 3, head]
         inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
@@ -174,8 +207,11 @@ def head_types(
     table = pd.DataFrame({"layer": torch.arange(L).repeat_interleave(H).numpy(),
                           "head": torch.arange(H).repeat(L).numpy()})  # fmt: skip
     null = scores(nulls) if nulls is not None else None
+    uniform = uniform_previous(n, start, causal=causal, keys=sequences.shape[1])
     for k, score in enumerate(SCORES):
         table[score] = found[:, k].flatten().double().numpy()
         if null is not None:
             table[f"{score}_null"] = null[:, k].flatten().double().numpy()
+    if null is not None:
+        table["previous_token_null"] = uniform
     return table
