@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import sys
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Protocol
@@ -580,26 +580,32 @@ class Mirror:
         # A config is a plain attribute, in the module's __dict__ (hasattr would raise and catch
         # an AttributeError on every module without one).
         configs = {id(c) for m in model.modules() if (c := m.__dict__.get("config")) is not None}
-        # Models may share a config (one built from another's): an inner mirror's entries are
-        # put back as they were, not removed, when it detaches.
-        outer = [(registry, key, registry.get(key)) for registry, keys in
-                 ((_MIRRORS, attention), (_BY_CONFIG, configs)) for key in keys]  # fmt: skip
-        for key in attention:
-            _MIRRORS[key] = self
-        for key in configs:  # the mask function finds the mirror by the config it is given
-            _BY_CONFIG[key] = self
+        # The mask function finds the mirror by the config it is given.
         try:
-            model.set_attn_implementation(IMPLEMENTATION)
-            yield
+            with _registered(self, [(_MIRRORS, attention), (_BY_CONFIG, configs)]):
+                model.set_attn_implementation(IMPLEMENTATION)
+                yield
         finally:
             model.set_attn_implementation(previous)
             for h in handles:
                 h.remove()
-            for registry, key, value in outer:
-                if value is None:
-                    registry.pop(key, None)
-                else:
-                    registry[key] = value
+
+
+@contextmanager
+def _registered(mirror: Mirror, keys: list[tuple[dict, Iterable[int]]]) -> Iterator[None]:
+    """``mirror`` under the keys of each registry for the block. Models may share a config (one
+    built from another's): what a key held before, an outer mirror, is put back after it."""
+    before = [(registry, key, registry.get(key)) for registry, ids in keys for key in ids]
+    try:
+        for registry, key, _ in before:
+            registry[key] = mirror
+        yield
+    finally:
+        for registry, key, value in before:
+            if value is None:
+                registry.pop(key, None)
+            else:
+                registry[key] = value
 
 
 def _with_heads(

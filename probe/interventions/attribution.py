@@ -107,7 +107,7 @@ def attribute(
     if method == "ig" and steps < 1:
         raise ProbeError(f"steps must be at least 1, not {steps}")
     clean, corrupted, pairs = as_pairs(clean, corrupted)
-    head_dim, position_dim = LAYOUT[hook]
+    head_dim = LAYOUT[hook][0]
     with hook_points(model) as points:
         names = [name for name in points if point_of(name) == hook]
         if not names:
@@ -122,16 +122,9 @@ def attribute(
         start = clean_start(model, clean, cache)
         alphas = [k / steps for k in range(1, steps + 1)] if method == "ig" else [0.0]
         keep = [*names, *patterns, *around]
-        grads: dict[str, torch.Tensor] = {}
-        for alpha in alphas:  # one run at a time: the memory of one forward and backward
-            values, found, kept = run(
-                model, corrupted, metric, pairs, [*names, *patterns], start, [alpha],
-                keep if alpha == 0 else [],
-            )  # fmt: skip
-            for point, grad in found.items():  # the mean over the steps, [1, pairs, ...]
-                term = grad.double() / len(alphas)
-                grads[point] = grads[point] + term if point in grads else term
-            del found
+        values, grads, kept = _mean_over_steps(
+            model, corrupted, metric, pairs, [*names, *patterns], start, alphas, keep
+        )
         if method == "ig":  # the corrupted run's own activations and metric
             with torch.no_grad(), trace(model, keep) as corrupted_cache:
                 corrupted_metric = float(read(metric, model(**corrupted), pairs).float().mean())
@@ -140,36 +133,9 @@ def attribute(
             corrupted_metric = float(values[0].mean())
             corrupted_acts = {n: kept[n][0] for n in keep}
 
-    # The products, a chunk of pairs at a time within max_bytes: float64 copies of a point's
-    # tensors per pair (atp*: of the pattern's too).
-    per_pair = 8 * 4 * cache[names[0]][0].numel()
-    if fix:
-        per_pair += 8 * 12 * corrupted_acts[patterns[0]][0].numel()
-    if max_bytes < per_pair:
-        raise ProbeError(
-            f"max_bytes={max_bytes:,} is too small for one pair's products at {hook}; give at "
-            f"least max_bytes={per_pair:,} ({per_pair / 2**20:,.1f} MiB)"
-        )
-    step = max(1, min(pairs, max_bytes // per_pair))
-    per_layer = []
-    for layer, name in enumerate(names):
-        effects = []
-        for first in range(0, pairs, step):
-            rows = slice(first, first + step)
-            delta = (cache[name][rows] - corrupted_acts[name][rows]).double()  # [pairs, ...]
-            grad = grads[name][:, rows].sum(0)  # the mean over the steps
-            if fix:
-                effect = _fixed(
-                    hook, stems[layer], name, {name: cache[name][rows]},
-                    {n: v[rows] for n, v in corrupted_acts.items()},
-                    {n: v[:, rows] for n, v in grads.items()}, per_position,
-                )  # fmt: skip
-            else:
-                effect = _per_head(delta * grad, head_dim, position_dim)  # [pairs, head, pos]
-            effects.append(effect)
-            del delta, grad
-        per_layer.append(torch.cat(effects))
-
+    per_layer = _effects(
+        hook, names, stems, cache, corrupted_acts, grads, per_position, pairs, max_bytes
+    )
     metric_form = form(values, pairs)
     table = _table(per_layer, per_position, "attribution", metric_form == PER_PAIR)
     table.attrs = {
@@ -191,6 +157,58 @@ def attribute(
             "softmax is replaced outright by patching its output)"
         )
     return table
+
+
+def _mean_over_steps(model, corrupted, metric, pairs, points, start, alphas, keep):
+    """``run``'s values and kept activations, with the gradients at ``points`` averaged over
+    the steps ``alphas``, one run at a time (the memory of one forward and backward pass)."""
+    grads: dict[str, torch.Tensor] = {}
+    for alpha in alphas:
+        values, found, kept = run(
+            model, corrupted, metric, pairs, points, start, [alpha], keep if alpha == 0 else []
+        )
+        for point, grad in found.items():  # [1, pairs, ...]
+            term = grad.double() / len(alphas)
+            grads[point] = grads[point] + term if point in grads else term
+        del found
+    return values, grads, kept
+
+
+def _effects(
+    hook, names, stems, cache, corrupted_acts, grads, per_position, pairs, max_bytes
+) -> list[torch.Tensor]:
+    """Each layer's ``[pairs, head, position]`` estimates, from the products of the activations'
+    change and the gradients taken a chunk of pairs at a time within ``max_bytes``: float64
+    copies of a point's tensors per pair (atp*, where ``stems`` are given: of the pattern's
+    too)."""
+    head_dim, position_dim = LAYOUT[hook]
+    per_pair = 8 * 4 * cache[names[0]][0].numel()
+    if stems:
+        per_pair += 8 * 12 * corrupted_acts[stems[0] + "hook_pattern"][0].numel()
+    if max_bytes < per_pair:
+        raise ProbeError(
+            f"max_bytes={max_bytes:,} is too small for one pair's products at {hook}; give at "
+            f"least max_bytes={per_pair:,} ({per_pair / 2**20:,.1f} MiB)"
+        )
+    step = max(1, min(pairs, max_bytes // per_pair))
+    per_layer = []
+    for layer, name in enumerate(names):
+        effects = []
+        for first in range(0, pairs, step):
+            rows = slice(first, first + step)
+            if stems:
+                effect = _fixed(
+                    hook, stems[layer], name, {name: cache[name][rows]},
+                    {n: v[rows] for n, v in corrupted_acts.items()},
+                    {n: v[:, rows] for n, v in grads.items()}, per_position,
+                )  # fmt: skip
+            else:
+                delta = (cache[name][rows] - corrupted_acts[name][rows]).double()  # [pairs, ...]
+                grad = grads[name][:, rows].sum(0)  # the mean over the steps
+                effect = _per_head(delta * grad, head_dim, position_dim)  # [pairs, head, pos]
+            effects.append(effect)
+        per_layer.append(torch.cat(effects))
+    return per_layer
 
 
 def _fixed(hook, stem, name, cache, corrupted_acts, grads, per_position) -> torch.Tensor:

@@ -282,7 +282,6 @@ def edges(
         g = graph(model)
         budget = _Budget(g, model, max_bytes)  # refuses before anything runs
         sender_points, z_of = _sender_points(g)
-        receiver_points = sorted({point for *_, point, _ in g.receivers})
         alphas = [k / steps for k in range(1, steps + 1)] if method == "eap-ig" else [0.0]
         found: dict[str, Any] = {}
         readings = []  # the metric's values, for its form
@@ -295,42 +294,10 @@ def edges(
             if side == "clean":  # the embeddings, START, are a sender: the runs' start
                 start = clean_start(model, clean, cache)
             del cache
-        # The heads' inputs' gradients come from their projections' (see _head_input_grads).
-        layers = range(describe(model).n_layers)
-        heads = _head_inputs(model)
-        outputs = [hook_name(f"hook_{part}", layer) for layer in layers for part in "qkv"]
-        norms = [hook_name(p, layer) for layer in layers for p in _LN1]
-        others = [p for p in receiver_points if p not in heads]
-        mean_grads: dict[str, torch.Tensor] = {}
-        for alpha in alphas:  # one run at a time: the memory of one forward and backward
-            own = sender_points if alpha == 0 else []  # EAP's run is the corrupted run
-            keep = norms + outputs + own
-            values, grads, kept = run(
-                model, corrupted, metric, pairs, others + outputs, start, [alpha], keep
-            )
-            for point in others:
-                term = grads.pop(point)[0].double() / len(alphas)
-                mean_grads[point] = mean_grads[point] + term if point in mean_grads else term
-            _head_input_grads(model, heads, grads, kept, len(alphas))
-            if alpha == 0:
-                found["corrupted"] = float(values[0].mean())
-                found["corrupted_senders"] = {p: kept[p][0] for p in sender_points}
-            readings.append(values[0])
-            del values, grads, kept
-        senders = _Senders(
-            {
-                p: found["clean_senders"][p].float() - found["corrupted_senders"][p].float()
-                for p in sender_points
-                if p not in z_of.values()
-            },
-            {
-                r: found["clean_senders"][z].float() - found["corrupted_senders"][z].float()
-                for r, z in z_of.items()
-            },
-            {r: w.W_O for r, w in zip(_result_points(model), head_weights(model), strict=True)},
+        receivers = _receivers(
+            model, corrupted, metric, pairs, start, alphas, g, sender_points, found, readings
         )
-        del found["clean_senders"], found["corrupted_senders"]
-    receivers = {p: heads[p] for p in heads} | mean_grads
+        senders = _sender_changes(model, found, sender_points, z_of)
     mean, low, high, chunks = _edge_scores(g, senders, receivers, budget, pairs)
     metric_form = same_form(readings, pairs)
     if metric_form != PER_PAIR:  # a scalar's per-pair terms are shares of one value
@@ -355,6 +322,48 @@ def edges(
         "metric": metric_form,
     }
     return table
+
+
+def _receivers(model, corrupted, metric, pairs, start, alphas, g, sender_points, found, readings):
+    """Every receiver point's gradient, the mean over the steps ``alphas`` run one at a time
+    (the memory of one forward and backward pass): a head input's as a ``_HeadInput``, which
+    forms it a chunk at a time, the others' ``[pairs, pos, d_model]`` float64. EAP's run at
+    α = 0 is the corrupted run: its metric and senders go into ``found``; every run's metric
+    values into ``readings``."""
+    # The heads' inputs' gradients come from their projections' (see _head_input_grads).
+    layers = range(describe(model).n_layers)
+    heads = _head_inputs(model)
+    outputs = [hook_name(f"hook_{part}", layer) for layer in layers for part in "qkv"]
+    norms = [hook_name(p, layer) for layer in layers for p in _LN1]
+    others = sorted({point for *_, point, _ in g.receivers} - set(heads))
+    mean_grads: dict[str, torch.Tensor] = {}
+    for alpha in alphas:
+        own = sender_points if alpha == 0 else []
+        values, grads, kept = run(
+            model, corrupted, metric, pairs, others + outputs, start, [alpha], norms + outputs + own
+        )
+        for point in others:
+            term = grads.pop(point)[0].double() / len(alphas)
+            mean_grads[point] = mean_grads[point] + term if point in mean_grads else term
+        _head_input_grads(model, heads, grads, kept, len(alphas))
+        if alpha == 0:
+            found["corrupted"] = float(values[0].mean())
+            found["corrupted_senders"] = {p: kept[p][0] for p in sender_points}
+        readings.append(values[0])
+        del values, grads, kept
+    return dict(heads) | mean_grads
+
+
+def _sender_changes(model, found, sender_points, z_of) -> _Senders:
+    """The senders' clean − corrupted values from the two runs' in ``found`` (dropped there):
+    whole points as they are, each head's as its ``hook_z`` change and W_O."""
+    clean, corrupted = found.pop("clean_senders"), found.pop("corrupted_senders")
+    return _Senders(
+        {p: clean[p].float() - corrupted[p].float() for p in sender_points
+         if p not in z_of.values()},
+        {r: clean[z].float() - corrupted[z].float() for r, z in z_of.items()},
+        {r: w.W_O for r, w in zip(_result_points(model), head_weights(model), strict=True)},
+    )  # fmt: skip
 
 
 def _result_points(model: nn.Module) -> list[str]:
@@ -553,13 +562,7 @@ def patch_edges(
     result_of = {z: r for r, z in z_of.items()}
     s_index = torch.tensor([s for s, _ in g.edges])
     r_index = torch.tensor([r for _, r in g.edges])
-    by_point: dict[str, list[int]] = {}
-    for r, (*_, point, _) in enumerate(g.receivers):
-        by_point.setdefault(point, []).append(r)
-    senders_of = {
-        p: [i for i, (_, q, _) in enumerate(g.senders) if q == result_of.get(p, p)]
-        for p in sender_points
-    }
+    by_point, senders_of = _routes(g, sender_points, result_of)
     W_O = dict(zip(_result_points(model), (w.W_O for w in head_weights(model)), strict=True))
     out = []
     with hook_points(model), ungrouped():
@@ -567,16 +570,7 @@ def patch_edges(
             model(**corrupted)
         corrupted_values = {p: cache[p] for p in sender_points}
         del cache
-        rows = corrupted_values[START].shape[:2].numel()
-        d, n_heads, n_layers = corrupted_values[START].shape[-1], describe(model).n_heads, len(W_O)
-        per_copy = rows * 4 * d * (6 * n_heads + 2 * n_layers) + 4 * len(g.senders) * len(
-            g.receivers
-        )
-        fixed = rows * 4 * d * (2 * n_layers + 1)
-        if max_bytes < fixed + per_copy:
-            raise _too_small(max_bytes, fixed + per_copy, f"one copy of the {pairs} pairs' "
-                             "patched run (fewer pairs or shorter inputs need less)")  # fmt: skip
-        copies = max(1, min(max_rows // pairs, (max_bytes - fixed) // per_copy))
+        copies = _copies_within(g, model, corrupted_values[START], pairs, max_rows, max_bytes)
         for begin in range(0, len(kept), copies):
             # removed[copy, sender, receiver]: the edge's receiver sees the sender's corrupted
             # value.
@@ -615,6 +609,35 @@ def patch_edges(
                 out.append(read(metric, seen, pairs))
     same_form(out, pairs)
     return torch.stack(out).float()
+
+
+def _routes(g: Graph, sender_points, result_of) -> tuple[dict, dict]:
+    """Each receiver point's receivers, and each sender point's senders (a ``hook_z`` point's
+    are its heads' ``hook_result``), as indices of ``g``'s."""
+    by_point: dict[str, list[int]] = {}
+    for r, (*_, point, _) in enumerate(g.receivers):
+        by_point.setdefault(point, []).append(r)
+    senders_of = {
+        p: [i for i, (_, q, _) in enumerate(g.senders) if q == result_of.get(p, p)]
+        for p in sender_points
+    }
+    return by_point, senders_of
+
+
+def _copies_within(g, model, start, pairs, max_rows, max_bytes) -> int:
+    """How many copies of the pairs exact edge patching stacks in one run within ``max_bytes``
+    (and ``max_rows``): what one copy holds (the heads' inputs and the senders' changes, float32,
+    at every position, and the edges' masks) and what every copy shares (the corrupted
+    senders). ``start`` is the first block's input, ``[pairs, pos, d_model]``.
+    """
+    rows, d = start.shape[:2].numel(), start.shape[-1]
+    n_heads, n_layers = describe(model).n_heads, describe(model).n_layers
+    per_copy = rows * 4 * d * (6 * n_heads + 2 * n_layers) + 4 * len(g.senders) * len(g.receivers)
+    fixed = rows * 4 * d * (2 * n_layers + 1)
+    if max_bytes < fixed + per_copy:
+        raise _too_small(max_bytes, fixed + per_copy, f"one copy of the {pairs} pairs' patched "
+                         "run (fewer pairs or shorter inputs need less)")  # fmt: skip
+    return max(1, min(max_rows // pairs, (max_bytes - fixed) // per_copy))
 
 
 @keeps_model
