@@ -79,32 +79,20 @@ def read_task(path: Path) -> list[Pair]:
         that is not a JSON object, a field missing or not a string, ``wrong`` on some lines
         but not others, or no pairs.
     """
+    if not path.is_file():  # a folder, or a pipe that would hang the run waiting for a writer
+        what = "no such file" if not path.exists() else "not a regular file"
+        raise ProbeError(f"--task {path}: {what}; give repeats or a .jsonl file of pairs")
+    pairs = []
     try:
-        text = path.read_text(encoding="utf-8")
+        # Lines end at \n (JSON strings may hold U+2028, which str.splitlines would split at);
+        # a byte-order mark is taken as UTF-8's.
+        with path.open(encoding="utf-8-sig") as lines:
+            for number, line in enumerate(lines, start=1):
+                if line.strip():
+                    pairs.append(_pair(path, number, line))
     except (OSError, UnicodeDecodeError) as e:
         raise ProbeError(f"--task {path}: cannot read it ({e}); give repeats or a .jsonl file "
                          "of pairs") from None  # fmt: skip
-    pairs = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ProbeError(f"{path} line {number}: not JSON ({e.msg})") from None
-        if not isinstance(row, dict):
-            raise ProbeError(f"{path} line {number}: not a JSON object with fields "
-                             f"{', '.join(FIELDS)}")  # fmt: skip
-        for field in (*FIELDS, "wrong"):
-            if field not in row:
-                if field == "wrong":
-                    continue
-                raise ProbeError(f"{path} line {number}: no field {field!r}; each line needs "
-                                 "clean, corrupted and answer (wrong is optional)")  # fmt: skip
-            if not isinstance(row[field], str) or not row[field]:
-                raise ProbeError(f"{path} line {number}: field {field!r} must be a non-empty "
-                                 "string")  # fmt: skip
-        pairs.append(Pair(number, row["clean"], row["corrupted"], row["answer"], row.get("wrong")))
     if not pairs:
         raise ProbeError(f"{path}: no pairs; give one JSON object a line")
     with_wrong = [p.wrong is not None for p in pairs]
@@ -114,6 +102,29 @@ def read_task(path: Path) -> list[Pair]:
                          "others; give it on every line (a logit difference) or none (the "
                          "answer's log-probability)")  # fmt: skip
     return pairs
+
+
+def _pair(path: Path, number: int, line: str) -> Pair:
+    """One line of a task file, checked (``read_task``)."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ProbeError(f"{path} line {number}: not JSON ({e.msg})") from None
+    except (RecursionError, ValueError) as e:  # nesting too deep, a number too long
+        raise ProbeError(f"{path} line {number}: not JSON that can be read ({e})") from None
+    if not isinstance(row, dict):
+        raise ProbeError(f"{path} line {number}: not a JSON object with fields "
+                         f"{', '.join(FIELDS)}")  # fmt: skip
+    for field in (*FIELDS, "wrong"):
+        if field not in row:
+            if field == "wrong":
+                continue
+            raise ProbeError(f"{path} line {number}: no field {field!r}; each line needs "
+                             "clean, corrupted and answer (wrong is optional)")  # fmt: skip
+        if not isinstance(row[field], str) or not row[field]:
+            raise ProbeError(f"{path} line {number}: field {field!r} must be a non-empty "
+                             "string")  # fmt: skip
+    return Pair(number, row["clean"], row["corrupted"], row["answer"], row.get("wrong"))
 
 
 @dataclass(frozen=True)

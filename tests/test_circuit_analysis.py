@@ -231,11 +231,21 @@ def test_a_head_tied_to_the_embeddings_is_refused_after_loading_too(base_only):
         ('{"clean": "t1", "corrupted": "t3", "answer": 2}\n', "line 1: field 'answer' must be"),
         ('{"clean": "a", "corrupted": "b", "answer": "c", "wrong": "d"}\n'
          '{"clean": "a", "corrupted": "b", "answer": "c"}\n', "line 2: field 'wrong'"),
+        ("[" * 100_000 + "\n", "line 1: not JSON that can be read (maximum recursion"),
+        ('{"clean": "a", "corrupted": "b", "answer": "c", "n": ' + "9" * 5000 + "}\n",
+         "line 1: not JSON that can be read (Exceeds the limit"),
+        (bytes(range(256)), "cannot read it ('utf-8' codec"),
+        ("", "no pairs"),
+        ("[1, 2]\n", "line 1: not a JSON object"),
+        ('{"clean": null, "corrupted": "b", "answer": "c"}\n', "field 'clean' must be"),
+        # U+2028 is a line separator to str.splitlines, not to JSON: line 2 is the one at fault
+        ('{"clean": "a\u2028b", "corrupted": "b", "answer": "c"}\n{"x": 1}\n',
+         "line 2: no field 'clean'"),
     ],
 )  # fmt: skip
 def test_a_bad_task_file_is_one_line_before_the_model_loads(tmp_path, content, said):
     path = tmp_path / "task.jsonl"
-    path.write_text(content)
+    path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
     result = analyze("--model", MISSING, "-a", "circuit", "--lm-head", "--task", str(path),
                      "--out", str(tmp_path / "r"))  # fmt: skip
     assert result.exit_code == 1, result.output
@@ -321,3 +331,24 @@ def test_the_page_opens_with_the_circuit(report):
     assert (
         run["finish_s"]["circuit"] > 0 and run["timings_s"]["analyses"] < run["finish_s"]["circuit"]
     )
+
+
+def test_a_task_file_with_a_byte_order_mark_or_windows_lines_is_read(tmp_path):
+    from analyses.circuit import read_task
+
+    path = tmp_path / "task.jsonl"
+    path.write_bytes('\ufeff{"clean": "a", "corrupted": "b", "answer": "c"}\r\n\r\n'.encode())
+    assert [(p.line, p.clean, p.answer) for p in read_task(path)] == [(1, "a", "c")]
+
+
+@pytest.mark.parametrize("kind", ["folder", "pipe"])
+def test_a_task_that_is_not_a_file_is_one_line_and_does_not_wait(tmp_path, kind):
+    """A named pipe would block the run until something wrote to it."""
+    import os
+
+    path = tmp_path / "task.jsonl"
+    path.mkdir() if kind == "folder" else os.mkfifo(path)
+    result = analyze("--model", MISSING, "-a", "circuit", "--lm-head", "--task", str(path),
+                     "--out", str(tmp_path / "r"))  # fmt: skip
+    assert result.exit_code == 1 and "not a regular file" in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1
