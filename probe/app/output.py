@@ -231,6 +231,7 @@ def reserved(out: Path, overwrite: bool, kind: str = "report") -> Iterator[Path]
             staging.mkdir()  # the user's umask applies, as to any folder they make
             try:
                 yield staging
+                _remove_temporaries(staging)
                 marker = {"probe": _version(), "kind": kind,
                           "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")}  # fmt: skip
                 write_file(staging / MARKER, json.dumps(marker))
@@ -246,6 +247,15 @@ def reserved(out: Path, overwrite: bool, kind: str = "report") -> Iterator[Path]
             for folder in reversed(created):  # only what this run made, and only if empty
                 with suppress(OSError):
                     folder.rmdir()
+
+
+def _remove_temporaries(staging: Path) -> None:
+    """Remove what a writer killed mid-write left in the finished folder (a helper process's
+    ``write_file``, whose file the run then wrote itself): every write the body asked for is
+    done, so a temporary file left is no one's."""
+    for left in staging.rglob(".probe-tmp-*"):
+        if left.is_file() or left.is_symlink():
+            left.unlink()
 
 
 def _publish(staging: Path, out: Path, overwrite: bool, kind: str) -> None:
