@@ -423,3 +423,24 @@ def test_a_library_that_hangs_in_its_check_is_refused(tmp_path, monkeypatch):
     finally:
         fused._library.cache_clear()
     assert kernels(tmp_path / "cache") == []
+
+
+@pytest.mark.slow
+def test_what_a_killed_build_left_is_removed(tmp_path, monkeypatch):
+    """A build killed midway leaves its temporary file (never loaded: it has no kernel's name);
+    the next build removes it once it is older than any build could be, and leaves a fresh one
+    (another process's build under way)."""
+    needs_a_compiler()
+    folder = tmp_path / "kernels"
+    folder.mkdir()
+    old, fresh = folder / ".probe-tmp-old.so", folder / ".probe-tmp-fresh.so"
+    old.write_bytes(b"half a library")
+    fresh.write_bytes(b"being written")
+    os.utime(old, (0, 0))
+    monkeypatch.setenv("PROBE_CACHE", str(tmp_path))
+    fused._library.cache_clear()
+    try:
+        fused.available(torch.device("cpu"))
+    finally:
+        fused._library.cache_clear()
+    assert not old.exists() and fresh.exists()

@@ -31,6 +31,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from functools import lru_cache
@@ -50,6 +51,7 @@ SMALL = 2**16
 # Seconds the compiler may take to say its version, to build, and a built library to pass its
 # check (``_check``): a compiler or library that hangs is stopped and torch computes instead.
 VERSION_S, BUILD_S, CHECK_S = 30.0, 120.0, 30.0
+ABANDONED_S = 3600.0  # a temporary file of a build this old was left by a build that was killed
 
 
 class Fused(NamedTuple):
@@ -165,6 +167,7 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
             path.unlink()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        _remove_abandoned(path.parent)
         write_file(path, lambda tmp: _build(command, name, tmp))
     except _BuildError as e:
         return None, "; ".join([*notes, str(e)])
@@ -181,6 +184,15 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
             return None, "; ".join([*notes[:-1], f"the cache folder {path.parent} cannot be "
                                     f"written ({reason}), nor a temporary one ({e})"])  # fmt: skip
     return _load(path, "; ".join([how, *notes]))
+
+
+def _remove_abandoned(folder: Path) -> None:
+    """Remove the temporary files of builds killed midway (never loaded: only a checked build
+    is renamed to a kernel's name), once they are older than any build still running."""
+    for left in folder.glob(".probe-tmp-*"):
+        with suppress(OSError):
+            if time.time() - left.lstat().st_mtime > ABANDONED_S:
+                left.unlink()
 
 
 def _compiler() -> tuple[list[str] | None, str]:
