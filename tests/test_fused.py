@@ -444,3 +444,30 @@ def test_what_a_killed_build_left_is_removed(tmp_path, monkeypatch):
     finally:
         fused._library.cache_clear()
     assert not old.exists() and fresh.exists()
+
+
+@pytest.mark.slow
+def test_a_read_only_cache_folder(tmp_path, monkeypatch):
+    """A cache folder the system refuses to write (a read-only mount: EROFS on every write,
+    made here by the writer, as root writes through a folder's mode): a build for this run
+    alone, checked and loaded, and run.json says why."""
+    needs_a_compiler()
+    from probe.files import WriteError
+
+    def refused(path, content):
+        raise WriteError(path, "Read-only file system")
+
+    monkeypatch.setattr(fused, "write_file", refused)
+    monkeypatch.setenv("PROBE_CACHE", str(tmp_path))
+    fused._library.cache_clear()
+    try:
+        s = torch.randn(1, 2, 8, 100)
+        pattern = torch.empty_like(s)
+        assert fused.softmax_stats(s, pattern) is not None
+        torch.testing.assert_close(pattern, torch.softmax(s, -1), atol=1e-6, rtol=1e-5)
+        assert fused.described().endswith(f"; built for this run alone: the cache folder "
+                                          f"{tmp_path}/kernels cannot be written (Read-only "
+                                          "file system)")  # fmt: skip
+    finally:
+        fused._library.cache_clear()
+    assert kernels(tmp_path) == []
