@@ -398,3 +398,117 @@ def test_a_stalled_helper_is_given_up_and_the_work_done_in_the_run():
     assert got["second"] != got["parent"] and got["total"] == 4_000_000
     assert got["after"] == got["parent"]
     assert not _alive(got["pid"]) and not _alive(got["second"])
+
+
+# The report's tables while the helper writes them: the helper killed, stopped, or out of disk
+# in the middle of a table. A run whose helper fails writes the tables itself, and the report is
+# the report of an undisturbed run; one that cannot write them (a full disk) fails in one line
+# and leaves the report that was there. Never a report with a missing or cut table.
+
+HOSTILE_WRITES = '''
+import errno, os, signal, sys
+from probe import files
+from probe.run import helper
+
+mode, parent = sys.argv[1], os.getpid()
+helper.STALL_S = 2.0  # the watchdog's patience with a stopped helper
+original = files.write_file
+
+
+def hostile(path, content):
+    """Half of a table written, then (in the helper, or everywhere for a full disk) SIGKILL,
+    SIGSTOP or ENOSPC."""
+    if path.suffix != ".csv" or (os.getpid() == parent and mode != "full-disk"):
+        return original(path, content)
+
+    def cut(tmp):
+        content(tmp)
+        data = tmp.read_bytes()
+        tmp.write_bytes(data[: len(data) // 2])
+        if mode == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if mode == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    return original(path, cut)
+
+
+files.write_file = hostile
+from probe.app.cli import main
+
+sys.argv = ["probe", "analyze", *sys.argv[2:]]
+main()
+'''
+
+
+@pytest.fixture(scope="module")
+def undisturbed(tiny_model, tmp_path_factory):
+    """A report of the tiny model on the sample treebank, written as users run it."""
+    out = tmp_path_factory.mktemp("undisturbed") / "report"
+    done = subprocess.run([sys.executable, "-m", "probe.app.cli", "analyze", "-m",
+                           str(tiny_model), "-t", "sample", "-q", "-o", str(out)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def hostile_run(mode: str, tiny_model, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    script = out.parent / "hostile.py"
+    script.write_text(HOSTILE_WRITES)
+    return subprocess.run([sys.executable, str(script), mode, "-m", str(tiny_model), "-t",
+                           "sample", "-q", "-o", str(out), *extra],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)  # fmt: skip
+
+
+def same_report(a: Path, b: Path) -> None:
+    """The same files (run.json's timings aside), every table equal, nothing temporary."""
+    names = sorted(p.name for p in a.iterdir())
+    assert names == sorted(p.name for p in b.iterdir())
+    assert not [n for n in names if n.startswith(".probe-tmp")]
+    for name in names:
+        if name.endswith(".csv"):
+            pd.testing.assert_frame_equal(pd.read_csv(a / name), pd.read_csv(b / name))
+    assert (a / "examples.json").read_text() == (b / "examples.json").read_text()
+
+
+@pytest.mark.parametrize(
+    ("mode", "said"),
+    [("kill", "the helper process ended unexpectedly (killed?)"),
+     ("stop", "the helper process made no progress for 2 s (stopped?) and was ended"),
+     ("enospc", None)],
+)  # fmt: skip
+def test_a_helper_that_fails_mid_table_leaves_the_tables_to_the_run(
+    mode, said, tiny_model, undisturbed, tmp_path
+):
+    """SIGKILL or SIGSTOP in the middle of a table (half of it in the helper's temporary file),
+    or a full disk there: the run writes every table itself and the report is the undisturbed
+    run's, with no temporary file left in it; a stopped helper is waited on for ``STALL_S``
+    (here 2 s) without progress, then ended, and the console says so."""
+    out = tmp_path / "report"
+    done = hostile_run(mode, tiny_model, out)
+    assert done.returncode == 0, done.stderr
+    same_report(out, undisturbed)
+    if said is not None:
+        assert f"probe: {said}; the run does its work itself" in done.stderr
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_a_full_disk_while_the_tables_are_written_fails_in_one_line(
+    tiny_model, undisturbed, tmp_path
+):
+    """The helper and then the run meet a full disk writing a table: the command fails in one
+    line naming the table, the report that was there is left as it was, and nothing of the run
+    is left beside it."""
+    import shutil
+
+    out = tmp_path / "report"
+    shutil.copytree(undisturbed, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    done = hostile_run("full-disk", tiny_model, out, "--overwrite")
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert lines[0].startswith(f"error: cannot write {out}/") and ".csv (No space left" in lines[0]
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hostile.py", "report"]

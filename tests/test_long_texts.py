@@ -206,18 +206,21 @@ def test_a_one_line_corpus_is_read_in_bounded_memory(one_line, tokenizer):  # no
 
 def _wait_until_reading(process: subprocess.Popen, path: Path) -> None:
     """Until the run has read a megabyte of ``path`` for its windows (past the plan's first
-    piece, and not the quick count of its lines): where its descriptor of the file stands."""
+    piece, and not the quick count of its lines): where its descriptors of the file stand (the
+    one the plan holds open stays at 0)."""
     deadline, seen = time.monotonic() + 600, 0
     while time.monotonic() < deadline:
         assert process.poll() is None, process.communicate()
+        reading = False
         for fd in Path(f"/proc/{process.pid}/fd").iterdir():
             try:
                 if os.readlink(fd) == str(path.resolve()):
                     info = Path(f"/proc/{process.pid}/fdinfo/{fd.name}").read_text()
                     position = int(info.split()[1])
-                    seen = seen + 1 if 1 << 20 <= position < path.stat().st_size else 0
+                    reading |= 1 << 20 <= position < path.stat().st_size
             except (FileNotFoundError, ValueError):
                 continue
+        seen = seen + 1 if reading else 0
         if seen >= 3:  # three looks in a row: the slow reader, which tokenizes as it reads
             return
         time.sleep(0.2)

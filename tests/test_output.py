@@ -1,6 +1,7 @@
 """The output folder: never anything but probe's own report replaced, checked before any
 compute, one run at a time, written whole or not at all, whatever signals and crashes do."""
 
+import json
 import os
 import shutil
 import signal
@@ -201,3 +202,97 @@ def test_killed_at_random_points_leaves_the_old_report_or_the_new(tmp_path, mini
     with reserved(out, overwrite=True) as staging:
         (staging / "index.html").write_text("next")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+# A short-lived lock (probe figures, report and compare hold a report's for seconds) is waited
+# for, within LOCK_WAIT_S and saying so; a run's (analyze: minutes) is refused at once.
+
+
+def test_a_brief_holder_is_waited_for_and_said(tmp_path, monkeypatch, capsys):
+    """A command holding the report's lock to read it (as figures does) lets go after a moment:
+    a run to that report waits for it, says so on stderr, and then writes its report."""
+    import threading
+
+    out = report(tmp_path / "report")
+    released = threading.Event()
+
+    def figures():
+        with output.locked(out, reading=True):
+            held.set()
+            time.sleep(0.5)
+        released.set()
+
+    held = threading.Event()
+    monkeypatch.setattr(sys, "argv", ["probe", "figures", str(out)])
+    holder = threading.Thread(target=figures)
+    holder.start()
+    held.wait(10)
+    with reserved(out, overwrite=True) as staging:
+        assert released.is_set()  # the place was taken only once figures let go
+        (staging / "index.html").write_text("new")
+    holder.join()
+    assert (out / "index.html").read_text() == "new"
+    said = capsys.readouterr().err
+    assert said == (f"probe: {out} is held by probe figures (process {os.getpid()}); waiting "
+                    f"for it, up to {output.LOCK_WAIT_S:g} s\n")  # fmt: skip
+
+
+def test_a_brief_holder_is_waited_for_within_a_bound(tmp_path, monkeypatch):
+    """One that holds it past LOCK_WAIT_S: the command fails in one line, nothing replaced."""
+    out = report(tmp_path / "report")
+    monkeypatch.setattr(output, "LOCK_WAIT_S", 0.3)
+    monkeypatch.setattr(sys, "argv", ["probe", "report", str(out)])
+    with (
+        output.locked(out),
+        pytest.raises(ProbeError) as error,
+        reserved(out, overwrite=True) as staging,
+    ):
+        (staging / "index.html").write_text("new")
+    assert str(error.value) == (f"{out} is still held by probe report (process {os.getpid()}) "
+                                "after 0.3 s; run this again once it is done")  # fmt: skip
+    assert (out / "index.html").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]
+
+
+def test_a_runs_lock_is_refused_at_once_and_a_lock_without_a_holder_taken(tmp_path, monkeypatch):
+    """Two runs into one folder: the second is refused at once, never made to wait (a wait of
+    0 s would fail otherwise with another message); figures finding a run's lock refuse too."""
+    out = report(tmp_path / "report")
+    monkeypatch.setattr(output, "LOCK_WAIT_S", 0.0)
+    with reserved(out, overwrite=True):
+        for second in (lambda: reserved(out, overwrite=True), lambda: output.locked(out)):
+            with pytest.raises(ProbeError, match="another probe run is writing"), second():
+                pass
+    with reserved(out, overwrite=True) as staging:  # the lock file its holder left is taken
+        (staging / "index.html").write_text("new")
+
+
+@pytest.mark.slow
+def test_analyze_waits_for_figures_holding_the_report(tiny_model, tmp_path):
+    """``probe analyze --overwrite`` started while ``probe figures`` holds the report's lock:
+    it waits, says so in a line, and once figures lets go, replaces the report."""
+    out = tmp_path / "report"
+    args = ["analyze", "-m", str(tiny_model), "-t", "sample", "-a", "syntax", "-q", "-o", str(out)]
+    first = probe_cli(*args)
+    assert first.returncode == 0, first.stderr
+    created = json.loads((out / "run.json").read_text())["created"]
+    holding = subprocess.Popen(
+        [sys.executable, "-c", "import sys\nfrom pathlib import Path\n"
+         "from probe.app.output import locked\n"
+         "report, sys.argv = Path(sys.argv[1]), ['probe', 'figures', sys.argv[1]]\n"
+         "with locked(report, reading=True):\n"
+         "    print('held', flush=True)\n    sys.stdin.readline()\n", str(out)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert holding.stdout.readline() == "held\n"
+    env = os.environ | {"HF_HUB_OFFLINE": "1"}
+    second = subprocess.Popen([sys.executable, "-m", "probe.app.cli", *args, "--overwrite"],
+                              stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    said = second.stderr.readline()  # figures lets go once analyze says it waits
+    holding.communicate("go\n", timeout=60)
+    rest = second.communicate(timeout=300)[1]
+    assert second.returncode == 0, said + rest
+    assert said == (f"probe: {out} is held by probe figures (process {holding.pid}); waiting "
+                    f"for it, up to {output.LOCK_WAIT_S:g} s\n") and rest == ""  # fmt: skip
+    assert json.loads((out / "run.json").read_text())["created"] != created  # replaced
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]

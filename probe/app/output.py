@@ -3,6 +3,8 @@ all, and never anything but probe's own report replaced.
 
 A run reserves ``out`` by locking ``.<name>.probe-lock`` beside it (``flock``: released by the
 system even if the process is killed), so that a second run to the same place fails at once.
+The lock file names its holder: a command that holds it for seconds (figures, report, compare)
+is waited for, up to ``LOCK_WAIT_S`` and saying so, rather than a run's work thrown away.
 The report is written into a staging folder beside ``out``, marked as probe's with
 ``.probe-report``, and moved into place in one step: a rename, or with ``--overwrite`` an atomic
 exchange with the old report (Linux ``renameat2``), after which the old one is removed. A
@@ -24,6 +26,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -42,11 +45,17 @@ KINDS = {"report": "a report (probe analyze)", "figures": "figures (probe figure
          "comparison": "a comparison (probe compare)",
          "experiment": "an experiment's report (probe experiment)"}  # fmt: skip
 FIGURE_FILES = (".pdf", ".svg", ".png")
+BRIEF = ("figures", "comparison")  # the kinds a command writes in seconds, from tables alone
 RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2  # renameat2's flags, from linux/fs.h
 AT_FDCWD = -100
 # The longest name beside ``out`` that a run makes: ``.<name>.probe-<pid>-<monotonic ns>``.
 PREFIX_LENGTH = len(".") + len(".probe-") + 7 + 1 + 20
 NAME_MAX = 255
+# A command that finds a folder's lock held by one that holds it for seconds (figures, report,
+# compare: ``brief``) waits up to this long for it, and says so, rather than throw away what it
+# has done; one held by a run (analyze, experiment: minutes) is refused at once.
+LOCK_WAIT_S = 60.0
+LOCK_POLL_S = 0.1
 
 
 def refuse_inputs(out: Path, inputs: Sequence[Path], option: str = "--out") -> None:
@@ -84,7 +93,7 @@ def locked(*folders: Path, reading: bool = False) -> Iterator[None]:
         for folder in unique.values():
             lock = folder.absolute().parent / f".{folder.name}.probe-lock"
             try:
-                stack.enter_context(_locked(lock, folder))
+                stack.enter_context(_locked(lock, folder, brief=True))
             except _UnlockableError:
                 if not reading:
                     raise
@@ -225,12 +234,13 @@ def reserved(out: Path, overwrite: bool, kind: str = "report") -> Iterator[Path]
     created = _make_parents(parent)
     staging, published = None, False
     try:
-        with _locked(parent / f".{out.name}.probe-lock", out):
+        with _locked(parent / f".{out.name}.probe-lock", out, brief=kind in BRIEF):
             _clean_up_after_killed_runs(parent, out)
             staging = parent / f".{out.name}.probe-{os.getpid()}-{time.monotonic_ns()}"
             staging.mkdir()  # the user's umask applies, as to any folder they make
             try:
                 yield staging
+                _remove_temporaries(staging)
                 marker = {"probe": _version(), "kind": kind,
                           "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")}  # fmt: skip
                 write_file(staging / MARKER, json.dumps(marker))
@@ -246,6 +256,15 @@ def reserved(out: Path, overwrite: bool, kind: str = "report") -> Iterator[Path]
             for folder in reversed(created):  # only what this run made, and only if empty
                 with suppress(OSError):
                     folder.rmdir()
+
+
+def _remove_temporaries(staging: Path) -> None:
+    """Remove what a writer killed mid-write left in the finished folder (a helper process's
+    ``write_file``, whose file the run then wrote itself): every write the body asked for is
+    done, so a temporary file left is no one's."""
+    for left in staging.rglob(".probe-tmp-*"):
+        if left.is_file() or left.is_symlink():
+            left.unlink()
 
 
 def _publish(staging: Path, out: Path, overwrite: bool, kind: str) -> None:
@@ -265,8 +284,11 @@ def _publish(staging: Path, out: Path, overwrite: bool, kind: str) -> None:
 
 
 @contextmanager
-def _locked(path: Path, out: Path) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``path`` for the block, then remove it."""
+def _locked(path: Path, out: Path, brief: bool = False) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` for the block, then remove it. The file says who
+    holds it (this command, and whether ``brief``), so that a command that finds it held waits
+    for a brief holder (``LOCK_WAIT_S``) and refuses a run's at once."""
+    deadline = None
     while True:
         try:  # never through a link someone left in the lock's place
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
@@ -276,10 +298,21 @@ def _locked(path: Path, out: Path) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            holder = _holder(fd)
             os.close(fd)
-            raise ProbeError(
-                f"another probe run is writing {out}; wait for it or choose another --out"
-            ) from None
+            who = f"{holder.get('command', 'another probe command')} (process {holder.get('pid')})"
+            if not holder.get("brief"):
+                raise ProbeError(
+                    f"another probe run is writing {out}; wait for it or choose another --out"
+                ) from None
+            if deadline is None:
+                deadline = time.monotonic() + LOCK_WAIT_S
+                _say(f"{out} is held by {who}; waiting for it, up to {LOCK_WAIT_S:g} s")
+            elif time.monotonic() > deadline:
+                raise ProbeError(f"{out} is still held by {who} after {LOCK_WAIT_S:g} s; "
+                                 "run this again once it is done") from None  # fmt: skip
+            time.sleep(LOCK_POLL_S)
+            continue
         try:  # the holder before us may have removed the file we opened: lock the live one
             same = os.stat(path).st_ino == os.fstat(fd).st_ino
         except FileNotFoundError:
@@ -287,12 +320,42 @@ def _locked(path: Path, out: Path) -> Iterator[None]:
         if same:
             break
         os.close(fd)
+    with suppress(OSError):  # who holds it, for whoever finds it held
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"command": _command(), "pid": os.getpid(),
+                                  "brief": brief}).encode(), 0)  # fmt: skip
     try:
         yield
     finally:
         with suppress(OSError):
             path.unlink()
         os.close(fd)
+
+
+def _holder(fd: int) -> dict:
+    """What the holder of the lock open at ``fd`` wrote into it: {} for a run of an older
+    probe, or one that has only just taken it (asked again, briefly)."""
+    for _ in range(5):
+        with suppress(OSError, ValueError):
+            holder = json.loads(os.pread(fd, 4096, 0))
+            if isinstance(holder, dict):
+                return holder
+        time.sleep(0.02)
+    return {}
+
+
+def _command() -> str:
+    """This command, as a user would name it (``probe figures``), for whoever finds its lock."""
+    program = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    if program in ("probe", "cli.py", "__main__.py") and len(sys.argv) > 1:
+        return f"probe {sys.argv[1]}"
+    return "a probe command in a Python process"
+
+
+def _say(message: str) -> None:
+    """A line on the console (stderr) while the command goes on."""
+    with suppress(Exception):
+        print(f"probe: {message}", file=sys.stderr, flush=True)
 
 
 class _UnlockableError(ProbeError):

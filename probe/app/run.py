@@ -787,14 +787,27 @@ def publish(run: Plan, outcome: Outcome, folder: Path, status: Callable[[str], N
     status("rendering the report")
     card = outcome.card
     card.timings_s |= clock.timings
-    html = render_html(card.as_dict(), tables, examples)
-    write_file(folder / "index.html", html)
-    for pending in written:  # every file in place (or written here, where the helper failed)
-        pending.result()
+    try:
+        html = render_html(card.as_dict(), tables, examples)
+        write_file(folder / "index.html", html)
+        for pending in written:  # every file in place (or written here, where the helper failed)
+            pending.result()
+    except BaseException:  # nothing of the helper's may land in the folder being removed
+        helper.abandon()
+        raise
+    _check_written(folder, tables)
     clock.lap("render")
     card.timings_s["render"] = clock.timings["render"]
     card.timings_s["total"] = round(sum(v for k, v in card.timings_s.items() if k != "total"), 3)
     write_file(folder / "run.json", json.dumps(card.as_dict(), indent=2))
+
+
+def _check_written(folder: Path, tables: dict) -> None:
+    """Every table is in the folder before it is published (the helper wrote it, or the run)."""
+    missing = [name for name in tables if not (folder / f"{name}.csv").is_file()]
+    if missing:
+        raise ProbeError(f"the report's table {missing[0]}.csv was not written; nothing was "
+                         "replaced: re-run probe analyze")  # fmt: skip
 
 
 def package_versions() -> dict[str, str]:

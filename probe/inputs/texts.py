@@ -19,9 +19,10 @@ Imports nothing heavy until it reads: ``datasets`` (about half a second) on the 
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field, replace
 from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,6 +43,9 @@ TEXTS_PER_MAP = 256  # texts tokenized together
 # hundred thousand lines in memory however few of them the run reads).
 CHUNK_BYTES = 1 << 20
 READ_CHARS = 1 << 20  # characters of a .txt file read at once
+# A local corpus's files are held open from the plan (``CorpusSpec.sources``), the first this
+# many of a folder's: the rest are read by their paths.
+HELD_FILES = 256
 
 
 @dataclass(frozen=True)
@@ -58,10 +62,21 @@ class CorpusSpec:
     config: str | None = None
     split: str = "train"
     column: str = "text"
+    # The files as the plan opened them (``/proc/self/fd`` names, in the process ``holder``),
+    # so that the run reads what it planned on though a file is deleted, moved or replaced
+    held: tuple[str, ...] = field(default=(), compare=False, repr=False)
+    holder: int | None = field(default=None, compare=False, repr=False)
 
     @property
     def hub(self) -> bool:
         return not self.files
+
+    def sources(self) -> tuple[str, ...]:
+        """Where each of ``files`` is read from: the file the plan opened, where it is held in
+        this process; else its path."""
+        if not self.held or os.getpid() != self.holder:  # a child has no such descriptors
+            return self.files
+        return self.held + self.files[len(self.held) :]
 
     def describe(self) -> str:
         """The corpus as the run card names it."""
@@ -82,15 +97,15 @@ def corpus_spec(spec: str, column: str = "text") -> CorpusSpec:
     if spec.startswith(HUB):
         found = _hub_spec(spec, column)
     else:
-        found = CorpusSpec(spec, *_local(Path(spec)), column=column)
-    empty = found.files and not any(os.path.getsize(f) for f in found.files)
+        found = _hold(CorpusSpec(spec, *_local(Path(spec)), column=column))
+    empty = found.files and not any(os.path.getsize(f) for f in found.sources())
     with _torch_unseen():
         try:
             first = None if empty else _first(found)
         except ProbeError:
             raise
         except Exception as e:  # a file datasets cannot parse: where, in one line
-            raise explain(spec, found.builder, found.files, e) from None
+            raise _unreadable(found, e) from None
     if first is None:
         raise ProbeError(f"corpus {spec} holds no text; give a corpus with at least one")
     if found.column not in first:
@@ -108,7 +123,7 @@ def _first(spec: CorpusSpec) -> dict[str, Any] | None:
     """The corpus's first row, or None; of a .txt file, its first line's first piece (a line
     may be longer than memory allows to hold)."""
     if spec.builder == "text" and not spec.hub:
-        return next(({"text": piece} for piece, _ in _txt_pieces(spec.files)), None)
+        return next(({"text": piece} for piece, _ in _txt_pieces(spec.sources())), None)
     return next(iter(_open(spec)), None)
 
 
@@ -153,6 +168,42 @@ def _local(path: Path) -> tuple[str, tuple[str, ...]]:
     return BUILDERS[path.suffix.lower()], (str(path),)
 
 
+def _hold(spec: CorpusSpec) -> CorpusSpec:
+    """``spec`` with its files held open (the first ``HELD_FILES``) until it is forgotten, where
+    the system names open files (Linux's ``/proc/self/fd``); else ``spec``."""
+    if not os.path.isdir("/proc/self/fd"):
+        return spec
+    descriptors = []
+    for path in spec.files[:HELD_FILES]:
+        try:
+            descriptors.append(os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)))
+        except OSError:  # read by its path: its reader says what is wrong
+            break
+    held = tuple(f"/proc/self/fd/{fd}" for fd in descriptors)
+    found = replace(spec, held=held, holder=os.getpid())
+    weakref.finalize(found, _close, descriptors)
+    return found
+
+
+def _close(descriptors: list[int]) -> None:
+    for fd in descriptors:
+        with suppress(OSError):
+            os.close(fd)
+
+
+def _unreadable(spec: CorpusSpec, error: BaseException) -> ProbeError:
+    """The one line for a reader's ``error`` (``probe.inputs.unreadable.explain``), naming the
+    files by their paths; a file that is gone (not held, and deleted or moved since the plan)
+    said so."""
+    if isinstance(error, FileNotFoundError) and error.filename in spec.files:
+        return ProbeError(f"corpus {spec.name}: {error.filename} was deleted or moved while "
+                          "probe read it; nothing was written: put it back and re-run")  # fmt: skip
+    message = str(explain(spec.name, spec.builder, spec.files, error, spec.sources()))
+    for alias, path in sorted(zip(spec.sources(), spec.files, strict=True), reverse=True):
+        message = message.replace(alias, path)  # /proc/self/fd/12 before /proc/self/fd/1
+    return ProbeError(message)
+
+
 def _hub_spec(spec: str, column: str) -> CorpusSpec:
     """``hf:NAME[:CONFIG][@SPLIT]``, the split ``train`` unless given."""
     rest, _, split = spec.removeprefix(HUB).partition("@")
@@ -179,15 +230,15 @@ def _open(spec: CorpusSpec) -> IterableDataset:
             return datasets.load_dataset(spec.builder, spec.config, split=spec.split,
                                          streaming=True)  # fmt: skip
         chunks = {"chunksize": CHUNK_BYTES} if spec.builder in ("text", "json") else {}
-        return datasets.load_dataset(spec.builder, data_files=list(spec.files), split="train",
-                                     streaming=True, **chunks)  # fmt: skip
+        return datasets.load_dataset(spec.builder, data_files=list(spec.sources()),
+                                     split="train", streaming=True, **chunks)  # fmt: skip
     except ConnectionError as e:
         raise ProbeError(
             f"corpus {spec.name}: the hub cannot be reached (offline?) and the dataset is not in "
             f"the datasets cache ({first_line(e)}); give a local file instead"
         ) from None
     except Exception as e:  # datasets raises many kinds; the user needs the one line
-        raise explain(spec.name, spec.builder, spec.files, e) from None
+        raise _unreadable(spec, e) from None
 
 
 def _offline_unless_reachable(datasets) -> None:
@@ -343,7 +394,7 @@ def pieces(spec: CorpusSpec, max_texts: int | None = None) -> Iterator[tuple[str
     characters, as ``(piece, last)``: a ``.txt`` corpus read here (``_txt_pieces``), the others
     through datasets, each text whole and then sliced."""
     if spec.builder == "text" and not spec.hub:
-        yield from _txt_pieces(spec.files, max_texts)
+        yield from _txt_pieces(spec.sources(), max_texts)
         return
     for row in texts(spec, max_texts):
         yield from _sliced(row["text"] or "")
@@ -388,14 +439,17 @@ def count_texts(spec: CorpusSpec) -> int | None:
     if spec.hub:
         return None
     suffixes = {Path(f).suffix.lower() for f in spec.files}
-    if suffixes == {".txt"}:
-        return sum(_txt_lines(f) for f in spec.files)
-    if suffixes == {".jsonl"}:
-        return sum(_lines(f, blank=False) for f in spec.files)
-    if suffixes == {".parquet"}:
-        import pyarrow.parquet as pq
+    try:
+        if suffixes == {".txt"}:
+            return sum(_txt_lines(f) for f in spec.sources())
+        if suffixes == {".jsonl"}:
+            return sum(_lines(f, blank=False) for f in spec.sources())
+        if suffixes == {".parquet"}:
+            import pyarrow.parquet as pq
 
-        return sum(pq.read_metadata(f).num_rows for f in spec.files)
+            return sum(pq.read_metadata(f).num_rows for f in spec.sources())
+    except OSError as e:
+        raise _unreadable(spec, e) from None
     return None
 
 
@@ -453,4 +507,4 @@ def windows(
     except ProbeError:
         raise
     except Exception as e:  # a row that cannot be parsed, a column that changes type…
-        raise explain(spec.name, spec.builder, spec.files, e) from None
+        raise _unreadable(spec, e) from None

@@ -20,16 +20,24 @@ BLOCK = 1 << 20  # bytes read at once while looking for what is wrong
 SAVE_AS_UTF8 = "save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
 
 
-def explain(name: str, builder: str, files: Sequence[str], error: BaseException) -> ProbeError:
+def explain(
+    name: str,
+    builder: str,
+    files: Sequence[str],
+    error: BaseException,
+    sources: Sequence[str] | None = None,
+) -> ProbeError:
     """The one line for ``error``, raised by the reader of corpus ``name`` (its datasets
-    ``builder`` and local ``files``)."""
+    ``builder`` and local ``files``), each file read from its ``sources`` (the file the plan
+    opened: ``probe.inputs.texts.CorpusSpec.sources``) where given, and named by its path."""
+    pairs = list(zip(sources or files, files, strict=True))  # (where it is read, its name)
     found = None
     if isinstance(error, UnicodeDecodeError) or builder in ("text", "json", "csv"):
-        found = _first_bad_utf8(files)
+        found = _first_bad_utf8(pairs)
     if found is None and builder == "json":
-        found = _first_bad_json(files)
+        found = _first_bad_json(pairs)
     if found is None and builder == "parquet":
-        found = _first_bad_parquet(files)
+        found = _first_bad_parquet(pairs)
     if found is not None:
         return ProbeError(f"corpus {found}")
     return ProbeError(f"corpus {name} cannot be read: {first_line(error)}")
@@ -40,13 +48,13 @@ def first_line(error: BaseException) -> str:
     return text.splitlines()[0][:300]
 
 
-def _first_bad_utf8(files: Sequence[str]) -> str | None:
+def _first_bad_utf8(files: Sequence[tuple[str, str]]) -> str | None:
     """``FILE, line N: …`` for the first byte that is not UTF-8, or None."""
-    for path in files:
+    for source, path in files:
         decoder = codecs.getincrementaldecoder("utf-8")()
         line = 1
         try:
-            with open(path, "rb") as f:
+            with open(source, "rb") as f:
                 while block := f.read(BLOCK):
                     pending = len(decoder.getstate()[0])  # a character cut by the last block
                     try:
@@ -68,12 +76,12 @@ def _first_bad_utf8(files: Sequence[str]) -> str | None:
     return None
 
 
-def _first_bad_json(files: Sequence[str]) -> str | None:
+def _first_bad_json(files: Sequence[tuple[str, str]]) -> str | None:
     """``FILE, line N: …`` for the first line of a JSON Lines file that is not a JSON object
     (or, for a .json file holding one document, the place where it breaks), or None."""
-    for path in files:
+    for source, path in files:
         try:
-            with open(path, encoding="utf-8") as f:
+            with open(source, encoding="utf-8") as f:
                 if not path.lower().endswith(".jsonl") and not _lines_of_objects(f):
                     try:
                         json.load(f)
@@ -112,14 +120,14 @@ def _lines_of_objects(f) -> bool:
         f.seek(0)
 
 
-def _first_bad_parquet(files: Sequence[str]) -> str | None:
+def _first_bad_parquet(files: Sequence[tuple[str, str]]) -> str | None:
     """``FILE: …`` for the first .parquet file whose footer or row groups cannot be read, or
     None."""
     import pyarrow.parquet as pq
 
-    for path in files:
+    for source, path in files:
         try:
-            parquet = pq.ParquetFile(path)
+            parquet = pq.ParquetFile(source)
         except Exception as e:  # pyarrow raises ArrowInvalid, OSError…
             return (f"{path}: not a whole .parquet file ({first_line(e)}); it was cut or "
                     "damaged: write it again")  # fmt: skip

@@ -42,6 +42,9 @@ _process: multiprocessing.process.BaseProcess | None = None  # the helper, while
 # it; where its CPU time cannot be read (no /proc), when it has not answered in UNMEASURED_S.
 STALL_S = 60.0
 UNMEASURED_S = 1800.0
+# Seconds to wait for a helper that was sent SIGKILL to be gone, before its work is redone here
+# (a process in the middle of a write to a slow disk dies once that write returns).
+REAPED_S = 10.0
 _exchange = threading.Lock()  # held while the pipe is written or read
 
 
@@ -200,7 +203,7 @@ def submit(function: Callable[..., T], *args: Any) -> Pending[T]:
                 with _watched():  # a message larger than the pipe waits for the helper to read
                     _send(_connection, message)
             except OSError:  # the helper has died (or was given up)
-                _let_go()
+                _let_go(_ended())
             except BaseException:  # an interrupt mid-message: the helper would misread the next
                 _let_go()
                 raise
@@ -227,7 +230,7 @@ def _receive() -> None:
         with _watched():
             head, buffers = _receive_message(_connection)
     except (EOFError, OSError):  # the helper has died (or was given up): the work is done here
-        _let_go()
+        _let_go(_ended())
     except BaseException:  # an interrupt mid-exchange: the pipe may hold a stale answer
         _let_go()
         raise
@@ -239,17 +242,39 @@ def _receive() -> None:
             _leave_a_core(False)
 
 
-def _let_go() -> None:
-    """Stop using the helper: the work out and later work are done in this process."""
+def _let_go(why: str | None = None) -> None:
+    """Stop using the helper: the work out and later work are done in this process. The helper
+    is ended, and gone before this returns (within ``REAPED_S``), so that no write of its own
+    lands after the run has redone it. ``why`` it was let go, where it failed, goes to stderr."""
     global _connection, _process
     _connection.close()
     _connection = None
     if _process is not None:  # a helper let go mid-exchange may still be working: end it
         with suppress(Exception):
             _process.kill()
+            _process.join(REAPED_S)
         _process = None
     _waiting.clear()
     _leave_a_core(False)
+    if why:
+        with suppress(Exception):  # a closed stderr: the run goes on all the same
+            print(f"probe: {why}; the run does its work itself", file=sys.stderr, flush=True)
+
+
+def abandon() -> None:
+    """End the helper now, whatever it is doing, and do later work in this process: for a run
+    that fails, so that nothing the helper was writing lands in a folder being removed."""
+    with _exchange:
+        if _connection is not None:
+            _let_go()
+
+
+_stalled: list[str] = []  # why the watchdog ended the helper, once it has
+
+
+def _ended() -> str:
+    """Why the helper's pipe closed: the watchdog ended it, or it died (killed, out of memory)."""
+    return _stalled.pop() if _stalled else "the helper process ended unexpectedly (killed?)"
 
 
 @contextmanager
@@ -284,6 +309,9 @@ def _watch(process: multiprocessing.process.BaseProcess, done: threading.Event) 
                 last, since = ticks, now
             stalled = now - since >= STALL_S
         if stalled:
+            waited = UNMEASURED_S if ticks is None else STALL_S
+            _stalled[:] = [f"the helper process made no progress for {waited:g} s (stopped?) "
+                           "and was ended"]  # fmt: skip
             with suppress(Exception):
                 process.kill()  # SIGKILL ends a stopped process too; its pipe end closes
             return
