@@ -73,7 +73,7 @@ def measure(what: str, layers: int, kv_heads: int, pairs: int, length: int, max_
         with torch.no_grad():
             model(**corrupted)
         embeds = model.get_input_embeddings()(ids).detach().requires_grad_(True)
-        total = metric(model(inputs_embeds=embeds)).sum()
+        total = metric(model(inputs_embeds=embeds).logits).sum()
         torch.autograd.grad(total, [embeds])
         chunks = None
     else:

@@ -214,13 +214,13 @@ def test_a_brief_holder_is_waited_for_and_said(tmp_path, monkeypatch, capsys):
     import threading
 
     out = report(tmp_path / "report")
-    released = threading.Event()
+    leaving = threading.Event()  # set as figures lets go (the lock is released right after)
 
     def figures():
         with output.locked(out, reading=True):
             held.set()
             time.sleep(0.5)
-        released.set()
+            leaving.set()
 
     held = threading.Event()
     monkeypatch.setattr(sys, "argv", ["probe", "figures", str(out)])
@@ -228,7 +228,7 @@ def test_a_brief_holder_is_waited_for_and_said(tmp_path, monkeypatch, capsys):
     holder.start()
     held.wait(10)
     with reserved(out, overwrite=True) as staging:
-        assert released.is_set()  # the place was taken only once figures let go
+        assert leaving.is_set()  # the place was taken only once figures let go
         (staging / "index.html").write_text("new")
     holder.join()
     assert (out / "index.html").read_text() == "new"
