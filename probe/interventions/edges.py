@@ -178,12 +178,20 @@ class _HeadInput:
     head, γ ⊙ (W ḡ) − m · ḡ − Σ_runs a x̂ (see ``_head_input_grads``), formed a chunk of positions
     at a time."""
 
-    W: torch.Tensor  # [head, d_model, d_head], the model's own (a view)
+    weights: torch.Tensor  # [head or key/value head, d_model, d_head], the model's own (a view)
+    kv_head: torch.Tensor | None  # each query head's key/value head, where keys are grouped
     gain: torch.Tensor | float  # the norm's weight γ [d_model]
     centre: torch.Tensor | None  # LayerNorm's m = mean over d_model of γ W: [head, d_head]
     grad: torch.Tensor  # ḡ: Σ_runs ∂q / (σ runs) [pairs, pos, head, d_head] float32
     along: list[torch.Tensor]  # per run a = x̂W' · ∂q / (σ runs d_model) [pairs, pos, head]
     normalized: list[torch.Tensor]  # per run x̂ [pairs, pos, d_model]
+
+    @property
+    def W(self) -> torch.Tensor:
+        """``[head, d_model, d_head]``: one per query head, a grouped key or value head's
+        repeated for each head it serves (made when asked for, not kept: a layer's repeated
+        keys and values are as large as its queries)."""
+        return self.weights if self.kv_head is None else self.weights[self.kv_head]
 
     def chunk(self, pairs: slice, pos: slice) -> torch.Tensor:
         """``[head, pairs, pos, d_model]`` float64 at the chunk's pairs and positions."""
@@ -207,15 +215,15 @@ def _head_inputs(model: nn.Module) -> dict[str, _HeadInput]:
         gain = 1.0 if norm.weight is None else norm.weight.detach().float()
         gain = gain + 1 if "Gemma" in type(norm).__name__ else gain  # Gemma's 1 + weight
         for part, W in zip("qkv", (weights.W_Q, weights.W_K, weights.W_V), strict=True):
-            if len(W) != len(weights.W_Q):  # grouped keys and values, ungrouped (``ungrouped``)
-                W = W[weights.kv_head]
-            centre = None
-            if isinstance(norm, nn.LayerNorm):
-                centre = torch.einsum("d,hde->he", torch.as_tensor(gain).expand(W.shape[1]),
-                                      W.float()) / W.shape[1]  # fmt: skip
-            found[hook_name(f"hook_{part}_input", layer)] = _HeadInput(
-                W, gain, centre, torch.zeros(()), [], []
+            # Grouped keys and values, ungrouped (``ungrouped``): one per query head.
+            kv_head = weights.kv_head if len(W) != len(weights.W_Q) else None
+            found[hook_name(f"hook_{part}_input", layer)] = receiver = _HeadInput(
+                W, kv_head, gain, None, torch.zeros(()), [], []
             )
+            if isinstance(norm, nn.LayerNorm):
+                W = receiver.W
+                receiver.centre = torch.einsum("d,hde->he", torch.as_tensor(gain).expand(
+                    W.shape[1]), W.float()) / W.shape[1]  # fmt: skip
     return found
 
 
