@@ -141,8 +141,11 @@ class TaskOption(Option):
 
 TASK = TaskOption("task", REPEATS, "The circuit analysis's task: repeats, or a .jsonl file of "
                   "pairs (clean, corrupted, answer and optionally wrong).")  # fmt: skip
+# At most MAX_PAIRS: every run of the analysis holds all its pairs at once (a forward and backward
+# pass of them, patching's copies), so its memory grows with them; a task file's first ones.
+MAX_PAIRS = 1024
 PAIRS = Option("circuit_pairs", 16, "Prompt pairs of the circuit's task (repeats drawn; a task "
-               "file's first ones).", min=2)  # fmt: skip
+               "file's first ones).", min=2, max=MAX_PAIRS)  # fmt: skip
 LENGTH = Option("circuit_length", 20, "Random tokens in each copy of the repeats task.", min=2)
 FAITHFULNESS = Option("circuit_faithfulness", 0.8, "Faithfulness the circuit's edges must reach.",
                       min=0.0, max=1.0)  # fmt: skip

@@ -352,3 +352,25 @@ def test_a_task_that_is_not_a_file_is_one_line_and_does_not_wait(tmp_path, kind)
                      "--out", str(tmp_path / "r"))  # fmt: skip
     assert result.exit_code == 1 and "not a regular file" in result.output, result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+def test_too_many_pairs_is_one_line_before_the_model_loads(tmp_path):
+    result = analyze("--model", MISSING, "-a", "circuit", "--lm-head", "--circuit-pairs",
+                     "100000", "--out", str(tmp_path / "r"))  # fmt: skip
+    assert result.exit_code != 0
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "--circuit-pairs" in lines[0] and "1024" in lines[0], lines
+
+
+@pytest.mark.slow
+def test_a_task_file_of_twenty_thousand_pairs_reads_its_first_ones(tmp_path):
+    """The file is checked whole, line by line; the analysis tokenizes and runs only the first
+    --circuit-pairs, so what it holds does not grow with the file."""
+    line = json.dumps({"clean": "t1 t2 t3 t4", "corrupted": "t5 t2 t3 t4", "answer": " t2"})
+    path = tmp_path / "task.jsonl"
+    path.write_text((line + "\n") * 20_000)
+    out = tmp_path / "r"
+    result = analyze("--model", str(MODEL), "-a", "circuit", "--lm-head", "--task", str(path),
+                     "--circuit-pairs", "4", "--out", str(out))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert int(pd.read_csv(out / "circuit_run.csv").pairs[0]) == 4
