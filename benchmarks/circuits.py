@@ -14,7 +14,10 @@ hidden state (MiniLM has no LM head), one value per pair.
   same batch of pairs (goal ≤ 4x);
 - EAP-IG with 5 steps: ``probe.edges``, against one plain forward pass of the same batch (goal ≤
   15x). MiniLM is a post-LayerNorm model, whose edges are not a sum, so this one runs on a
-  randomly initialised GPT-2 of MiniLM's shape (6 layers, 12 heads, d_model 384, LM head).
+  randomly initialised GPT-2 of MiniLM's shape (6 layers, 12 heads, d_model 384, LM head);
+- guard: what the model-restoring guard (``probe.interventions.guard``: the door's checks, and
+  the model's modes, flags, gradients, hooks and attention implementation recorded and put
+  back) costs each call, against the patching call it wraps (goal: at most 1% of it).
 
 Each measurement and its floor run in pairs, alternating which goes first, after a warm-up of
 both: the ratio is the median of the rounds' ratios, so that load shared with other processes
@@ -34,7 +37,7 @@ from _common import timed  # noqa: F401  (sets the offline environment before tr
 
 import probe
 
-GOALS = {"patching": 1.2, "attribution": 4.0, "eap-ig": 15.0}
+GOALS = {"patching": 1.2, "attribution": 4.0, "eap-ig": 15.0, "guard": 0.01}
 
 
 def pairs_for(vocab: int, n_pairs: int, length: int, seed: int = 0, cls=None, sep=None):
@@ -137,6 +140,8 @@ def main() -> None:
         )
         report("attribution", "one plain forward pass", floor, took, ratio, before)
 
+    if "guard" in which:
+        guard_share(model, lambda: probe.patch(model, clean, corrupted, metric), args.rounds)
     if "eap-ig" not in which:
         return
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -163,6 +168,32 @@ def main() -> None:
         repeats=5,
     )
     report("eap-ig", "one plain forward pass", floor, took, ratio, before)
+
+
+def guard_share(model, call, rounds: int) -> None:
+    """The guard's own time a call (median of 200), and its share of ``call``'s median time."""
+    from probe.interventions.guard import check_model, model_kept
+
+    def guard() -> None:
+        check_model(model)
+        with model_kept(model):
+            pass
+
+    each = []
+    for _ in range(200):
+        start = time.perf_counter()
+        guard()
+        each.append(time.perf_counter() - start)
+    calls = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        call()
+        calls.append(time.perf_counter() - start)
+    own, whole = statistics.median(each), statistics.median(calls)
+    share = own / whole
+    print(f"guard: {own * 1e3:.2f} ms a call (min {min(each) * 1e3:.2f} ms) against "
+          f"{whole:.2f} s for patching: {share:.2%} of it "
+          f"(goal ≤ {GOALS['guard']:.0%})")  # fmt: skip
 
 
 if __name__ == "__main__":
