@@ -193,9 +193,12 @@ def test_traces_nest_and_select_names():
     assert len(everything) == 7
 
 
-def test_unknown_hook_name_lists_the_valid_ones():
+def test_a_misspelt_hook_name_is_answered_with_the_nearest():
     _, mha = pair(8)
-    with pytest.raises(KeyError, match="hook_pattern"), probe.trace(mha, ["hook_patern"]):
+    with (
+        pytest.raises(KeyError, match=r"did you mean 'hook_pattern'\?"),
+        probe.trace(mha, ["hook_patern"]),
+    ):
         pass
 
 
