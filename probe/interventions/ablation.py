@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from torch import nn
@@ -175,3 +176,138 @@ def ablate(
 
     with hooks(model, {names[layer]: replace(layer) for layer in by_layer}):
         yield
+
+
+Readout = Callable[[Any, Mapping[str, torch.Tensor]], torch.Tensor]
+Change = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@torch.no_grad()
+def ablation_effects(
+    model: nn.Module,
+    inputs: Mapping[str, torch.Tensor],
+    heads: Sequence[tuple[int, int]],
+    readout: Readout,
+    change: Change,
+    *,
+    mode: str = "mean",
+    means: Mapping[int, torch.Tensor] | None = None,
+    max_rows: int = 256,
+) -> torch.Tensor:
+    """Each head's effect, ablated alone, on the model's output at every position of a batch.
+
+    The heads' ablated copies of the batch run stacked along the batch dimension, as many as fit
+    in ``max_rows`` rows a forward pass (at least one), with the hooks attached once: copy c
+    ablates ``heads[c]`` alone, by its mean z (``head_means``) or by zero. Each copy's rows are
+    the batch's own, so its effect is the same whatever else shares the pass.
+
+    Parameters
+    ----------
+    model : nn.Module
+        A Hugging Face model (or a module built from ``probe.MultiHeadAttention``).
+    inputs : dict
+        Keyword arguments of ``model`` for one batch, ``[batch, pos]`` each.
+    heads : sequence of (layer, head)
+        0-based; the effect of each is returned in this order.
+    readout : callable
+        ``readout(output, inputs)``: what is compared, ``[rows, pos, k]``, from the model's
+        output on ``inputs`` (the stacked rows' own inputs), e.g. ``hidden_state`` or
+        ``next_token_loss``.
+    change : callable
+        ``change(ablated, intact)``: ``[copies, batch, pos, k]`` against ``[batch, pos, k]`` gives
+        ``[copies, batch, pos]``, e.g. ``relative_change`` or ``difference``.
+    mode : {"mean", "zero"}
+    means : mapping of layer to tensor ``[n_heads, d_head]``
+        For mean ablation: ``head_means(model, reference_batches)``.
+    max_rows : int
+        At most this many rows (copies × batch) in one forward pass.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[len(heads), batch, pos]`` float32: the change at each position with each head
+        ablated (what ``change`` gives at padding is left as it is).
+
+    Raises
+    ------
+    ProbeError
+        For an unknown mode, mean ablation without means, or a head the model lacks.
+    """
+    if mode not in MODES:
+        raise ProbeError(f"mode must be 'zero' or 'mean', not {mode!r}")
+    names, n_heads = z_points(model)
+    by_layer = check_heads(heads, len(names), n_heads)
+    if mode == "mean":
+        missing = sorted(set(by_layer) - set(means or {}))
+        if missing:
+            raise ProbeError(
+                f"mean ablation needs the heads' mean z (no means for layer {missing[0]}): "
+                "pass means=probe.head_means(model, reference_batches)"
+            )
+    rows = next(iter(inputs.values())).shape[0]
+    intact = readout(model(**inputs), inputs).float()
+    copies = max(1, max_rows // rows)
+    effects = []
+    for start in range(0, len(heads), copies):
+        chunk = [tuple(int(i) for i in h) for h in heads[start : start + copies]]
+        stacked = {
+            key: value.repeat(len(chunk), *(1,) * (value.dim() - 1))
+            if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == rows
+            else value
+            for key, value in inputs.items()
+        }
+        todo: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        for copy, (layer, head) in enumerate(chunk):
+            todo[layer].append((copy, head))
+        fns = {names[layer]: _ablate_copies(layer, done, rows, mode, means)
+               for layer, done in todo.items()}  # fmt: skip
+        with hooks(model, fns):
+            ablated = readout(model(**stacked), stacked).float()
+        ablated = ablated.reshape(len(chunk), rows, *ablated.shape[1:])
+        effects.append(change(ablated, intact).float())
+    if not effects:
+        return torch.zeros(0, *intact.shape[:2])
+    return torch.cat(effects)
+
+
+def _ablate_copies(layer: int, todo, rows: int, mode: str, means):
+    """A ``hook_z`` function that ablates, in copy c of a stacked batch, head h, for each
+    (c, h) of ``todo``."""
+
+    def fn(z: torch.Tensor, hook: Hook) -> torch.Tensor:  # z: [copies·batch, pos, head, d_head]
+        z = z.clone()
+        for copy, head in todo:
+            rows_of = slice(copy * rows, (copy + 1) * rows)
+            z[rows_of, :, head] = 0 if mode == "zero" else means[layer][head].to(z)
+        return z
+
+    return fn
+
+
+def hidden_state(output: Any, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """The last hidden state ``[rows, pos, d_model]`` (a ``readout`` for ``ablation_effects``)."""
+    states = getattr(output, "last_hidden_state", None)
+    if states is None:
+        states = output.hidden_states[-1] if getattr(output, "hidden_states", None) else output[0]
+    return states.float()
+
+
+def next_token_loss(output: Any, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """−log p(token t+1) read at position t, ``[rows, pos, 1]`` (a ``readout`` for
+    ``ablation_effects``); the last position, which predicts nothing here, holds NaN."""
+    logp = output.logits.float().log_softmax(-1)
+    ids = inputs["input_ids"]
+    loss = torch.full(ids.shape, float("nan"), device=logp.device)
+    loss[:, :-1] = -logp[:, :-1].gather(-1, ids[:, 1:, None])[..., 0]
+    return loss[..., None]
+
+
+def relative_change(ablated: torch.Tensor, intact: torch.Tensor) -> torch.Tensor:
+    """‖h′ − h‖₂ / ‖h‖₂ over the last dimension (a ``change`` for ``ablation_effects``)."""
+    return (ablated - intact).norm(dim=-1) / intact.norm(dim=-1).clamp(min=1e-12)
+
+
+def difference(ablated: torch.Tensor, intact: torch.Tensor) -> torch.Tensor:
+    """ablated − intact of a one-value readout (a ``change`` for ``ablation_effects``): the
+    rise of the loss, with ``next_token_loss``."""
+    return (ablated - intact)[..., 0]
