@@ -49,18 +49,18 @@ np = lazy("numpy")
 pd = lazy("pandas")
 torch = lazy("torch")
 
-SENTENCES = Option("claims_sentences", 32, "Sentences the claims' ablations run on.", min=1)
-SEQUENCES = Option("claims_sequences", 16,
+SENTENCES = Option("claims_sentences", 24, "Sentences the claims' ablations run on.", min=1)
+SEQUENCES = Option("claims_sequences", 12,
                    "Repeated random sequences the claims' ablations run on.", min=1)  # fmt: skip
-LENGTH = Option("claims_repeat_length", 20,
+LENGTH = Option("claims_repeat_length", 16,
                 "Random tokens in each half of the claims' repeated sequences.", min=2)  # fmt: skip
-NEIGHBOURS = Option("claims_baseline_heads", 4,
+NEIGHBOURS = Option("claims_baseline_heads", 3,
                     "Unclaimed heads of a claim's layer ablated for its baseline (0: all).",
                     min=0)  # fmt: skip
 ABLATIONS = ("mean", "zero")
 ABLATION = Option("claims_ablation", ABLATIONS[0], "How the claims' ablations remove a head.",
                   choices=ABLATIONS)  # fmt: skip
-GROUP = 16  # inputs per group of ablated passes: fixed, so --batch-size changes nothing
+GROUP = 4  # inputs per group of ablated passes, by length: fixed, whatever --batch-size
 MAX_ROWS = 256  # rows (copies × inputs) in one ablated forward pass
 
 RELATION = "relation"  # a best relation named on a head card without the syntactic role

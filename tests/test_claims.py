@@ -235,3 +235,18 @@ def test_a_run_writes_the_columns_and_the_page_marks_each_claim(sample_report):
     claims = pd.read_csv(out / "claims.csv", keep_default_na=False)
     too_few = claims.clusters.astype(int) < 10
     assert not claims.confirmed[too_few].eq("True").any()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_tables_are_the_same_for_one_or_two_threads(induction_model, threads):
+    model, tokenizer = induction_model
+    heads = heads_table(2, 4, INDUCTION_ROLES)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        table = claims_of(model, tokenizer, heads).finish()["claims"]
+        torch.set_num_threads(3 - threads)
+        other = claims_of(model, tokenizer, heads).finish()["claims"]
+    finally:
+        torch.set_num_threads(before)
+    pd.testing.assert_frame_equal(table, other)
