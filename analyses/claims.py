@@ -105,6 +105,14 @@ class Claims(Analysis):
     )
     options = (SENTENCES, SEQUENCES, LENGTH, NEIGHBOURS, ABLATION)
 
+    @classmethod
+    def unsupported(cls, model) -> str | None:
+        from probe.capture.spec import describe
+
+        if describe(model).encoder_decoder:
+            return "claims are not tested by ablation on encoder-decoder models yet"
+        return None
+
     def __init__(self, context: Context) -> None:
         super().__init__(context)
         settings = {o.name: o.default for o in self.options} | context.options

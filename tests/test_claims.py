@@ -13,7 +13,7 @@ import torch
 import transformers as tf
 from conftest import EWT, needs_ewt
 from induction import INDUCTION, MODEL, PREVIOUS_TOKEN
-from models import SMALL
+from models import CONFIGS, SMALL, padded_batch, small_model
 
 from analyses import Context
 from analyses.claims import Claims, listed_claims
@@ -22,6 +22,7 @@ from probe.capture.hookpoints import trace
 from probe.inputs.corpus import Corpus
 from probe.inputs.treebank import iter_conllu
 from probe.interventions.ablation import (
+    ablate,
     ablation_effects,
     difference,
     head_means,
@@ -100,6 +101,34 @@ def test_ablation_effects_are_one_head_at_a_time_with_plain_hooks(kind, mode):
     one = ablation_effects(model, inputs, heads, readout, change, mode=mode, means=means,
                            max_rows=1)  # fmt: skip
     torch.testing.assert_close(one, got, atol=1e-6, rtol=1e-5, equal_nan=True)
+
+
+@pytest.mark.parametrize("kind", sorted(CONFIGS))
+def test_ablation_effects_on_every_architecture_copy_the_rows_from_the_chunks_first_layer(kind):
+    """Copies of a chunk of layer-1 heads share layer 0's pass (their rows are copied at block 1's
+    input): the same as each head ablated alone with plain hooks, padded batches included."""
+    model = small_model(kind)
+    inputs = padded_batch(kind)
+    heads = [(0, 1), (0, 2), (1, 0), (1, 3)]
+    means = head_means(model, [inputs])
+    got = ablation_effects(
+        model, inputs, heads, hidden_state, relative_change, means=means, max_rows=6
+    )  # two copies a pass: layer 0's heads, then layer 1's
+    real = inputs["attention_mask"].bool()
+    with torch.no_grad():
+        intact = hidden_state(model(**inputs), inputs)
+        for i, (layer, head) in enumerate(heads):
+            if kind == "albert":  # one module for every layer: no plain hook per layer
+                with ablate(model, [(layer, head)], "mean", means):
+                    ablated = hidden_state(model(**inputs), inputs)
+            else:
+                handle = replaced(model, layer, head, means[layer][head])
+                try:
+                    ablated = hidden_state(model(**inputs), inputs)
+                finally:
+                    handle.remove()
+            expected = relative_change(ablated[None], intact)[0]
+            torch.testing.assert_close(got[i][real], expected[real], atol=1e-5, rtol=1e-4)
 
 
 def claims_of(model, tokenizer, heads: pd.DataFrame, sentences=(), **options) -> Claims:

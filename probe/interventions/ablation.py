@@ -196,10 +196,12 @@ def ablation_effects(
 ) -> torch.Tensor:
     """Each head's effect, ablated alone, on the model's output at every position of a batch.
 
-    The heads' ablated copies of the batch run stacked along the batch dimension, as many as fit
-    in ``max_rows`` rows a forward pass (at least one), with the hooks attached once: copy c
-    ablates ``heads[c]`` alone, by its mean z (``head_means``) or by zero. Each copy's rows are
-    the batch's own, so its effect is the same whatever else shares the pass.
+    The heads' ablated copies of the batch run stacked along the batch dimension, as many of one
+    layer's heads as fit in ``max_rows`` rows a forward pass (at least one): copy c ablates its
+    head alone, by its mean z (``head_means``) or by zero. The layers below run once, on the
+    batch's own rows, which are copied at the layer's block (where the model's blocks are modules
+    of their own; ALBERT's shared one is copied from the start). Each copy's rows are the batch's
+    own, so its effect is the same whatever else shares the pass.
 
     Parameters
     ----------
@@ -247,27 +249,80 @@ def ablation_effects(
     rows = next(iter(inputs.values())).shape[0]
     intact = readout(model(**inputs), inputs).float()
     copies = max(1, max_rows // rows)
-    effects = []
-    for start in range(0, len(heads), copies):
-        chunk = [tuple(int(i) for i in h) for h in heads[start : start + copies]]
-        stacked = {
-            key: value.repeat(len(chunk), *(1,) * (value.dim() - 1))
-            if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == rows
-            else value
-            for key, value in inputs.items()
-        }
+    stack = _blocks(model, len(names))
+    # Chunks of one layer's heads each (where the rows are copied from that layer on).
+    by_layer: dict[int, list[int]] = defaultdict(list)
+    for i, (layer, _) in enumerate(heads):
+        by_layer[int(layer) if stack is not None else 0].append(i)
+    chunks = [own[s : s + copies] for _, own in sorted(by_layer.items())
+              for s in range(0, len(own), copies)]  # fmt: skip
+    effects = torch.zeros(len(heads), *intact.shape[:2], device=intact.device)
+    for chosen in chunks:
+        chunk = [tuple(int(i) for i in heads[i]) for i in chosen]
+        stacked = _stacked(inputs, len(chunk), rows)
         todo: dict[int, list[tuple[int, int]]] = defaultdict(list)
         for copy, (layer, head) in enumerate(chunk):
             todo[layer].append((copy, head))
         fns = {names[layer]: _ablate_copies(layer, done, rows, mode, means)
                for layer, done in todo.items()}  # fmt: skip
-        with hooks(model, fns):
-            ablated = readout(model(**stacked), stacked).float()
+        # The layers below the chunk's lowest run once on the batch's own rows; from that one
+        # on, the rows are copied (where the model's blocks are its own modules).
+        first = min(todo) if stack is not None else None
+        with hooks(model, fns), _copied_from(stack, first, len(chunk), rows):
+            ablated = readout(model(**(stacked if first is None else inputs)), stacked).float()
         ablated = ablated.reshape(len(chunk), rows, *ablated.shape[1:])
-        effects.append(change(ablated, intact).float())
-    if not effects:
-        return torch.zeros(0, *intact.shape[:2])
-    return torch.cat(effects)
+        effects[chosen] = change(ablated, intact).float()
+    return effects
+
+
+def _stacked(inputs: Mapping[str, Any], copies: int, rows: int) -> dict[str, Any]:
+    """``inputs`` repeated ``copies`` times along the batch: copy c is rows c·rows…(c+1)·rows."""
+    return {key: _repeat(value, copies, rows) for key, value in inputs.items()}
+
+
+def _repeat(value: Any, copies: int, rows: int) -> Any:
+    """A tensor of ``rows`` rows (or a tuple of them) repeated ``copies`` times along dim 0."""
+    if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == rows:
+        return value.repeat(copies, *(1,) * (value.dim() - 1))
+    if isinstance(value, tuple):
+        return tuple(_repeat(v, copies, rows) for v in value)
+    return value
+
+
+def _blocks(model: nn.Module, n_layers: int) -> list[nn.Module] | None:
+    """The model's blocks, one per layer, where each is a module of its own (not ALBERT's shared
+    one) and there is one per ``hook_z`` point; else None (the copies then run from the start)."""
+    from probe.capture.architectures import blocks
+
+    try:
+        found = blocks(model)
+    except Exception:  # a module probe describes by its hook points only
+        return None
+    if len(found) != n_layers or len({id(b) for b in found}) != len(found):
+        return None
+    return found
+
+
+@contextmanager
+def _copied_from(stack: list[nn.Module] | None, first: int | None, copies: int, rows: int):
+    """While the block runs, the inputs of block ``first`` and of every later block (its hidden
+    states, mask, position embeddings: whatever has the batch's ``rows`` rows) repeated
+    ``copies`` times along the batch; nothing where ``first`` is None."""
+    if first is None or stack is None or copies == 1:
+        yield
+        return
+
+    def copy(module, args, kwargs):
+        return _repeat(tuple(args), copies, rows), {
+            key: _repeat(value, copies, rows) for key, value in kwargs.items()
+        }
+
+    handles = [b.register_forward_pre_hook(copy, with_kwargs=True) for b in stack[first:]]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def _ablate_copies(layer: int, todo, rows: int, mode: str, means):
