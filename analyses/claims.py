@@ -35,6 +35,7 @@ import math
 from typing import TYPE_CHECKING, ClassVar
 
 from analyses import Analysis, Context, Measure, Schema
+from analyses.figures import Plot
 from analyses.vocabulary import DESCRIBED_FIRST, Role, Thresholds
 from probe.inference import FDR, MIN_CLUSTERS, benjamini_hochberg, t975
 from probe.inputs.treebank import RELATIONS
@@ -323,6 +324,11 @@ class Claims(Analysis):
         return pd.DataFrame(rows), len(ablated), count, positions_total
 
     # -- what the report shows -----------------------------------------------------------
+
+    plots = (
+        Plot("effects", "Each claim's ablation effect beside its layer's unclaimed heads",
+             "analyses.paper:claims_effects", needs=("claims",), width="page"),
+    )  # fmt: skip
 
     @classmethod
     def heads(cls, tables: dict[str, pd.DataFrame], thresholds: Thresholds) -> pd.DataFrame:
