@@ -7,9 +7,10 @@ alone (by its mean z over the inputs below, or by zero), and so is every head of
 that holds no claim, on a bounded sample of the run's inputs:
 
 - a syntactic relation (a head's best relation, role or not): the first ``claims_sentences``
-  sentences by a key of the seed and the sentence's position in the treebank (``probe.keys``:
-  the same sample whatever the batches or processes), measured at the tokens of the words that
-  bear the relation (the dependents);
+  sentences with a word bearing the relation, by a key of the seed and the sentence's position
+  in the treebank (``probe.keys``: the same sample whatever the batches or processes), measured
+  at the tokens of the words that bear the relation (the dependents), in every sentence
+  sampled for any claimed relation;
 - previous-token, duplicate-token and induction: ``claims_sequences`` repeated random sequences
   (``probe.inputs.units.repeats``, the taxonomy's first ones), measured at the second copy.
 
@@ -50,7 +51,9 @@ np = lazy("numpy")
 pd = lazy("pandas")
 torch = lazy("torch")
 
-SENTENCES = Option("claims_sentences", 24, "Sentences the claims' ablations run on.", min=1)
+SENTENCES = Option("claims_sentences", 10,
+                   "Sentences per claimed relation the claims' ablations run on.",
+                   min=1)  # fmt: skip
 SEQUENCES = Option("claims_sequences", 12,
                    "Repeated random sequences the claims' ablations run on.", min=1)  # fmt: skip
 LENGTH = Option("claims_repeat_length", 16,
@@ -143,11 +146,23 @@ class Claims(Analysis):
         self._trim()
 
     def _trim(self) -> None:
-        """Keep the ``n_sentences`` of smallest key (ties by index): a sample that does not
-        depend on the order the sentences came in."""
-        if len(self.kept) > self.n_sentences:
-            chosen = sorted(self.kept, key=lambda i: (self.kept[i][0], i))[: self.n_sentences]
-            self.kept = {i: self.kept[i] for i in chosen}
+        """Keep, for each relation, the ``n_sentences`` of smallest key (ties by index) among
+        the sentences with a word bearing it: a sample that does not depend on the order the
+        sentences came in, with as many sentences for a rare relation as for a frequent one."""
+        keep = set()
+        for sentences in self._by_relation(self.kept).values():
+            keep.update(sentences[: self.n_sentences])
+        if len(keep) < len(self.kept):
+            self.kept = {i: self.kept[i] for i in self.kept if i in keep}
+
+    @staticmethod
+    def _by_relation(kept: dict) -> dict[int, list[int]]:
+        """Relation index -> the kept sentences with a word bearing it, by key."""
+        found: dict[int, list[int]] = {}
+        for i in sorted(kept, key=lambda i: (kept[i][0], i)):
+            for relation in set(kept[i][2]) - {-1}:
+                found.setdefault(relation, []).append(i)
+        return found
 
     def merge(self, other: Claims) -> None:
         self._check_mergeable(other)
@@ -174,7 +189,10 @@ class Claims(Analysis):
             mine = claims[claims.claim.isin(kinds)]
             if mine.empty:
                 continue
-            groups = self._sentences() if inputs == "sentences" else self._repeats()
+            if inputs == "sentences":
+                groups = self._sentences(set(mine.relation))
+            else:
+                groups = self._repeats()
             tested, heads_ablated, count, positions = self._test(mine, groups, claims, lm)
             rows.append(tested)
             runs.append({"inputs": inputs, "count": count, "positions": positions,
@@ -190,14 +208,24 @@ class Claims(Analysis):
         table = table.sort_values(["layer", "head", "claim"], kind="stable", ignore_index=True)
         return {"claims": table[list(self.tables["claims"])], "claims_run": pd.DataFrame(runs)}
 
-    def _sentences(self) -> list[tuple[dict, torch.Tensor, np.ndarray]]:
-        """Groups of the kept sentences, in the order of their position: model inputs,
+    def _sentences(self, relations: set[str]) -> list[tuple[dict, torch.Tensor, np.ndarray]]:
+        """Groups of the kept sentences of the claimed ``relations``, by length: model inputs,
         each token's relation ``[batch, pos]`` (-1 for none), and the sentences' indices."""
         from probe.run.loading import main_device
 
         device = main_device(self.context.model)
+        # In key order, each sentence that holds a claimed relation not yet in n_sentences of
+        # those chosen: each relation's first n_sentences, few sentences in all.
+        need = {RELATIONS.index(r): self.n_sentences for r in relations}
+        chosen = []
+        for i in sorted(self.kept, key=lambda i: (self.kept[i][0], i)):
+            helps = [r for r in set(self.kept[i][2]) if need.get(r, 0) > 0]
+            if helps:
+                chosen.append(i)
+                for r in helps:
+                    need[r] -= 1
         # by length, so that a group pads little (ties by position: the same groups always)
-        order = sorted(self.kept, key=lambda i: (len(self.kept[i][1]), i))
+        order = sorted(chosen, key=lambda i: (len(self.kept[i][1]), i))
         groups = []
         for start in range(0, len(order), GROUP):
             chosen = order[start : start + GROUP]
