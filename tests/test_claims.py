@@ -282,3 +282,17 @@ def test_the_tables_are_the_same_for_one_or_two_threads(induction_model, threads
     finally:
         torch.set_num_threads(before)
     pd.testing.assert_frame_equal(table, other)
+
+
+def test_an_importance_folder_of_layout_1_is_read_with_its_column_renamed():
+    """Importance's heads.csv column was ablation_effect, now the claims'; layout 2 renames it."""
+    from probe.app.folder import SCHEMA, migrate
+
+    heads = pd.DataFrame({"layer": [0], "head": [0], "ablation_effect": [0.5]})
+    run, tables = {"analyses": ["syntax", "importance"]}, {"heads": heads}
+    migrate(run, tables)
+    assert run["schema"] == SCHEMA >= 2 and tables["heads"].importance_effect.tolist() == [0.5]
+    assert "ablation_effect" not in tables["heads"]
+    untouched = {"heads": heads}
+    migrate({"analyses": ["claims"]}, untouched)  # no importance: the claims' own column
+    assert untouched["heads"].ablation_effect.tolist() == [0.5]
