@@ -61,7 +61,7 @@ LENGTH = Option("claims_repeat_length", 16,
 NEIGHBOURS = Option("claims_baseline_heads", 3,
                     "Unclaimed heads of a claim's layer ablated for its baseline (0: all).",
                     min=0)  # fmt: skip
-ABLATIONS = ("mean", "zero")
+ABLATIONS = ("mean", "zero", "resample")
 ABLATION = Option("claims_ablation", ABLATIONS[0], "How the claims' ablations remove a head.",
                   choices=ABLATIONS)  # fmt: skip
 GROUP = 4  # inputs per group of ablated passes, by length: fixed, whatever --batch-size
@@ -227,8 +227,8 @@ class Claims(Analysis):
         # by length, so that a group pads little (ties by position: the same groups always)
         order = sorted(chosen, key=lambda i: (len(self.kept[i][1]), i))
         groups = []
-        for start in range(0, len(order), GROUP):
-            chosen = order[start : start + GROUP]
+        for start, stop in groups_of(len(order)):
+            chosen = order[start:stop]
             rows = [self.kept[i] for i in chosen]
             width = max(len(ids) for _, ids, _ in rows)
             ids = torch.zeros(len(rows), width, dtype=torch.long)
@@ -254,8 +254,8 @@ class Claims(Analysis):
         first, last = _specials(tokenizer)
         device = main_device(self.context.model)
         groups = []
-        for start in range(0, self.n_sequences, GROUP):
-            chosen = list(range(start, min(start + GROUP, self.n_sequences)))
+        for start, stop in groups_of(self.n_sequences):
+            chosen = list(range(start, stop))
             rows = []
             for index in chosen:  # as RepeatedSequences.pair(2 · index) draws it
                 rng = np.random.default_rng([self.context.seed, 2 * index])
@@ -311,7 +311,7 @@ class Claims(Analysis):
         readout, change = (next_token_loss, difference) if lm else (hidden_state, relative_change)
         with torch.no_grad():
             means = None
-            if self.ablation == "mean":
+            if self.ablation != "zero":  # resample takes the mean where its source is padded
                 means = head_means(model, [inputs for inputs, *_ in groups])
             # per claim: per input, the mean change of the claimed head and of each neighbour
             effects = []  # per group: [heads, batch, pos]
@@ -399,6 +399,15 @@ class Claims(Analysis):
             "fdr": FDR,
             "min_clusters": MIN_CLUSTERS,
         }
+
+
+def groups_of(n: int) -> list[tuple[int, int]]:
+    """(start, stop) of groups of ``GROUP`` of ``n`` inputs, a last group of one joined to the
+    one before it (resample ablation takes each input's z from another of its group)."""
+    bounds = [(start, min(start + GROUP, n)) for start in range(0, n, GROUP)]
+    if len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] == 1:
+        bounds[-2:] = [(bounds[-2][0], n)]
+    return bounds
 
 
 def listed_claims(heads: pd.DataFrame | None) -> pd.DataFrame:

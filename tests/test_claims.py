@@ -69,8 +69,27 @@ def gpt2_lm():
     return tf.GPT2LMHeadModel(config).eval()
 
 
+def z_of(model, inputs) -> list[torch.Tensor]:
+    """Each layer's z ``[batch, pos, head, d_head]``, read with plain PyTorch pre-hooks on the
+    output projections."""
+    found = []
+
+    def keep(_module, args):
+        found.append(args[0].detach().clone())
+
+    handles = [b.get_submodule(architecture(model).o).register_forward_pre_hook(keep)
+               for b in blocks(model)]  # fmt: skip
+    try:
+        with torch.no_grad():
+            model(**inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    return [z.unflatten(-1, (-1, head_dim(model))) for z in found]
+
+
 @pytest.mark.parametrize("kind", ["bert", "gpt2"])
-@pytest.mark.parametrize("mode", ["mean", "zero"])
+@pytest.mark.parametrize("mode", ["mean", "zero", "resample"])
 def test_ablation_effects_are_one_head_at_a_time_with_plain_hooks(kind, mode):
     model = bert() if kind == "bert" else gpt2_lm()
     g = torch.Generator().manual_seed(1)
@@ -81,13 +100,18 @@ def test_ablation_effects_are_one_head_at_a_time_with_plain_hooks(kind, mode):
     lm = kind == "gpt2"
     readout, change = (next_token_loss, difference) if lm else (hidden_state, relative_change)
     heads = [(0, 1), (1, 0), (1, 3), (0, 2)]
-    means = head_means(model, [inputs]) if mode == "mean" else None
+    means = head_means(model, [inputs]) if mode != "zero" else None
     got = ablation_effects(model, inputs, heads, readout, change, mode=mode, means=means)
     assert got.shape == (4, 3, 9)
+    zs = z_of(model, inputs)
     with torch.no_grad():
         intact = readout(model(**inputs), inputs)
         for i, (layer, head) in enumerate(heads):
             value = torch.zeros(head_dim(model)) if mode == "zero" else means[layer][head]
+            if mode == "resample":  # the next input's z, its mean where that one is padded
+                source = zs[layer][:, :, head].roll(-1, 0)
+                real = mask.roll(-1, 0).bool()[..., None]
+                value = torch.where(real, source, means[layer][head])
             handle = replaced(model, layer, head, value)
             try:
                 ablated = readout(model(**inputs), inputs)
@@ -296,3 +320,18 @@ def test_an_importance_folder_of_layout_1_is_read_with_its_column_renamed():
     untouched = {"heads": heads}
     migrate({"analyses": ["claims"]}, untouched)  # no importance: the claims' own column
     assert untouched["heads"].ablation_effect.tolist() == [0.5]
+
+
+def test_resample_ablation_confirms_the_previous_token_head_and_not_a_decoy(induction_model):
+    """Resampled from another repeated sequence, the layer-1 heads matter less than layer 0's
+    unclaimed heads (their baseline: every layer-1 head is claimed); the previous-token head is
+    confirmed, and a decoy's effect is 0."""
+    model, tokenizer = induction_model
+    heads = heads_table(2, 4, INDUCTION_ROLES)
+    table = claims_of(model, tokenizer, heads, claims_ablation="resample").finish()["claims"]
+    assert table.set_index(["layer", "head"]).loc[PREVIOUS_TOKEN, "confirmed"]
+    decoy = copy.deepcopy(model)
+    zero_head_output(decoy, *INDUCTION)
+    table = claims_of(decoy, tokenizer, heads, claims_ablation="resample").finish()["claims"]
+    row = table.set_index(["layer", "head"]).loc[INDUCTION]
+    assert not row.confirmed and abs(row.effect) < 1e-6

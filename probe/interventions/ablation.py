@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from probe.capture.hookpoints import Hook, hook_points, hooks
+from probe.capture.hookpoints import Hook, hook_points, hooks, trace
 from probe.capture.names import Attention, Stack, hook_name, point_of
 from probe.capture.spec import describe
 from probe.errors import ProbeError
@@ -218,9 +218,11 @@ def ablation_effects(
     change : callable
         ``change(ablated, intact)``: ``[copies, batch, pos, k]`` against ``[batch, pos, k]`` gives
         ``[copies, batch, pos]``, e.g. ``relative_change`` or ``difference``.
-    mode : {"mean", "zero"}
+    mode : {"mean", "zero", "resample"}
+        Resample: each input's z of the head is the one it had on the next input of the batch
+        (the last input's, the first's), and its mean where that input has padding.
     means : mapping of layer to tensor ``[n_heads, d_head]``
-        For mean ablation: ``head_means(model, reference_batches)``.
+        For mean and resample ablation: ``head_means(model, reference_batches)``.
     max_rows : int
         At most this many rows (copies × batch) in one forward pass.
 
@@ -235,19 +237,27 @@ def ablation_effects(
     ProbeError
         For an unknown mode, mean ablation without means, or a head the model lacks.
     """
-    if mode not in MODES:
-        raise ProbeError(f"mode must be 'zero' or 'mean', not {mode!r}")
+    if mode not in (*MODES, "resample"):
+        raise ProbeError(f"mode must be 'zero', 'mean' or 'resample', not {mode!r}")
     names, n_heads = z_points(model)
     by_layer = check_heads(heads, len(names), n_heads)
-    if mode == "mean":
+    if mode in ("mean", "resample"):
         missing = sorted(set(by_layer) - set(means or {}))
         if missing:
             raise ProbeError(
-                f"mean ablation needs the heads' mean z (no means for layer {missing[0]}): "
+                f"{mode} ablation needs the heads' mean z (no means for layer {missing[0]}): "
                 "pass means=probe.head_means(model, reference_batches)"
             )
     rows = next(iter(inputs.values())).shape[0]
-    intact = readout(model(**inputs), inputs).float()
+    if mode == "resample":
+        if rows < 2:
+            raise ProbeError("resample ablation needs a batch of at least 2 inputs")
+        wanted = [names[layer] for layer in by_layer]
+        with trace(model, wanted) as cache:
+            intact = readout(model(**inputs), inputs).float()
+        means = _resampled(cache, names, by_layer, means, inputs.get("attention_mask"))
+    else:
+        intact = readout(model(**inputs), inputs).float()
     copies = max(1, max_rows // rows)
     stack = _blocks(model, len(names))
     # Chunks of one layer's heads each (where the rows are copied from that layer on).
@@ -327,16 +337,36 @@ def _copied_from(stack: list[nn.Module] | None, first: int | None, copies: int, 
 
 def _ablate_copies(layer: int, todo, rows: int, mode: str, means):
     """A ``hook_z`` function that ablates, in copy c of a stacked batch, head h, for each
-    (c, h) of ``todo``."""
+    (c, h) of ``todo``: by zero, its mean ``means[layer][h]`` ``[d_head]``, or (resample) the
+    z it had on another input, ``means[layer][:, :, h]`` ``[batch, pos, d_head]``."""
 
     def fn(z: torch.Tensor, hook: Hook) -> torch.Tensor:  # z: [copies·batch, pos, head, d_head]
         z = z.clone()
         for copy, head in todo:
             rows_of = slice(copy * rows, (copy + 1) * rows)
-            z[rows_of, :, head] = 0 if mode == "zero" else means[layer][head].to(z)
+            if mode == "zero":
+                z[rows_of, :, head] = 0
+            elif mode == "mean":
+                z[rows_of, :, head] = means[layer][head].to(z)
+            else:
+                z[rows_of, :, head] = means[layer][:, :, head].to(z)
         return z
 
     return fn
+
+
+def _resampled(cache, names, by_layer, means, mask) -> dict[int, torch.Tensor]:
+    """Per layer, each input's z taken from the next input of the batch (the last from the
+    first) ``[batch, pos, head, d_head]``; where that input has padding, the head's mean z."""
+    out = {}
+    for layer in by_layer:
+        z = cache[names[layer]].float()
+        source = z.roll(-1, dims=0)
+        if mask is not None:
+            real = mask.roll(-1, dims=0).bool()[:, :, None, None].to(z.device)
+            source = torch.where(real, source, means[layer].to(z)[None, None])
+        out[layer] = source
+    return out
 
 
 def hidden_state(output: Any, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
