@@ -315,11 +315,30 @@ class Claims(Analysis):
                 means = head_means(model, [inputs for inputs, *_ in groups])
             # per claim: per input, the mean change of the claimed head and of each neighbour
             effects = []  # per group: [heads, batch, pos]
-            for inputs, _, _ in groups:
-                effects.append(ablation_effects(
-                    model, inputs, ablated, readout, change, mode=self.ablation, means=means,
-                    max_rows=MAX_ROWS,
-                ).cpu().double())  # fmt: skip
+            for inputs, tags, _ in groups:
+                # only the heads read on these inputs: the claims whose tokens they hold, and
+                # their baselines (the others' rows stay NaN, never read)
+                held = set(tags.unique().tolist())
+                needed = set()
+                for claim in mine.itertuples(index=False):
+                    target = RELATIONS.index(claim.relation) if claim.claim in ON_SENTENCES else 0
+                    if target in held:
+                        needed |= {(claim.layer, claim.head), *neighbours[claim.layer][0]}
+                needed = [h for h in ablated if h in needed]
+                effect = torch.full((len(ablated), *tags.shape), math.nan, dtype=torch.float64)
+                if needed:
+                    found = ablation_effects(
+                        model,
+                        inputs,
+                        needed,
+                        readout,
+                        change,
+                        mode=self.ablation,
+                        means=means,
+                        max_rows=MAX_ROWS,
+                    )
+                    effect[[slot[h] for h in needed]] = found.cpu().double()
+                effects.append(effect)  # fmt: skip
         rows, positions_total = [], 0
         for claim in mine.itertuples(index=False):
             target = RELATIONS.index(claim.relation) if claim.claim in ON_SENTENCES else 0
