@@ -50,12 +50,20 @@ REGISTRY: dict[str, str] = {
     "taxonomy": "analyses.taxonomy:Taxonomy",
     "retrieval": "analyses.retrieval:Retrieval",
     "circuit": "analyses.circuit:Circuit",
+    "claims": "analyses.claims:Claims",
 }
 
-# A table's columns and their types: "int", "float", "str", "bool", or "Int64" (an integer
-# that may be missing).
+# A table's columns and their types: "int", "float", "str", "bool", "Int64" (an integer
+# that may be missing) or "boolean" (a bool that may be missing).
 Schema = dict[str, str]
-DTYPES = {"int": "int64", "float": "float64", "str": "object", "bool": "bool", "Int64": "Int64"}
+DTYPES = {
+    "int": "int64",
+    "float": "float64",
+    "str": "object",
+    "bool": "bool",
+    "Int64": "Int64",
+    "boolean": "boolean",
+}
 
 
 _SHIPPED = dict(REGISTRY)  # as probe ships it, whatever is registered later
@@ -171,6 +179,9 @@ class Analysis:
     # What the command line's helper process (``probe.run.helper``) runs while torch imports, for
     # the work this analysis hands it later: ``"module:function"``, called with no arguments.
     helper_warmup: ClassVar[str | None] = None
+    # Whether it reads the other analyses' heads (their roles and relations) before it
+    # finishes: the run finishes it after them and hands it their joined heads (``take_heads``).
+    reads_heads: ClassVar[bool] = False
 
     def __init__(self, context: Context) -> None:
         self.context = context
@@ -234,6 +245,11 @@ class Analysis:
             Whether work was handed off.
         """
         return False
+
+    def take_heads(self, heads: pd.DataFrame) -> None:
+        """Called before ``finish`` on an analysis that ``reads_heads``, with the heads the
+        other analyses of the run give (``probe.app.run.join_heads``: ``roles`` and their
+        ``head_columns``)."""
 
     def merge(self, other: Self) -> None:
         """Add the state of ``other``, an instance that saw other sentences, exactly."""

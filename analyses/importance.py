@@ -74,8 +74,9 @@ class Importance(Analysis):
             "rank_correlation": "float",  # Spearman's, of gradient importance and effect
         },
     }  # fmt: skip
-    head_columns: ClassVar[Schema] = {"ablation_effect": "float"}
-    measures = (Measure("ablation_effect", "ablation effect", "num", "higher"),)
+    # (``ablation_effect`` in heads.csv is the claims' ablation: ``analyses.claims``)
+    head_columns: ClassVar[Schema] = {"importance_effect": "float"}
+    measures = (Measure("importance_effect", "importance (ablation effect)", "num", "higher"),)
     options = (
         Option("importance_sentences", SENTENCES,
                "Sentences (or corpus windows) the importance analysis ablates on.", min=1),
@@ -220,7 +221,8 @@ class Importance(Analysis):
 
     @classmethod
     def heads(cls, tables: dict[str, pd.DataFrame], thresholds: Thresholds) -> pd.DataFrame:
-        return tables["importance"][["layer", "head", "ablation_effect"]]
+        table = tables["importance"][["layer", "head", "ablation_effect"]]
+        return table.rename(columns={"ablation_effect": "importance_effect"})
 
     plots = (
         Plot("heads", "Each head's importance", "analyses.paper:importance_heads",

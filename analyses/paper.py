@@ -440,3 +440,29 @@ def layer_correspondence(tables: dict[str, pd.DataFrame], ax: Axes | None = None
     ax.set_xlabel("layer of B")
     ax.set_ylabel("layer of A")
     return ax
+
+
+def claims_effects(tables: dict[str, pd.DataFrame], ax: Axes | None = None) -> Axes:
+    """Each claim tested by ablation: the head's effect with its 95% interval (filled where
+    confirmed) beside its baseline, the mean effect of its layer's unclaimed heads."""
+    claims = tables["claims"]
+    claims = claims[claims.tested.astype(bool)].reset_index(drop=True)
+    ax = _axes(ax, "page")
+    x = range(len(claims))
+    low = claims.effect - claims.effect_low
+    high = claims.effect_high - claims.effect
+    confirmed = claims.confirmed.astype(bool)
+    for held, face, label in (
+        (True, "C0", "confirmed by ablation"),
+        (False, "white", "pattern only"),
+    ):
+        part = claims[confirmed == held]
+        ax.errorbar(part.index, part.effect, yerr=[low[part.index], high[part.index]], fmt="o",
+                    color="C0", mfc=face, label=label)  # fmt: skip
+    ax.scatter(x, claims.baseline, marker="_", s=200, color="C3", label="layer's unclaimed heads")
+    names = [f"{r.layer}-{r.head} {r.claim}" + (f" ({r.relation})" if r.relation else "")
+             for r in claims.itertuples()]  # fmt: skip
+    ax.set_xticks(list(x), names, rotation=90, fontsize="small")
+    ax.set_ylabel("ablation effect")
+    ax.legend(fontsize="small")
+    return ax

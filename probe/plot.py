@@ -98,6 +98,11 @@ def pruning_curve(report: Report, ax: Axes | None = None) -> Axes:
     return _draw("importance", "pruning", report, ax)
 
 
+def claims_effects(report: Report, ax: Axes | None = None) -> Axes:
+    """claims: each claim's ablation effect beside its layer's unclaimed heads."""
+    return _draw("claims", "effects", report, ax)
+
+
 def taxonomy_scores(report: Report, ax: Axes | None = None) -> Axes:
     """taxonomy: score x head on repeated sequences, and nulls."""
     return _draw("taxonomy", "scores", report, ax)

@@ -20,7 +20,8 @@ from probe.app.cli import app
 FILES = {
     "index.html", "run.json", "examples.json", "attention.npz", "heads.csv", "head_stats.csv",
     "head_similarity.csv", "spectra.csv", "syntax.csv", "syntax_baselines.csv", "syntax_best.csv",
-    "probe.csv", "coref.csv", "coref_baselines.csv", "coref_example.csv",
+    "probe.csv", "coref.csv", "coref_baselines.csv", "coref_example.csv", "claims.csv",
+    "claims_run.csv",
     ".probe-report",  # the marker: what --overwrite may replace
 }  # fmt: skip
 runner = CliRunner()
@@ -84,7 +85,7 @@ def test_default_sample_writes_every_file(sample_report):
     run = json.loads((sample_report / "run.json").read_text())
     assert run["sentences_analysed"] == run["sentences_read"] == 76
     assert run["treebank"][0].endswith("sample.conllu")
-    assert run["analyses"] == ["syntax", "roles", "spectra", "probe", "coref"]
+    assert run["analyses"] == ["syntax", "roles", "spectra", "probe", "coref", "claims"]
     # the sample's three documents with coreference, each one window
     assert run["coref"] == {"window": 128, "documents": 4, "windows": 3, "mentions": 33,
                             "sentences_skipped": 0, "windows_skipped": {}}  # fmt: skip

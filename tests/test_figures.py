@@ -24,7 +24,7 @@ from probe.app.figures import declared
 
 pytestmark = pytest.mark.slow  # runs real models or the whole command line
 
-ANALYSES = "syntax,roles,spectra,probe,taxonomy,importance,circuit"
+ANALYSES = "syntax,roles,spectra,probe,taxonomy,importance,circuit,claims"
 
 
 def run(*args: str):

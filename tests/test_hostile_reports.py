@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from probe.app.cli import app
+from probe.app.folder import SCHEMA
 
 pytestmark = pytest.mark.slow  # runs real models or the whole command line
 
@@ -190,7 +191,7 @@ def edit_json(path: Path, change) -> None:
             ),
             [
                 "head_stats.csv cannot be read: it lacks columns",
-                "layout version 1",
+                f"layout version {SCHEMA}",
                 "re-run probe analyze",
             ],
         ),
@@ -284,8 +285,8 @@ def test_a_full_disk_while_writing_tables_is_one_line(tiny_report, tmp_path):
 
 
 def test_an_older_layout_is_migrated_in_memory(tiny_report, tmp_path, monkeypatch):
-    """A later layout (2) adds a column to head_stats.csv: a step of MIGRATIONS fills it for
-    folders of layout 1, which then render; their files are not changed."""
+    """A later layout adds a column to head_stats.csv: a step of MIGRATIONS fills it for
+    folders of today's, which then render; their files are not changed."""
     from probe.app import folder as layout
     from probe.app.report import read_report
 
@@ -295,14 +296,16 @@ def test_an_older_layout_is_migrated_in_memory(tiny_report, tmp_path, monkeypatc
     renamed = columns[-1]  # today's last column is the one layout 2 "adds"
     rows = [line.split(",")[:-1] for line in stats.decode().strip().split("\n")]
     (folder / "head_stats.csv").write_text("\n".join(",".join(r) for r in rows) + "\n")
-    one_line(invoke("report", str(folder)), "lacks columns", renamed, "layout version 1")
+    one_line(invoke("report", str(folder)), "lacks columns", renamed,
+             f"layout version {layout.SCHEMA}")  # fmt: skip
 
     def add_column(run: dict, tables: dict) -> None:
         tables["head_stats"][renamed] = float("nan")  # not measured by the older probe
 
-    monkeypatch.setattr(layout, "SCHEMA", 2)
-    monkeypatch.setitem(layout.MIGRATIONS, 1, add_column)
+    later = layout.SCHEMA + 1
+    monkeypatch.setitem(layout.MIGRATIONS, layout.SCHEMA, add_column)
+    monkeypatch.setattr(layout, "SCHEMA", later)
     run, tables, _ = read_report(folder)
-    assert run["schema"] == 2 and tables["head_stats"][renamed].isna().all()
+    assert run["schema"] == later and tables["head_stats"][renamed].isna().all()
     assert invoke("report", str(folder)).exit_code == 0
     assert (folder / "head_stats.csv").read_text().count(renamed) == 0

@@ -210,7 +210,7 @@ def test_command_line(lm_folder, tmp_path):
     table = pd.read_csv(out / "importance.csv")
     assert len(table) == 8 and table.gradient_importance.notna().all()
     heads = pd.read_csv(out / "heads.csv")
-    assert heads.ablation_effect.tolist() == table.ablation_effect.tolist()
+    assert heads.importance_effect.tolist() == table.ablation_effect.tolist()
     run = json.loads((out / "run.json").read_text())
     assert run["lm_head"] and run["analyses"] == ["importance"]
     assert run["sentences_read"] == 10  # alone, it reads no further than it needs

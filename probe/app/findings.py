@@ -113,7 +113,7 @@ def lead(heads: pd.DataFrame, tables: dict[str, pd.DataFrame]) -> dict:
         held = [HeadId(r.layer, r.head) for r in heads.itertuples()
                 if str(role) in str(r.roles).split(";")]  # fmt: skip
         if held:
-            by_role.append({"role": role, "heads": held})
+            by_role.append({"role": role, "heads": held, **_confirmed(tables, role)})
     by_role.sort(key=lambda r: -len(r["heads"]))
     syntactic = []
     best = tables.get("syntax_best")
@@ -127,6 +127,18 @@ def lead(heads: pd.DataFrame, tables: dict[str, pd.DataFrame]) -> dict:
             "coreference_note": note, "unassigned": unassigned(none),
             "rules": {"fdr": FDR, "min_effect": MIN_EFFECT, "min_clusters": MIN_CLUSTERS},
             "layers": {layer: _tally(part) for layer, part in heads.groupby("layer")}}  # fmt: skip
+
+
+def _confirmed(tables: dict[str, pd.DataFrame], role: Role) -> dict:
+    """Of the heads holding ``role``, how many were tested by ablation and how many of those
+    confirmed (``analyses.claims``); nothing where the run tested none."""
+    claims = tables.get("claims")
+    if claims is None or not len(claims):
+        return {}
+    own = claims[claims.claim == str(role)]
+    if not own.tested.any():
+        return {}
+    return {"tested": int(own.tested.sum()), "confirmed": int(own.confirmed.sum())}
 
 
 def _tally(heads: pd.DataFrame) -> str:

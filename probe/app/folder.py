@@ -4,12 +4,12 @@ head grid of ``heads.csv``, and the layout's version (``schema`` in ``run.json``
 A folder comes from anywhere (cut by a full disk, edited by hand, written by an older probe), so
 each is checked where it is read, and a failure is one line naming the file and what to do.
 
-Layout versions: 1 is every folder written before ``schema`` was recorded, and the layout of
-today; a later probe that changes the layout raises ``SCHEMA`` and adds a step to ``MIGRATIONS``
-that rewrites what an older folder's files hold in memory (its files are never changed), e.g.
-a ``head_stats`` column added with its value for the older folder, or left empty to say it was
-not measured. Without a step, a table that lacks a column is refused in one line naming the
-probe and layout version that wrote it.
+Layout versions: 1 is every folder written before ``schema`` was recorded; 2, today's, names
+importance's ``heads.csv`` column ``importance_effect``. A later probe that changes the layout
+raises ``SCHEMA`` and adds a step to ``MIGRATIONS`` that rewrites what an older folder's files
+hold in memory (its files are never changed), e.g. a ``head_stats`` column added with its value
+for the older folder, or left empty to say it was not measured. Without a step, a table that
+lacks a column is refused in one line naming the probe and layout version that wrote it.
 """
 
 from __future__ import annotations
@@ -25,9 +25,19 @@ from probe.errors import ProbeError
 if TYPE_CHECKING:
     import pandas as pd
 
-SCHEMA = 1
+SCHEMA = 2
+
+
+def _importance_effect(run: dict, tables: dict) -> None:
+    """1 → 2: importance's column of ``heads.csv`` was ``ablation_effect``, which now holds the
+    claims' ablation (``analyses.claims``); it is ``importance_effect``."""
+    heads = tables.get("heads")
+    if heads is not None and "importance" in run.get("analyses", []):
+        tables["heads"] = heads.rename(columns={"ablation_effect": "importance_effect"})
+
+
 # version -> the step that brings a run card and its tables from that version to the next
-MIGRATIONS: dict[int, Callable[[dict, dict], None]] = {}
+MIGRATIONS: dict[int, Callable[[dict, dict], None]] = {1: _importance_effect}
 CARD = {"model": str, "layers": int, "heads": int, "analyses": list}
 
 

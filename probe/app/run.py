@@ -386,6 +386,9 @@ class RunCard:
     threads: dict[str, Any] = field(default_factory=dict)  # probe.run.threads.in_effect
     # How the long inputs' row blocks were summarised (probe.capture.fused.used); None: no rows
     row_statistics: str | None = None
+    # The claims' ablations (analyses.claims): per kind of input, its count, the positions
+    # measured, the measure, the ablation and the heads ablated; None where none ran.
+    claims: list[dict[str, Any]] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The card as ``run.json`` holds it, with the sentence and coreference counts also at
@@ -765,9 +768,15 @@ def publish(run: Plan, outcome: Outcome, folder: Path, status: Callable[[str], N
     from probe.app.report import render_html
 
     finished, tables, written = {}, {}, []
-    for analysis in sorted(outcome.analyses, key=lambda analysis: handed[analysis.name]):
+    # Those that read the others' heads (claims tested by ablation) finish after them.
+    last = [a for a in outcome.analyses if a.reads_heads]
+    for analysis in sorted(outcome.analyses, key=lambda a: (a.reads_heads, handed[a.name])):
         status(f"finishing: {analysis.title.lower()}")
         started = time.perf_counter()
+        if analysis.reads_heads:
+            others = [type(a) for a in outcome.analyses if a not in last]
+            analysis.take_heads(join_heads(others, finished, run.thresholds, outcome.n_layers,
+                                           outcome.n_heads))  # fmt: skip
         done = analysis.finish()
         outcome.card.finish_s[analysis.name] = round(time.perf_counter() - started, 3)
         finished |= done
@@ -778,6 +787,8 @@ def publish(run: Plan, outcome: Outcome, folder: Path, status: Callable[[str], N
     tables["heads"] = table_io.typed(heads, schemas["heads"], "heads")
     written.append(helper.submit(table_io.write, tables["heads"], folder / "heads.csv"))
     tables = {name: tables[name] for name in schemas}
+    if "claims_run" in tables:
+        outcome.card.claims = json.loads(tables["claims_run"].to_json(orient="records"))
     clock.lap("tables")
     examples = {"sentences": [], "heads": {}}
     if outcome.examples is not None:

@@ -1,0 +1,507 @@
+"""Claims tested by ablation: does knocking out a head that the page gives a role or a relation
+change the behaviour the claim is about, more than knocking out its unclaimed neighbours does?
+
+A head's role comes from its attention pattern: evidence of what it reads, not of what it does.
+Once the other analyses have made their tables, every head that holds a tested claim is ablated
+alone (by its mean z over the inputs below, or by zero), and so is every head of the same layer
+that holds no claim, on a bounded sample of the run's inputs:
+
+- a syntactic relation (a head's best relation, role or not): the first ``claims_sentences``
+  sentences with a word bearing the relation, by a key of the seed and the sentence's position
+  in the treebank (``probe.keys``: the same sample whatever the batches or processes), measured
+  at the tokens of the words that bear the relation (the dependents), in every sentence
+  sampled for any claimed relation;
+- previous-token, duplicate-token and induction: ``claims_sequences`` repeated random sequences
+  (``probe.inputs.units.repeats``, the taxonomy's first ones), measured at the second copy.
+
+With a language-model head the measure is the rise of the next-token loss read at those tokens
+(for a decoder: the dependents' next tokens; the second copy's tokens after its first); without
+one, the relative change ‖h′ − h‖ / ‖h‖ of the last hidden state at them. Per input (a sentence,
+a sequence: the clusters), the claimed head's mean change is paired with the mean over its
+layer's unclaimed heads (the baseline: a keyed ``claims_baseline_heads`` of them; where every head
+of the layer holds a claim, of the nearest layers' unclaimed heads), and the claim is confirmed
+where the paired difference is above 0 by a one-sided t-test, after the Benjamini–Hochberg
+correction over every claim tested (``probe.inference``), on at least
+``MIN_CLUSTERS`` inputs. Coreference and retrieval claims are listed, not yet tested.
+
+The sample is kept during the stream (token ids and each token's relation); the ablated passes
+run when the analysis finishes, many heads' ablated copies stacked along the batch
+(``probe.interventions.ablation.ablation_effects``), in fixed groups of inputs, so that
+``--batch-size`` changes nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, ClassVar
+
+from analyses import Analysis, Context, Measure, Schema
+from analyses.figures import Plot
+from analyses.vocabulary import DESCRIBED_FIRST, Role, Thresholds
+from probe.inference import FDR, MIN_CLUSTERS, benjamini_hochberg, t975
+from probe.inputs.treebank import RELATIONS
+from probe.keys import uniform
+from probe.lazy import lazy
+from probe.options import Option
+
+if TYPE_CHECKING:
+    from probe.inputs.corpus import Batch
+
+np = lazy("numpy")
+pd = lazy("pandas")
+torch = lazy("torch")
+
+SENTENCES = Option("claims_sentences", 10,
+                   "Sentences per claimed relation the claims' ablations run on.",
+                   min=1)  # fmt: skip
+SEQUENCES = Option("claims_sequences", 12,
+                   "Repeated random sequences the claims' ablations run on.", min=1)  # fmt: skip
+LENGTH = Option("claims_repeat_length", 16,
+                "Random tokens in each half of the claims' repeated sequences.", min=2)  # fmt: skip
+NEIGHBOURS = Option("claims_baseline_heads", 3,
+                    "Unclaimed heads of a claim's layer ablated for its baseline (0: all).",
+                    min=0)  # fmt: skip
+ABLATIONS = ("mean", "zero", "resample")
+ABLATION = Option("claims_ablation", ABLATIONS[0], "How the claims' ablations remove a head.",
+                  choices=ABLATIONS)  # fmt: skip
+GROUP = 4  # inputs per group of ablated passes, by length: fixed, whatever --batch-size
+MAX_ROWS = 256  # rows (copies × inputs) in one ablated forward pass
+
+RELATION = "relation"  # a best relation named on a head card without the syntactic role
+# The claims tested, and the inputs each is tested on.
+ON_SENTENCES = (str(Role.SYNTACTIC), RELATION)
+ON_REPEATS = (str(Role.PREVIOUS_TOKEN), str(Role.DUPLICATE_TOKEN), str(Role.INDUCTION))
+UNTESTED = (str(Role.COREFERENCE), str(Role.RETRIEVAL))  # listed, not yet tested
+CLAIMS = (*ON_SENTENCES, *ON_REPEATS, *UNTESTED)
+ORDER = {str(role): i for i, role in enumerate(DESCRIBED_FIRST)} | {RELATION: -1}
+
+
+class Claims(Analysis):
+    """The sample of inputs, and at the end, each claim's ablation effect beside its layer's."""
+
+    name = "claims"
+    title = "Claims tested by ablation"
+    unit = "sentence"
+    # Reads the other analyses' heads (their roles and relations) before it finishes.
+    reads_heads: ClassVar[bool] = True
+    tables: ClassVar[dict[str, Schema]] = {
+        "claims": {
+            "layer": "int", "head": "int", "claim": "str", "relation": "str", "inputs": "str",
+            "measure": "str", "tested": "bool", "clusters": "int", "positions": "int",
+            "effect": "float", "effect_low": "float", "effect_high": "float",
+            "baseline": "float", "baseline_spread": "float", "baseline_heads": "int",
+            "baseline_from": "str", "p": "float", "confirmed": "bool",
+        },
+        "claims_run": {
+            "inputs": "str", "count": "int", "positions": "int", "measure": "str",
+            "ablation": "str", "heads_ablated": "int",
+        },
+    }  # fmt: skip
+    head_columns: ClassVar[Schema] = {
+        "ablation_claim": "str", "ablation_effect": "float", "ablation_effect_low": "float",
+        "ablation_effect_high": "float", "ablation_baseline": "float", "confirmed": "boolean",
+        "claim_verdicts": "str",
+    }  # fmt: skip
+    measures = (
+        Measure("ablation_effect", "ablation effect of the claim", "num", "higher"),
+        Measure("ablation_baseline", "its layer's unclaimed heads", "num"),
+        Measure("claim_verdicts", "claims", "text"),
+    )
+    options = (SENTENCES, SEQUENCES, LENGTH, NEIGHBOURS, ABLATION)
+
+    @classmethod
+    def unsupported(cls, model) -> str | None:
+        from probe.capture.spec import describe
+
+        if describe(model).encoder_decoder:
+            return "claims are not tested by ablation on encoder-decoder models yet"
+        return None
+
+    def __init__(self, context: Context) -> None:
+        super().__init__(context)
+        settings = {o.name: o.default for o in self.options} | context.options
+        self.n_sentences = int(settings["claims_sentences"])
+        self.n_sequences = int(settings["claims_sequences"])
+        self.length = int(settings["claims_repeat_length"])
+        self.ablation = settings["claims_ablation"]
+        self.n_neighbours = int(settings["claims_baseline_heads"])
+        if self.ablation not in ABLATIONS:
+            raise ValueError(f"claims ablation must be one of {ABLATIONS}")
+        # sentence index -> (its key, token ids, each token's relation index or -1)
+        self.kept: dict[int, tuple[float, list[int], list[int]]] = {}
+        self._heads = None
+
+    def begin_batch(self, batch: Batch) -> None:
+        if batch.unit != "sentence":
+            return
+        index = batch.index.cpu().numpy()
+        drawn = uniform(self.context.seed, "claims-sample", index)
+        for b, (i, key) in enumerate(zip(index.tolist(), drawn.tolist(), strict=True)):
+            n = int(batch.attention_mask[b].sum())
+            word = batch.word_of_token[b, :n]
+            relation = batch.relations[b].gather(0, word.clamp(min=0))
+            has_head = batch.heads[b].gather(0, word.clamp(min=0)) >= 0  # the root: no relation
+            relation = torch.where((word >= 0) & has_head, relation, -1)
+            self.kept[i] = (key, batch.input_ids[b, :n].tolist(), relation.tolist())
+        self._trim()
+
+    def _trim(self) -> None:
+        """Keep, for each relation, the ``n_sentences`` of smallest key (ties by index) among
+        the sentences with a word bearing it: a sample that does not depend on the order the
+        sentences came in, with as many sentences for a rare relation as for a frequent one."""
+        keep = set()
+        for sentences in self._by_relation(self.kept).values():
+            keep.update(sentences[: self.n_sentences])
+        if len(keep) < len(self.kept):
+            self.kept = {i: self.kept[i] for i in self.kept if i in keep}
+
+    @staticmethod
+    def _by_relation(kept: dict) -> dict[int, list[int]]:
+        """Relation index -> the kept sentences with a word bearing it, by key."""
+        found: dict[int, list[int]] = {}
+        for i in sorted(kept, key=lambda i: (kept[i][0], i)):
+            for relation in set(kept[i][2]) - {-1}:
+                found.setdefault(relation, []).append(i)
+        return found
+
+    def merge(self, other: Claims) -> None:
+        self._check_mergeable(other)
+        self.kept.update(other.kept)
+        self._trim()
+
+    def take_heads(self, heads: pd.DataFrame) -> None:
+        """The other analyses' heads (``layer``, ``head``, ``roles``, ``best_relation``…), whose
+        claims this one tests; called by the run before ``finish``."""
+        self._heads = heads
+
+    # -- the ablations, once -------------------------------------------------------------
+
+    def _tables(self) -> dict[str, pd.DataFrame]:
+        empty = {name: pd.DataFrame(columns=list(s)) for name, s in self.tables.items()}
+        claims = listed_claims(self._heads)
+        if claims.empty:
+            return empty
+        model = self.context.model
+        lm = model.get_output_embeddings() is not None
+        measure = "loss rise" if lm else "relative change of the last hidden state"
+        rows, runs = [], []
+        for inputs, kinds in (("sentences", ON_SENTENCES), ("repeats", ON_REPEATS)):
+            mine = claims[claims.claim.isin(kinds)]
+            if mine.empty:
+                continue
+            if inputs == "sentences":
+                groups = self._sentences(set(mine.relation))
+            else:
+                groups = self._repeats()
+            tested, heads_ablated, count, positions = self._test(mine, groups, claims, lm)
+            rows.append(tested)
+            runs.append({"inputs": inputs, "count": count, "positions": positions,
+                         "measure": measure, "ablation": self.ablation,
+                         "heads_ablated": heads_ablated})  # fmt: skip
+        untested = claims[claims.claim.isin(UNTESTED)].assign(
+            inputs="", measure="", tested=False, baseline_from=""
+        )
+        table = pd.concat([*rows, untested], ignore_index=True)
+        tested = table.tested.astype(bool) & table.p.notna()
+        called = benjamini_hochberg(np.where(tested, table.p, np.nan), FDR)
+        table["confirmed"] = called & tested.to_numpy()
+        table = table.sort_values(["layer", "head", "claim"], kind="stable", ignore_index=True)
+        return {"claims": table[list(self.tables["claims"])], "claims_run": pd.DataFrame(runs)}
+
+    def _sentences(self, relations: set[str]) -> list[tuple[dict, torch.Tensor, np.ndarray]]:
+        """Groups of the kept sentences of the claimed ``relations``, by length: model inputs,
+        each token's relation ``[batch, pos]`` (-1 for none), and the sentences' indices."""
+        from probe.run.loading import main_device
+
+        device = main_device(self.context.model)
+        # In key order, each sentence that holds a claimed relation not yet in n_sentences of
+        # those chosen: each relation's first n_sentences, few sentences in all.
+        need = {RELATIONS.index(r): self.n_sentences for r in relations}
+        chosen = []
+        for i in sorted(self.kept, key=lambda i: (self.kept[i][0], i)):
+            helps = [r for r in set(self.kept[i][2]) if need.get(r, 0) > 0]
+            if helps:
+                chosen.append(i)
+                for r in helps:
+                    need[r] -= 1
+        # by length, so that a group pads little (ties by position: the same groups always)
+        order = sorted(chosen, key=lambda i: (len(self.kept[i][1]), i))
+        groups = []
+        for start, stop in groups_of(len(order)):
+            chosen = order[start:stop]
+            rows = [self.kept[i] for i in chosen]
+            width = max(len(ids) for _, ids, _ in rows)
+            ids = torch.zeros(len(rows), width, dtype=torch.long)
+            relation = torch.full((len(rows), width), -1, dtype=torch.long)
+            mask = torch.zeros(len(rows), width, dtype=torch.long)
+            for r, (_, token_ids, relations) in enumerate(rows):
+                ids[r, : len(token_ids)] = torch.tensor(token_ids)
+                relation[r, : len(relations)] = torch.tensor(relations)
+                mask[r, : len(token_ids)] = 1
+            inputs = {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
+            groups.append((inputs, relation, np.array(chosen)))
+        return groups
+
+    def _repeats(self) -> list[tuple[dict, torch.Tensor, np.ndarray]]:
+        """Groups of repeated random sequences (the taxonomy's repeats 0, 1, …: BOS, n random
+        tokens, the same n again): model inputs, a ``[batch, pos]`` tensor that is 0 on the
+        second copy and -1 elsewhere, and the sequences' indices."""
+        from probe.inputs.units.repeats import _specials, ordinary_tokens
+        from probe.run.loading import main_device
+
+        tokenizer, n = self.context.tokenizer, self.length
+        vocabulary = ordinary_tokens(tokenizer)
+        first, last = _specials(tokenizer)
+        device = main_device(self.context.model)
+        groups = []
+        for start, stop in groups_of(self.n_sequences):
+            chosen = list(range(start, stop))
+            rows = []
+            for index in chosen:  # as RepeatedSequences.pair(2 · index) draws it
+                rng = np.random.default_rng([self.context.seed, 2 * index])
+                drawn = rng.choice(vocabulary, size=(2, n))[0].tolist()
+                rows.append([*first, *drawn, *drawn, *last])
+            ids = torch.tensor(rows)
+            second = torch.full(ids.shape, -1, dtype=torch.long)
+            second[:, len(first) + n : len(first) + 2 * n] = 0
+            inputs = {
+                "input_ids": ids.to(device),
+                "attention_mask": torch.ones_like(ids).to(device),
+            }
+            groups.append((inputs, second, np.array(chosen)))
+        return groups
+
+    def _test(self, mine: pd.DataFrame, groups, claims: pd.DataFrame, lm: bool):
+        """Each claim of ``mine`` measured on ``groups``, beside its layer's unclaimed heads."""
+        from probe.interventions.ablation import (
+            ablation_effects,
+            difference,
+            head_means,
+            hidden_state,
+            next_token_loss,
+            relative_change,
+        )
+
+        model, H = self.context.model, self.context.n_heads
+        claimed = set(zip(claims.layer, claims["head"], strict=True))
+        neighbours = {}  # layer -> (the baseline's heads, where they come from)
+        L = self.context.n_layers
+        unclaimed = {layer: [(layer, h) for h in range(H) if (layer, h) not in claimed]
+                     for layer in range(L)}  # fmt: skip
+        for layer in sorted(set(mine.layer)):
+            free, kind = unclaimed[layer], "unclaimed"
+            if not free:  # every head of the layer holds a claim: the nearest layers' unclaimed
+                near = [k for k in range(L) if unclaimed[k]]
+                nearest = min((abs(k - layer) for k in near), default=None)
+                free = [h for k in near if abs(k - layer) == nearest for h in unclaimed[k]]
+                kind = "nearest layers' unclaimed" if free else "none"
+            if self.n_neighbours and len(free) > self.n_neighbours:  # a keyed few
+                drawn = uniform(
+                    self.context.seed,
+                    "claims-baseline",
+                    np.array([k for k, _ in free]),
+                    np.array([h for _, h in free]),
+                )
+                chosen = np.argsort(drawn, kind="stable")[: self.n_neighbours]
+                free = sorted(free[i] for i in chosen)
+            neighbours[layer] = (free, kind)
+        ablated = sorted(set(zip(mine.layer, mine["head"], strict=True))
+                         | {h for free, _ in neighbours.values() for h in free})  # fmt: skip
+        slot = {h: i for i, h in enumerate(ablated)}
+        readout, change = (next_token_loss, difference) if lm else (hidden_state, relative_change)
+        with torch.no_grad():
+            means = None
+            if self.ablation != "zero":  # resample takes the mean where its source is padded
+                means = head_means(model, [inputs for inputs, *_ in groups])
+            # per claim: per input, the mean change of the claimed head and of each neighbour
+            effects = []  # per group: [heads, batch, pos]
+            for inputs, tags, _ in groups:
+                # only the heads read on these inputs: the claims whose tokens they hold, and
+                # their baselines (the others' rows stay NaN, never read)
+                held = set(tags.unique().tolist())
+                needed = set()
+                for claim in mine.itertuples(index=False):
+                    target = RELATIONS.index(claim.relation) if claim.claim in ON_SENTENCES else 0
+                    if target in held:
+                        needed |= {(claim.layer, claim.head), *neighbours[claim.layer][0]}
+                needed = [h for h in ablated if h in needed]
+                effect = torch.full((len(ablated), *tags.shape), math.nan, dtype=torch.float64)
+                if needed:
+                    found = ablation_effects(
+                        model,
+                        inputs,
+                        needed,
+                        readout,
+                        change,
+                        mode=self.ablation,
+                        means=means,
+                        max_rows=MAX_ROWS,
+                    )
+                    effect[[slot[h] for h in needed]] = found.cpu().double()
+                effects.append(effect)  # fmt: skip
+        rows, positions_total = [], 0
+        for claim in mine.itertuples(index=False):
+            target = RELATIONS.index(claim.relation) if claim.claim in ON_SENTENCES else 0
+            per_input = []  # (claimed head's mean change, each neighbour's) per input
+            positions = 0
+            for (inputs, tags, _), effect in zip(groups, effects, strict=True):
+                where = (tags == target).to(effect.device) & inputs["attention_mask"].bool().cpu()
+                if lm:  # the loss read at t is of token t + 1, which must be real
+                    where[:, -1] = False
+                    where[:, :-1] &= inputs["attention_mask"][:, 1:].bool().cpu()
+                    if claim.claim in ON_REPEATS:  # the second copy's tokens after its first
+                        where &= torch.roll(tags == target, 1, dims=1)
+                count = where.sum(1)
+                positions += int(count.sum())
+                at = torch.where(where, effect, 0.0).sum(-1) / count.clamp(min=1)  # [heads, b]
+                for b in torch.nonzero(count).flatten().tolist():
+                    free = neighbours[claim.layer][0]
+                    others = [at[slot[h], b] for h in free]
+                    per_input.append((float(at[slot[(claim.layer, claim.head)], b]),
+                                      [float(x) for x in others]))  # fmt: skip
+            positions_total += positions
+            free, kind = neighbours[claim.layer]
+            rows.append(claim._asdict() | statistics(per_input) | {
+                "inputs": "sentences" if claim.claim in ON_SENTENCES else "repeats",
+                "measure": "loss rise" if lm else "relative change", "positions": positions,
+                "baseline_heads": len(free),
+                "baseline_from": kind,
+            })  # fmt: skip
+        count = sum(len(indices) for *_, indices in groups)
+        return pd.DataFrame(rows), len(ablated), count, positions_total
+
+    # -- what the report shows -----------------------------------------------------------
+
+    plots = (
+        Plot("effects", "Each claim's ablation effect beside its layer's unclaimed heads",
+             "analyses.paper:claims_effects", needs=("claims",), width="page"),
+    )  # fmt: skip
+
+    @classmethod
+    def heads(cls, tables: dict[str, pd.DataFrame], thresholds: Thresholds) -> pd.DataFrame:
+        """Per head with a claim: its first claim's effect (in the order heads are described),
+        and every claim's verdict in words."""
+        table = tables["claims"]
+        columns = ["layer", "head", *cls.head_columns]
+        if table.empty:
+            return pd.DataFrame({c: pd.Series(dtype="object") for c in columns}).astype(
+                {"layer": "int64", "head": "int64"}
+            )
+        table = table.assign(order=table.claim.map(lambda c: ORDER.get(c, len(ORDER))))
+        rows = []
+        for (layer, head), own in table.sort_values("order", kind="stable").groupby(
+            ["layer", "head"], sort=True
+        ):
+            first = own.iloc[0]
+            rows.append({
+                "layer": layer, "head": head, "ablation_claim": claim_name(first),
+                "ablation_effect": first.effect, "ablation_effect_low": first.effect_low,
+                "ablation_effect_high": first.effect_high, "ablation_baseline": first.baseline,
+                "confirmed": bool(first.confirmed),
+                "claim_verdicts": "; ".join(f"{claim_name(c)}: {verdict(c)}"
+                                            for c in own.itertuples()),
+            })  # fmt: skip
+        return pd.DataFrame(rows, columns=columns).astype({"confirmed": "boolean"})
+
+    @classmethod
+    def section(cls, tables: dict[str, pd.DataFrame], run: dict) -> dict:
+        table = tables["claims"]
+        counts = []
+        for claim in dict.fromkeys(table.claim):
+            own = table[table.claim == claim]
+            counts.append({"claim": claim, "claims": len(own), "tested": int(own.tested.sum()),
+                           "confirmed": int(own.confirmed.sum())})  # fmt: skip
+        return {
+            "counts": counts,
+            "claims": table.to_dict("records"),
+            "runs": tables["claims_run"].to_dict("records"),
+            "fdr": FDR,
+            "min_clusters": MIN_CLUSTERS,
+        }
+
+
+def groups_of(n: int) -> list[tuple[int, int]]:
+    """(start, stop) of groups of ``GROUP`` of ``n`` inputs, a last group of one joined to the
+    one before it (resample ablation takes each input's z from another of its group)."""
+    bounds = [(start, min(start + GROUP, n)) for start in range(0, n, GROUP)]
+    if len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] == 1:
+        bounds[-2:] = [(bounds[-2][0], n)]
+    return bounds
+
+
+def listed_claims(heads: pd.DataFrame | None) -> pd.DataFrame:
+    """One row per claim the page makes about a head: ``layer``, ``head``, ``claim`` (a role of
+    ``CLAIMS``, or ``relation`` for a best relation named without the syntactic role) and
+    ``relation`` (a syntactic claim's; empty otherwise)."""
+    rows = []
+    if heads is not None and len(heads):
+        roles = heads["roles"] if "roles" in heads else pd.Series("", index=heads.index)
+        best = heads["best_relation"] if "best_relation" in heads else roles.map(lambda _: "")
+        for layer, head, held, relation in zip(heads.layer, heads["head"], roles, best,
+                                               strict=True):  # fmt: skip
+            held = set(str(held).split(";")) if isinstance(held, str) and held else set()
+            named = relation if isinstance(relation, str) and relation in RELATIONS else ""
+            if named:
+                syntactic = str(Role.SYNTACTIC) in held
+                rows.append((layer, head, str(Role.SYNTACTIC) if syntactic else RELATION, named))
+            rows += [(layer, head, c, "") for c in CLAIMS[2:] if c in held]
+    return pd.DataFrame(rows, columns=["layer", "head", "claim", "relation"]).astype(
+        {"layer": "int64", "head": "int64", "claim": "object", "relation": "object"}
+    )
+
+
+def statistics(per_input: list[tuple[float, list[float]]]) -> dict:
+    """The claimed head's mean effect over inputs with its 95% t-interval, the baseline (the mean
+    over inputs of its neighbours' mean effect) and their spread over the neighbours, and the
+    one-sided p-value of the paired difference (head − baseline) being above 0; no interval or
+    p-value on fewer than ``MIN_CLUSTERS`` inputs or without a neighbour."""
+    n = len(per_input)
+    nan = math.nan
+    out = {"clusters": n, "effect": nan, "effect_low": nan, "effect_high": nan, "baseline": nan,
+           "baseline_spread": nan, "p": nan, "tested": False}  # fmt: skip
+    if not n:
+        return out
+    effect = np.array([e for e, _ in per_input])
+    out["effect"] = float(effect.mean())
+    has_neighbours = all(others for _, others in per_input)
+    if has_neighbours:
+        others = np.array([o for _, o in per_input])  # [inputs, neighbours]
+        out["baseline"] = float(others.mean())
+        out["baseline_spread"] = float(others.mean(0).std(ddof=1)) if others.shape[1] > 1 else nan
+    if n < MIN_CLUSTERS:
+        return out
+    half = t975(n - 1) * effect.std(ddof=1) / math.sqrt(n)
+    out["effect_low"], out["effect_high"] = out["effect"] - half, out["effect"] + half
+    if not has_neighbours:
+        return out
+    difference = effect - others.mean(1)
+    out["p"] = p_greater(difference)
+    out["tested"] = True
+    return out
+
+
+def p_greater(difference: np.ndarray) -> float:
+    """One-sided p-value of a one-sample t-test that the mean of ``difference`` is above 0;
+    where it does not vary, 0 if it is above 0 and 1 otherwise."""
+    from scipy.stats import t
+
+    mean, sd = float(difference.mean()), float(difference.std(ddof=1))
+    if not sd > 0:
+        return 0.0 if mean > 0 else 1.0
+    return float(t.sf(mean / (sd / math.sqrt(len(difference))), len(difference) - 1))
+
+
+def claim_name(row) -> str:
+    """A claim in words: ``syntactic (obj)``, ``relation obj``, ``induction``."""
+    if row.claim == RELATION:
+        return f"relation {row.relation}"
+    return f"{row.claim} ({row.relation})" if row.relation else str(row.claim)
+
+
+def verdict(row) -> str:
+    """``confirmed by ablation``, ``pattern only`` (tested, not confirmed), or why untested."""
+    if bool(row.tested):
+        return "confirmed by ablation" if bool(row.confirmed) else "pattern only"
+    if row.claim in UNTESTED:
+        return "pattern only (not tested by ablation yet)"
+    return "pattern only (too few inputs to test)"

@@ -1,0 +1,337 @@
+"""Claims tested by ablation (issue #57): the batched ablation against one head at a time with
+plain PyTorch hooks; decoys (a head whose W_O slice is zero: its pattern, and so its claim,
+unchanged, but it does nothing) kept and not confirmed, with an effect of 0; the real heads of
+the trained induction model and MiniLM's strongest syntactic head confirmed; the tables the same
+whatever the batch size; the columns in heads.csv, run.json and the page."""
+
+import copy
+import json
+
+import pandas as pd
+import pytest
+import torch
+import transformers as tf
+from conftest import EWT, needs_ewt
+from induction import INDUCTION, MODEL, PREVIOUS_TOKEN
+from models import CONFIGS, SMALL, padded_batch, small_model
+
+from analyses import Context
+from analyses.claims import Claims, listed_claims
+from probe.capture.architectures import architecture, blocks, head_dim
+from probe.capture.hookpoints import trace
+from probe.inputs.corpus import Corpus
+from probe.inputs.treebank import iter_conllu
+from probe.interventions.ablation import (
+    ablate,
+    ablation_effects,
+    difference,
+    head_means,
+    hidden_state,
+    next_token_loss,
+    relative_change,
+)
+
+
+def zero_head_output(model, layer: int, head: int) -> None:
+    """Zero the slice of the output projection W_O that belongs to one head (in place)."""
+    o = blocks(model)[layer].get_submodule(architecture(model).o)
+    d = head_dim(model)
+    with torch.no_grad():
+        if isinstance(o, torch.nn.Linear):  # weight [d_model, heads·d_head]
+            o.weight[:, head * d : (head + 1) * d] = 0
+        else:  # GPT-2's Conv1D: weight [heads·d_head, d_model]
+            o.weight[head * d : (head + 1) * d] = 0
+
+
+def replaced(model, layer: int, head: int, value: torch.Tensor):
+    """A plain PyTorch pre-hook on the output projection setting one head's z to ``value``."""
+    o = blocks(model)[layer].get_submodule(architecture(model).o)
+    d = head_dim(model)
+
+    def hook(_module, args):
+        x = args[0].clone()
+        x[..., head * d : (head + 1) * d] = value.to(x)
+        return (x, *args[1:])
+
+    return o.register_forward_pre_hook(hook)
+
+
+def bert():
+    torch.manual_seed(0)
+    config = tf.BertConfig(**SMALL | {"vocab_size": 130}, intermediate_size=64,
+                           initializer_range=0.2)  # fmt: skip
+    return tf.BertModel(config).eval()
+
+
+def gpt2_lm():
+    torch.manual_seed(0)
+    config = tf.GPT2Config(n_embd=32, n_head=4, n_layer=2, vocab_size=300, n_positions=128)
+    return tf.GPT2LMHeadModel(config).eval()
+
+
+def z_of(model, inputs) -> list[torch.Tensor]:
+    """Each layer's z ``[batch, pos, head, d_head]``, read with plain PyTorch pre-hooks on the
+    output projections."""
+    found = []
+
+    def keep(_module, args):
+        found.append(args[0].detach().clone())
+
+    handles = [b.get_submodule(architecture(model).o).register_forward_pre_hook(keep)
+               for b in blocks(model)]  # fmt: skip
+    try:
+        with torch.no_grad():
+            model(**inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    return [z.unflatten(-1, (-1, head_dim(model))) for z in found]
+
+
+@pytest.mark.parametrize("kind", ["bert", "gpt2"])
+@pytest.mark.parametrize("mode", ["mean", "zero", "resample"])
+def test_ablation_effects_are_one_head_at_a_time_with_plain_hooks(kind, mode):
+    model = bert() if kind == "bert" else gpt2_lm()
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, 120, (3, 9), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0  # padding
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    lm = kind == "gpt2"
+    readout, change = (next_token_loss, difference) if lm else (hidden_state, relative_change)
+    heads = [(0, 1), (1, 0), (1, 3), (0, 2)]
+    means = head_means(model, [inputs]) if mode != "zero" else None
+    got = ablation_effects(model, inputs, heads, readout, change, mode=mode, means=means)
+    assert got.shape == (4, 3, 9)
+    zs = z_of(model, inputs)
+    with torch.no_grad():
+        intact = readout(model(**inputs), inputs)
+        for i, (layer, head) in enumerate(heads):
+            value = torch.zeros(head_dim(model)) if mode == "zero" else means[layer][head]
+            if mode == "resample":  # the next input's z, its mean where that one is padded
+                source = zs[layer][:, :, head].roll(-1, 0)
+                real = mask.roll(-1, 0).bool()[..., None]
+                value = torch.where(real, source, means[layer][head])
+            handle = replaced(model, layer, head, value)
+            try:
+                ablated = readout(model(**inputs), inputs)
+            finally:
+                handle.remove()
+            expected = change(ablated[None], intact)[0]
+            real = mask.bool() if not lm else mask.bool() & torch.roll(mask.bool(), -1, 1)
+            real[:, -1] = not lm
+            torch.testing.assert_close(got[i][real], expected[real], atol=1e-5, rtol=1e-4)
+    # how many copies share a pass changes nothing
+    one = ablation_effects(model, inputs, heads, readout, change, mode=mode, means=means,
+                           max_rows=1)  # fmt: skip
+    torch.testing.assert_close(one, got, atol=1e-6, rtol=1e-5, equal_nan=True)
+
+
+@pytest.mark.parametrize("kind", sorted(CONFIGS))
+def test_ablation_effects_on_every_architecture_copy_the_rows_from_the_chunks_first_layer(kind):
+    """Copies of a chunk of layer-1 heads share layer 0's pass (their rows are copied at block 1's
+    input): the same as each head ablated alone with plain hooks, padded batches included."""
+    model = small_model(kind)
+    inputs = padded_batch(kind)
+    heads = [(0, 1), (0, 2), (1, 0), (1, 3)]
+    means = head_means(model, [inputs])
+    got = ablation_effects(
+        model, inputs, heads, hidden_state, relative_change, means=means, max_rows=6
+    )  # two copies a pass: layer 0's heads, then layer 1's
+    real = inputs["attention_mask"].bool()
+    with torch.no_grad():
+        intact = hidden_state(model(**inputs), inputs)
+        for i, (layer, head) in enumerate(heads):
+            if kind == "albert":  # one module for every layer: no plain hook per layer
+                with ablate(model, [(layer, head)], "mean", means):
+                    ablated = hidden_state(model(**inputs), inputs)
+            else:
+                handle = replaced(model, layer, head, means[layer][head])
+                try:
+                    ablated = hidden_state(model(**inputs), inputs)
+                finally:
+                    handle.remove()
+            expected = relative_change(ablated[None], intact)[0]
+            torch.testing.assert_close(got[i][real], expected[real], atol=1e-5, rtol=1e-4)
+
+
+def claims_of(model, tokenizer, heads: pd.DataFrame, sentences=(), **options) -> Claims:
+    """The analysis fed ``sentences`` (Corpus batches), told ``heads``, finished."""
+    spec_layers, n_heads = len(blocks(model)), model.config.num_attention_heads
+    context = Context(spec_layers, n_heads, causal=model.config.model_type == "gpt2",
+                      model=model, tokenizer=tokenizer, options=options)  # fmt: skip
+    analysis = Claims(context)
+    for batch in sentences:
+        batch.unit = "sentence"
+        analysis.begin_batch(batch)
+    analysis.take_heads(heads)
+    return analysis
+
+
+def heads_table(n_layers, n_heads, roles: dict, relations: dict | None = None) -> pd.DataFrame:
+    rows = [{"layer": layer, "head": head, "roles": roles.get((layer, head), ""),
+             "best_relation": (relations or {}).get((layer, head), "")}
+            for layer in range(n_layers) for head in range(n_heads)]  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+@pytest.fixture(scope="module")
+def induction_model():
+    model = tf.AutoModelForCausalLM.from_pretrained(MODEL).eval()
+    return model, tf.AutoTokenizer.from_pretrained(MODEL)
+
+
+INDUCTION_ROLES = {PREVIOUS_TOKEN: "previous-token",
+                   **{(1, h): "broad;induction;copying" for h in range(4)}}  # fmt: skip
+
+
+def test_the_induction_models_heads_are_confirmed_and_its_decoy_is_not(induction_model):
+    model, tokenizer = induction_model
+    heads = heads_table(2, 4, INDUCTION_ROLES)
+    table = claims_of(model, tokenizer, heads).finish()["claims"].set_index(["layer", "head"])
+    assert (table.measure == "loss rise").all() and (table.inputs == "repeats").all()
+    assert table.loc[PREVIOUS_TOKEN, "claim"] == "previous-token"
+    assert table.confirmed.all(), table  # the previous-token head and all four induction heads
+    # the induction heads' baseline: layer 0's unclaimed heads, every layer-1 head holding a claim
+    assert table.loc[INDUCTION, "baseline_from"] == "nearest layers' unclaimed"
+    assert table.loc[INDUCTION, "effect_low"] > table.loc[INDUCTION, "baseline"]
+
+    decoy = copy.deepcopy(model)
+    zero_head_output(decoy, *INDUCTION)
+    repeats = claims_of(model, tokenizer, heads)._repeats()[0][0]
+    with trace(model, ["blocks.1.attn.hook_pattern"]) as a, torch.no_grad():
+        model(**repeats)
+    with trace(decoy, ["blocks.1.attn.hook_pattern"]) as b, torch.no_grad():
+        decoy(**repeats)
+    name = "blocks.1.attn.hook_pattern"
+    assert torch.equal(a[name][:, INDUCTION[1]], b[name][:, INDUCTION[1]])  # its claim stands
+    tables = claims_of(decoy, tokenizer, heads).finish()
+    table = tables["claims"].set_index(["layer", "head"])
+    assert not table.loc[INDUCTION, "confirmed"]
+    assert abs(table.loc[INDUCTION, "effect"]) < 1e-6
+    others = [(1, h) for h in range(4) if (1, h) != INDUCTION]
+    assert table.loc[others, "confirmed"].all() and table.loc[PREVIOUS_TOKEN, "confirmed"]
+    heads_out = Claims.heads(tables, None).set_index(["layer", "head"])
+    assert heads_out.loc[INDUCTION, "confirmed"] == False  # noqa: E712 (a nullable bool)
+    assert heads_out.loc[INDUCTION, "claim_verdicts"] == "induction: pattern only"
+    assert heads_out.loc[PREVIOUS_TOKEN, "claim_verdicts"] == (
+        "previous-token: confirmed by ablation"
+    )
+
+
+def test_claims_are_listed_from_roles_and_relations():
+    heads = heads_table(2, 3, {(0, 1): "sink;syntactic", (1, 2): "coreference;induction"},
+                        {(0, 1): "obj", (1, 0): "nsubj"})  # fmt: skip
+    listed = listed_claims(heads)
+    assert listed.values.tolist() == [
+        [0, 1, "syntactic", "obj"],
+        [1, 0, "relation", "nsubj"],
+        [1, 2, "induction", ""],
+        [1, 2, "coreference", ""],
+    ]
+
+
+def ewt_batches(tokenizer, n: int, batch_size: int):
+    path = EWT / "en_ewt-ud-dev.conllu"
+    sentences = [s for _, s in zip(range(n), iter_conllu(path), strict=False)]
+    return Corpus(sentences, tokenizer, 512).batches(batch_size)
+
+
+@pytest.mark.slow
+@needs_ewt()
+def test_minilms_strongest_syntactic_head_is_confirmed_and_its_decoy_is_not(minilm, tmp_path):
+    from probe.app.run import Settings, analyze
+
+    model, tokenizer = minilm
+    out = tmp_path / "r"
+    analyze(Settings(model="minilm", treebank=[str(EWT / "en_ewt-ud-dev.conllu")], out=out,
+                     max_sentences=600, analyses=["syntax", "claims"],
+                     options={"claims_sentences": 30}))  # fmt: skip
+    heads = pd.read_csv(out / "heads.csv", keep_default_na=False)
+    syntactic = heads[heads.roles.str.contains("syntactic")]
+    strongest = syntactic.loc[syntactic.best_relation_margin.astype(float).idxmax()]
+    head = (int(strongest.layer), int(strongest["head"]))
+    assert strongest.confirmed == "True", strongest.to_dict()
+    run = json.loads((out / "run.json").read_text())
+    assert run["claims"][0]["inputs"] == "sentences" and run["claims"][0]["count"] >= 10
+
+    # the same claims, the analysis fed the same sentences in other batches: the same table
+    given = heads.drop(columns=[c for c in heads if c.startswith(("ablation", "confirmed"))])
+    batches = ewt_batches(tokenizer, 600, 7)
+    mine = claims_of(model, tokenizer, given, batches, claims_sentences=30).finish()["claims"]
+    written = pd.read_csv(out / "claims.csv", keep_default_na=False)
+    assert mine.effect.tolist() == written.effect.tolist()
+    assert mine.confirmed.tolist() == written.confirmed.tolist()
+
+    decoy = copy.deepcopy(model)
+    zero_head_output(decoy, *head)
+    batches = ewt_batches(tokenizer, 600, 32)
+    table = claims_of(decoy, tokenizer, given, batches, claims_sentences=30).finish()["claims"]
+    row = table.set_index(["layer", "head"]).loc[head]
+    assert not row.confirmed and abs(row.effect) < 1e-6 and row.baseline > 0
+
+
+def test_a_run_writes_the_columns_and_the_page_marks_each_claim(sample_report):
+    """MiniLM on the hand-written sample, every default analysis (claims among them)."""
+    out = sample_report
+    heads = pd.read_csv(out / "heads.csv", keep_default_na=False)
+    for column in ("ablation_effect", "ablation_effect_low", "ablation_effect_high",
+                   "ablation_baseline", "confirmed"):  # fmt: skip
+        assert column in heads
+    claimed = heads.claim_verdicts != ""
+    assert claimed.any() and heads.confirmed[claimed].isin(["True", "False"]).all()
+    assert (heads.confirmed[~claimed] == "").all() and (heads.ablation_effect[~claimed] == "").all()
+    run = json.loads((out / "run.json").read_text())
+    assert run["options"]["claims_ablation"] == "mean"
+    assert {r["inputs"] for r in run["claims"]} <= {"sentences", "repeats"}
+    page = (out / "index.html").read_text()
+    assert "Claims tested by ablation" in page
+    for verdict in heads.claim_verdicts[claimed]:
+        assert verdict in page  # each head card's line of verdicts
+    claims = pd.read_csv(out / "claims.csv", keep_default_na=False)
+    too_few = claims.clusters.astype(int) < 10
+    assert not claims.confirmed[too_few].eq("True").any()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_tables_are_the_same_for_one_or_two_threads(induction_model, threads):
+    model, tokenizer = induction_model
+    heads = heads_table(2, 4, INDUCTION_ROLES)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        table = claims_of(model, tokenizer, heads).finish()["claims"]
+        torch.set_num_threads(3 - threads)
+        other = claims_of(model, tokenizer, heads).finish()["claims"]
+    finally:
+        torch.set_num_threads(before)
+    pd.testing.assert_frame_equal(table, other)
+
+
+def test_an_importance_folder_of_layout_1_is_read_with_its_column_renamed():
+    """Importance's heads.csv column was ablation_effect, now the claims'; layout 2 renames it."""
+    from probe.app.folder import SCHEMA, migrate
+
+    heads = pd.DataFrame({"layer": [0], "head": [0], "ablation_effect": [0.5]})
+    run, tables = {"analyses": ["syntax", "importance"]}, {"heads": heads}
+    migrate(run, tables)
+    assert run["schema"] == SCHEMA >= 2 and tables["heads"].importance_effect.tolist() == [0.5]
+    assert "ablation_effect" not in tables["heads"]
+    untouched = {"heads": heads}
+    migrate({"analyses": ["claims"]}, untouched)  # no importance: the claims' own column
+    assert untouched["heads"].ablation_effect.tolist() == [0.5]
+
+
+def test_resample_ablation_confirms_the_previous_token_head_and_not_a_decoy(induction_model):
+    """Resampled from another repeated sequence, the layer-1 heads matter less than layer 0's
+    unclaimed heads (their baseline: every layer-1 head is claimed); the previous-token head is
+    confirmed, and a decoy's effect is 0."""
+    model, tokenizer = induction_model
+    heads = heads_table(2, 4, INDUCTION_ROLES)
+    table = claims_of(model, tokenizer, heads, claims_ablation="resample").finish()["claims"]
+    assert table.set_index(["layer", "head"]).loc[PREVIOUS_TOKEN, "confirmed"]
+    decoy = copy.deepcopy(model)
+    zero_head_output(decoy, *INDUCTION)
+    table = claims_of(decoy, tokenizer, heads, claims_ablation="resample").finish()["claims"]
+    row = table.set_index(["layer", "head"]).loc[INDUCTION]
+    assert not row.confirmed and abs(row.effect) < 1e-6
