@@ -274,20 +274,40 @@ class Claims(Analysis):
     def _test(self, mine: pd.DataFrame, groups, claims: pd.DataFrame, lm: bool):
         """Each claim of ``mine`` measured on ``groups``, beside its layer's unclaimed heads."""
         from probe.interventions.ablation import (
-            ablation_effects,
             difference,
-            head_means,
             hidden_state,
             next_token_loss,
             relative_change,
         )
 
-        model, H = self.context.model, self.context.n_heads
+        neighbours = self._baselines(mine, claims)
+        ablated = sorted(set(zip(mine.layer, mine["head"], strict=True))
+                         | {h for free, _ in neighbours.values() for h in free})  # fmt: skip
+        readout, change = (next_token_loss, difference) if lm else (hidden_state, relative_change)
+        effects = self._effects(mine, groups, neighbours, ablated, readout, change)
+        slot = {h: i for i, h in enumerate(ablated)}
+        rows, positions_total = [], 0
+        for claim in mine.itertuples(index=False):
+            per_input, positions = self._per_input(claim, groups, effects, neighbours, slot, lm)
+            positions_total += positions
+            free, kind = neighbours[claim.layer]
+            rows.append(claim._asdict() | statistics(per_input) | {
+                "inputs": "sentences" if claim.claim in ON_SENTENCES else "repeats",
+                "measure": "loss rise" if lm else "relative change", "positions": positions,
+                "baseline_heads": len(free),
+                "baseline_from": kind,
+            })  # fmt: skip
+        count = sum(len(indices) for *_, indices in groups)
+        return pd.DataFrame(rows), len(ablated), count, positions_total
+
+    def _baselines(self, mine: pd.DataFrame, claims: pd.DataFrame) -> dict:
+        """Per layer of ``mine``'s claims, the baseline's heads and where they come from: a
+        keyed few of the layer's unclaimed heads, or the nearest layers' where it has none."""
+        H, L = self.context.n_heads, self.context.n_layers
         claimed = set(zip(claims.layer, claims["head"], strict=True))
-        neighbours = {}  # layer -> (the baseline's heads, where they come from)
-        L = self.context.n_layers
         unclaimed = {layer: [(layer, h) for h in range(H) if (layer, h) not in claimed]
                      for layer in range(L)}  # fmt: skip
+        neighbours = {}
         for layer in sorted(set(mine.layer)):
             free, kind = unclaimed[layer], "unclaimed"
             if not free:  # every head of the layer holds a claim: the nearest layers' unclaimed
@@ -305,16 +325,19 @@ class Claims(Analysis):
                 chosen = np.argsort(drawn, kind="stable")[: self.n_neighbours]
                 free = sorted(free[i] for i in chosen)
             neighbours[layer] = (free, kind)
-        ablated = sorted(set(zip(mine.layer, mine["head"], strict=True))
-                         | {h for free, _ in neighbours.values() for h in free})  # fmt: skip
-        slot = {h: i for i, h in enumerate(ablated)}
-        readout, change = (next_token_loss, difference) if lm else (hidden_state, relative_change)
+        return neighbours
+
+    def _effects(self, mine, groups, neighbours, ablated, readout, change) -> list:
+        """Per group of inputs, every ablated head's change ``[heads, batch, pos]`` (NaN for the
+        heads no claim reads on those inputs)."""
+        from probe.interventions.ablation import ablation_effects, head_means
+
+        model, slot = self.context.model, {h: i for i, h in enumerate(ablated)}
+        effects = []
         with torch.no_grad():
             means = None
             if self.ablation != "zero":  # resample takes the mean where its source is padded
                 means = head_means(model, [inputs for inputs, *_ in groups])
-            # per claim: per input, the mean change of the claimed head and of each neighbour
-            effects = []  # per group: [heads, batch, pos]
             for inputs, tags, _ in groups:
                 # only the heads read on these inputs: the claims whose tokens they hold, and
                 # their baselines (the others' rows stay NaN, never read)
@@ -327,48 +350,34 @@ class Claims(Analysis):
                 needed = [h for h in ablated if h in needed]
                 effect = torch.full((len(ablated), *tags.shape), math.nan, dtype=torch.float64)
                 if needed:
-                    found = ablation_effects(
-                        model,
-                        inputs,
-                        needed,
-                        readout,
-                        change,
-                        mode=self.ablation,
-                        means=means,
-                        max_rows=MAX_ROWS,
-                    )
+                    found = ablation_effects(model, inputs, needed, readout, change,
+                                             mode=self.ablation, means=means,
+                                             max_rows=MAX_ROWS)  # fmt: skip
                     effect[[slot[h] for h in needed]] = found.cpu().double()
-                effects.append(effect)  # fmt: skip
-        rows, positions_total = [], 0
-        for claim in mine.itertuples(index=False):
-            target = RELATIONS.index(claim.relation) if claim.claim in ON_SENTENCES else 0
-            per_input = []  # (claimed head's mean change, each neighbour's) per input
-            positions = 0
-            for (inputs, tags, _), effect in zip(groups, effects, strict=True):
-                where = (tags == target).to(effect.device) & inputs["attention_mask"].bool().cpu()
-                if lm:  # the loss read at t is of token t + 1, which must be real
-                    where[:, -1] = False
-                    where[:, :-1] &= inputs["attention_mask"][:, 1:].bool().cpu()
-                    if claim.claim in ON_REPEATS:  # the second copy's tokens after its first
-                        where &= torch.roll(tags == target, 1, dims=1)
-                count = where.sum(1)
-                positions += int(count.sum())
-                at = torch.where(where, effect, 0.0).sum(-1) / count.clamp(min=1)  # [heads, b]
-                for b in torch.nonzero(count).flatten().tolist():
-                    free = neighbours[claim.layer][0]
-                    others = [at[slot[h], b] for h in free]
-                    per_input.append((float(at[slot[(claim.layer, claim.head)], b]),
-                                      [float(x) for x in others]))  # fmt: skip
-            positions_total += positions
-            free, kind = neighbours[claim.layer]
-            rows.append(claim._asdict() | statistics(per_input) | {
-                "inputs": "sentences" if claim.claim in ON_SENTENCES else "repeats",
-                "measure": "loss rise" if lm else "relative change", "positions": positions,
-                "baseline_heads": len(free),
-                "baseline_from": kind,
-            })  # fmt: skip
-        count = sum(len(indices) for *_, indices in groups)
-        return pd.DataFrame(rows), len(ablated), count, positions_total
+                effects.append(effect)
+        return effects
+
+    @staticmethod
+    def _per_input(claim, groups, effects, neighbours, slot, lm: bool):
+        """Per input (the cluster) holding the claim's tokens, the claimed head's mean change
+        there and each baseline head's; and the number of positions read."""
+        target = RELATIONS.index(claim.relation) if claim.claim in ON_SENTENCES else 0
+        per_input, positions = [], 0
+        for (inputs, tags, _), effect in zip(groups, effects, strict=True):
+            where = (tags == target).to(effect.device) & inputs["attention_mask"].bool().cpu()
+            if lm:  # the loss read at t is of token t + 1, which must be real
+                where[:, -1] = False
+                where[:, :-1] &= inputs["attention_mask"][:, 1:].bool().cpu()
+                if claim.claim in ON_REPEATS:  # the second copy's tokens after its first
+                    where &= torch.roll(tags == target, 1, dims=1)
+            count = where.sum(1)
+            positions += int(count.sum())
+            at = torch.where(where, effect, 0.0).sum(-1) / count.clamp(min=1)  # [heads, batch]
+            for b in torch.nonzero(count).flatten().tolist():
+                others = [at[slot[h], b] for h in neighbours[claim.layer][0]]
+                per_input.append((float(at[slot[(claim.layer, claim.head)], b]),
+                                  [float(x) for x in others]))  # fmt: skip
+        return per_input, positions
 
     # -- what the report shows -----------------------------------------------------------
 

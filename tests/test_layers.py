@@ -52,7 +52,13 @@ def imports(path: Path, root: Path = ROOT) -> set[str]:
     ``from package import module`` read as the module."""
     package = path.relative_to(root).parts[:-1]
     names = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    # An f-string's text ("probe: {why}") is a message, not a "module:Class" string.
+    formatted = {id(part) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr)
+                 for part in node.values}  # fmt: skip
+    for node in ast.walk(tree):
+        if id(node) in formatted:
+            continue
         if isinstance(node, ast.Import):
             names |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
