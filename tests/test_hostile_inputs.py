@@ -633,7 +633,7 @@ def test_a_closed_terminal_leaves_no_staging_folder_or_lock(tiny_model, tmp_path
         time.sleep(0.05)
     child.send_signal(signal.SIGHUP)
     _, err = child.communicate(timeout=120)
-    assert child.returncode == 1 and "stopped by SIGHUP" in err and "Traceback" not in err
+    assert child.returncode == 129 and "stopped by SIGHUP" in err and "Traceback" not in err
     assert list(tmp_path.iterdir()) == []
 
 
