@@ -201,6 +201,12 @@ class Analysis:
         return tuple(dict.fromkeys(names))
 
     @classmethod
+    def check_tokenizer(cls, tokenizer, config, options: dict[str, Any]) -> None:
+        """Refuse, in one line (``ProbeError``), what this analysis's inputs (``options``, as
+        resolved for the run) show it cannot do with the model's ``tokenizer`` and ``config``:
+        called once they are loaded, before the weights are. Nothing by default."""
+
+    @classmethod
     def unsupported(cls, model: nn.Module) -> str | None:
         """Why this analysis cannot run on ``model``, or None. A run that chose its analyses by
         default leaves such an analysis out; one that named it stops with the reason."""

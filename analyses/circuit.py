@@ -202,6 +202,18 @@ class Circuit(Analysis):
         self.patched = int(settings["circuit_patched"])
 
     @classmethod
+    def check_tokenizer(cls, tokenizer, config, options: dict[str, Any]) -> None:
+        """A task file's pairs, tokenized as the run will: texts of different lengths, an
+        answer of several tokens, a text longer than the model reads, refused before the
+        weights load."""
+        from probe.inputs.corpus import max_tokens
+
+        settings = {o.name: o.default for o in cls.options} | options
+        if settings["task"] != REPEATS:
+            file_task(Path(settings["task"]), tokenizer, int(settings["circuit_pairs"]),
+                      max_tokens(config, tokenizer))  # fmt: skip
+
+    @classmethod
     def unsupported(cls, model) -> str | None:
         from probe.capture.spec import describe
         from probe.run.checkpoint import has_lm_head

@@ -374,3 +374,33 @@ def test_a_task_file_of_twenty_thousand_pairs_reads_its_first_ones(tmp_path):
                      "--circuit-pairs", "4", "--out", str(out))  # fmt: skip
     assert result.exit_code == 0, result.output
     assert int(pd.read_csv(out / "circuit_run.csv").pairs[0]) == 4
+
+
+@pytest.mark.parametrize(
+    ("pair", "said"),
+    [
+        ({"clean": "t1 t2 t3", "corrupted": "t4 t2", "answer": "t3"}, "clean is 4 tokens"),
+        ({"clean": "t1 t2", "corrupted": "t4 t2", "answer": "t3 t5"}, "answer 't3 t5' is 2"),
+        ({"clean": " ".join(["t1"] * 200), "corrupted": " ".join(["t2"] * 200), "answer": "t3"},
+         "201 tokens, more than the model's 128"),
+    ],
+)  # fmt: skip
+def test_what_the_tokenizer_shows_is_refused_before_the_weights_load(
+    tmp_path, monkeypatch, pair, said
+):
+    """A task file's pairs are tokenized as soon as the tokenizer is loaded, before the weights:
+    here loading them would fail the test."""
+    import probe.run.loading
+
+    def weights(*args, **kwargs):
+        raise AssertionError("the weights were loaded before the task was checked")
+
+    monkeypatch.setattr(probe.run.loading, "_with_lm_head", weights)
+    path = tmp_path / "task.jsonl"
+    path.write_text(json.dumps(pair) + "\n")
+    result = analyze("--model", str(MODEL), "-a", "circuit", "--lm-head", "--task", str(path),
+                     "--out", str(tmp_path / "r"))  # fmt: skip
+    assert result.exit_code == 1, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and str(path) in lines[0] and said in lines[0], lines
+    assert not (tmp_path / "r").exists()

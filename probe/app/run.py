@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import suppress
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
+from functools import partial
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -509,6 +510,7 @@ def execute(run: Plan, ranks, progress: Progress | None, status: Callable[[str],
             revision=settings.revision,
             trust_remote_code=settings.trust_remote_code,
             lm_head=settings.lm_head,
+            before_weights=partial(_check_tokenizer, run),
             **_placement(settings, ranks),
         )
         run, skipped, unknown = _readable(run, tokenizer)
@@ -880,6 +882,12 @@ def _applicable(run: Plan, model) -> list:
             if reason:
                 raise ProbeError(f"--analyses {name}: {reason}")
     return [cls for cls in run.classes if not reasons[cls.name]]
+
+
+def _check_tokenizer(run: Plan, tokenizer, config) -> None:
+    """What each analysis's inputs need of the tokenizer, checked before the weights load."""
+    for cls in run.classes:
+        cls.check_tokenizer(tokenizer, config, run.options_of(cls.options))
 
 
 def _placement(settings: Settings, ranks) -> dict:

@@ -5,12 +5,20 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from probe.capture.architectures import UnsupportedModelError, is_causal
 from probe.capture.spec import describe
@@ -61,6 +69,7 @@ def load(
     max_memory: dict[int | str, int | str] | None = None,
     offload_folder: str | os.PathLike | None = None,
     lm_head: bool = False,
+    before_weights: Callable[[PreTrainedTokenizerBase, PretrainedConfig], None] | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a supported pretrained model and its fast tokenizer, in eval mode.
 
@@ -89,6 +98,10 @@ def load(
     lm_head : bool
         Load the model with its language-model head (``AutoModelForCausalLM`` for decoders,
         ``AutoModelForMaskedLM`` for encoders); its checkpoint must have one.
+    before_weights : callable, optional
+        ``before_weights(tokenizer, config)``, called once the tokenizer and the model's config
+        are loaded and before its weights are, so that what an input needs of the tokenizer
+        (``probe analyze``'s task files) is refused before a large model's load, not after.
 
     Returns
     -------
@@ -119,6 +132,8 @@ def load(
     try:
         with paced or nullcontext():  # a download from the hub keeps its pace
             tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+            if before_weights is not None:
+                before_weights(tokenizer, AutoConfig.from_pretrained(source, **kwargs))
             dtype = dtype or torch.float32
             if lm_head:
                 model = _with_lm_head(name_or_path, source, dtype, kwargs, placement)
@@ -225,7 +240,7 @@ def check_finite_weights(model: torch.nn.Module, name: str) -> None:
 def _with_lm_head(name: str, source: str, dtype, kwargs: dict, placement: dict) -> PreTrainedModel:
     """The model with its language-model head, which must come from the checkpoint: a head
     initialised at random would make every output-based measure meaningless."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
 
     config = AutoConfig.from_pretrained(source, **kwargs)
     auto = AutoModelForCausalLM if is_causal(config) else AutoModelForMaskedLM
