@@ -2,8 +2,9 @@
 
 Ablation of chosen heads (``ablation``), activation patching from one input into another
 (``patching``), its gradient approximation for every head at once (``attribution``, with the
-gradients it reads, ``gradients``), edge attribution and the circuit it finds (``edges``), and
-the prompt pairs they run on (``pairs``), all on the hook points of ``capture``.
+gradients it reads, ``gradients``), edge attribution and the circuit it finds (``edges``), the
+prompt pairs and metrics they take (``pairs``) and the guard that leaves the model as it was
+after every call (``guard``), all on the hook points of ``capture``.
 
 May import: ``probe``'s foundation modules, ``capture`` and ``probe.attention``.
 """
