@@ -468,7 +468,10 @@ def same_report(a: Path, b: Path) -> None:
     assert not [n for n in names if n.startswith(".probe-tmp")]
     for name in names:
         if name.endswith(".csv"):
-            pd.testing.assert_frame_equal(pd.read_csv(a / name), pd.read_csv(b / name))
+            # Two processes' claims p-values were seen to part in their fifth digit (4.0349e-2
+            # against 4.0350e-2): float32 sums of the ablated passes, not the tables' writing,
+            # which is what this compares.
+            pd.testing.assert_frame_equal(pd.read_csv(a / name), pd.read_csv(b / name), rtol=1e-4)
     assert (a / "examples.json").read_text() == (b / "examples.json").read_text()
 
 
