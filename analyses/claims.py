@@ -112,7 +112,7 @@ class Claims(Analysis):
         },
         "claims_run": {
             "inputs": "str", "count": "int", "positions": "int", "measure": "str",
-            "ablation": "str", "heads_ablated": "int",
+            "ablation": "str", "heads_ablated": "int", "haystack_tokens": "Int64",
         },
     }  # fmt: skip
     head_columns: ClassVar[Schema] = {
@@ -290,7 +290,9 @@ class Claims(Analysis):
         called = benjamini_hochberg(np.where(tested, table.p, np.nan), FDR)
         table["confirmed"] = called & tested.to_numpy()
         table = table.sort_values(["layer", "head", "claim"], kind="stable", ignore_index=True)
-        return {"claims": table[list(self.tables["claims"])], "claims_run": pd.DataFrame(runs)}
+        runs = pd.DataFrame(runs, columns=list(self.tables["claims_run"]))
+        runs["haystack_tokens"] = runs.haystack_tokens.astype("Int64")  # only the needles'
+        return {"claims": table[list(self.tables["claims"])], "claims_run": runs}
 
     def _sentences(self, relations: set[str]) -> list[tuple[dict, torch.Tensor, np.ndarray]]:
         """Groups of the kept sentences of the claimed ``relations``, by length: model inputs,
