@@ -536,3 +536,38 @@ def test_the_haystack_is_the_treebanks_first_sentences_whatever_the_batches(mini
             assert torch.nonzero(tags[row] == 0).flatten().tolist() == [
                 t - 1 for t in answer]  # fmt: skip
             assert inputs["input_ids"][row, : len(trials[i].ids)].tolist() == list(trials[i].ids)
+
+
+@pytest.mark.slow
+@needs_ewt()
+def test_a_decoders_run_tests_its_retrieval_claims_on_needle_trials(minilm, tmp_path):
+    """A small random Llama reading MiniLM's tokens, ``-a retrieval,claims`` with a low
+    retrieval threshold (so that some head holds the role): each retrieval head's claim is tested
+    on needle trials in the treebank's first sentences, the haystack capped by the context (256
+    positions, 64 kept free) and recorded."""
+    from probe.app.run import Settings, analyze
+
+    _, tokenizer = minilm
+    torch.manual_seed(0)
+    config = tf.LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                            num_hidden_layers=2, intermediate_size=64,
+                            vocab_size=len(tokenizer), max_position_embeddings=256)  # fmt: skip
+    folder = tmp_path / "llama"
+    tf.LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    out = tmp_path / "r"
+    analyze(Settings(model=str(folder), treebank=[str(EWT / "en_ewt-ud-dev.conllu")], out=out,
+                     max_sentences=300, analyses=["retrieval", "claims"],
+                     thresholds={"retrieval": 0.05},
+                     options={"retrieval_lengths": "64"}))  # fmt: skip
+    heads = pd.read_csv(out / "heads.csv", keep_default_na=False)
+    held = heads[heads.roles.str.split(";").map(lambda r: "retrieval" in r)]
+    assert len(held), heads.retrieval_score.tolist()
+    claims = pd.read_csv(out / "claims.csv", keep_default_na=False)
+    assert sorted(zip(claims.layer, claims["head"], strict=True)) == sorted(
+        zip(held.layer, held["head"], strict=True))  # fmt: skip
+    assert (claims.claim == "retrieval").all() and (claims.inputs == "needles").all()
+    assert (claims.clusters.astype(int) == 12).all() and claims.tested.astype(str).eq("True").all()
+    (run,) = json.loads((out / "run.json").read_text())["claims"]
+    assert (run["inputs"], run["count"], run["haystack_tokens"]) == ("needles", 12, 192)
+    assert run["measure"] == "relative change of the last hidden state"  # no --lm-head
