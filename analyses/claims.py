@@ -100,6 +100,7 @@ class Claims(Analysis):
     name = "claims"
     title = "Claims tested by ablation"
     unit = ("sentence", "window")
+    alongside = ("window",)  # coreference claims come from coref, which reads the windows
     # Reads the other analyses' heads (their roles and relations) before it finishes.
     reads_heads: ClassVar[bool] = True
     tables: ClassVar[dict[str, Schema]] = {

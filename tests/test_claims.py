@@ -571,3 +571,19 @@ def test_a_decoders_run_tests_its_retrieval_claims_on_needle_trials(minilm, tmp_
     (run,) = json.loads((out / "run.json").read_text())["claims"]
     assert (run["inputs"], run["count"], run["haystack_tokens"]) == ("needles", 12, 192)
     assert run["measure"] == "relative change of the last hidden state"  # no --lm-head
+
+
+@needs_gum()
+def test_the_claims_read_coreference_windows_only_beside_coref(tmp_path):
+    """Coreference claims come from the coref analysis: a run without it streams no windows for
+    the claims (on GUM, a second forward pass over its documents)."""
+    from probe.app.run import Settings, plan
+
+    gum = [str(GUM / "en_gum-ud-dev.conllu")]
+    alone = plan(Settings(model="minilm", treebank=gum, out=tmp_path / "a",
+                          analyses=["syntax", "claims"]))  # fmt: skip
+    assert alone.units == ("sentence",) and alone.reads["claims"] == ("sentence",)
+    beside = plan(Settings(model="minilm", treebank=gum, out=tmp_path / "b",
+                           analyses=["coref", "claims"]))  # fmt: skip
+    assert beside.reads["claims"] == ("sentence", "window")
+    assert set(beside.units) == {"sentence", "window"}

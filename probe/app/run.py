@@ -152,7 +152,8 @@ def _options(names: Sequence[str], given: dict[str, Any]) -> dict[str, Any]:
             raise ProbeError(f"unknown option {name}")
         option, owner = everything[name]
         if owner not in analyses.REGISTRY:  # a unit's option: name the analyses that read it
-            readers = [a for a in analyses.REGISTRY if owner in analyses.get(a).units()]
+            readers = [a for a in analyses.REGISTRY if owner in analyses.get(a).units()
+                       and owner not in analyses.get(a).alongside]  # fmt: skip
             raise ProbeError(
                 f"{option.flag} says how to read the {units.get(owner).label}, which no analysis "
                 f"of this run reads; add {' or '.join(readers)} to --analyses or leave the "
@@ -202,6 +203,10 @@ def plan(settings: Settings) -> Plan:
         _check_lm_head(settings, classes)
     given = {"treebank", "corpus"} if settings.corpus else {"treebank"}
     reads = {cls.name: cls.units(given) for cls in classes}
+    for cls in classes:  # a unit read only alongside another analysis, where none reads it: not
+        others = {u for other in classes if other is not cls for u in reads[other.name]}
+        reads[cls.name] = tuple(u for u in reads[cls.name]
+                                if u not in cls.alongside or u in others)  # fmt: skip
     needed = tuple(dict.fromkeys(u for read in reads.values() for u in read))
     source = _source(settings, {units.get_input(u) for u in needed}, reads)
     parse_size(settings.attention_budget)
