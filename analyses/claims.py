@@ -222,16 +222,17 @@ class Claims(Analysis):
 
     def _keep_texts(self, batch: Batch) -> None:
         """The text of the treebank's first sentences, enough for the haystack: those of
-        smallest index whose tokens reach ``haystack`` (whatever order they come in)."""
-        for b, (i, sentence) in enumerate(zip(batch.index.tolist(), batch.sentences,
-                                              strict=False)):  # fmt: skip
-            self.texts[i] = (" ".join(sentence.words), int(batch.attention_mask[b].sum()))
+        smallest index whose words' tokens reach twice ``haystack`` (whatever order they come
+        in; twice, as the haystack tokenizes them again, joined)."""
+        words = (batch.word_of_token >= 0).sum(1).tolist()
+        for i, sentence, n in zip(batch.index.tolist(), batch.sentences, words, strict=False):
+            self.texts[i] = (" ".join(sentence.words), n)
         self._trim_texts()
 
     def _trim_texts(self) -> None:
         total, keep = 0, []
         for i in sorted(self.texts):
-            if total >= self.haystack:
+            if total >= 2 * self.haystack:
                 break
             keep.append(i)
             total += self.texts[i][1]
