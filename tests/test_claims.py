@@ -153,6 +153,17 @@ def test_ablation_effects_on_every_architecture_copy_the_rows_from_the_chunks_fi
                     handle.remove()
             expected = relative_change(ablated[None], intact)[0]
             torch.testing.assert_close(got[i][real], expected[real], atol=1e-5, rtol=1e-4)
+    # Only some (head, input) pairs, as many rows a pass as the batch has (a later block's
+    # hidden states, gathered already, must not be gathered again): the same numbers, NaN for
+    # the pairs not asked for.
+    needed = torch.rand(len(heads), real.shape[0], generator=torch.Generator().manual_seed(0))
+    needed = needed < 0.5
+    for max_rows in (1, real.shape[0], 256):
+        some = ablation_effects(model, inputs, heads, hidden_state, relative_change, means=means,
+                                max_rows=max_rows, needed=needed)  # fmt: skip
+        asked = needed[:, :, None] & real[None]
+        torch.testing.assert_close(some[asked], got[asked], atol=1e-6, rtol=1e-5)
+        assert some[~needed].isnan().all()
 
 
 def claims_of(model, tokenizer, heads: pd.DataFrame, sentences=(), **options) -> Claims:
