@@ -19,15 +19,16 @@ With a language-model head the measure is the rise of the next-token loss read a
 (for a decoder: the dependents' next tokens; the second copy's tokens after its first); without
 one, the relative change ‖h′ − h‖ / ‖h‖ of the last hidden state at them. Per input (a sentence,
 a sequence: the clusters), the claimed head's mean change is paired with the mean over its
-layer's unclaimed heads (the baseline: a keyed ``claims_baseline_heads`` of them; where every head
-of the layer holds a claim, of the nearest layers' unclaimed heads), and the claim is confirmed
+layer's unclaimed heads drawn for that input (the baseline: ``claims_baseline_heads`` of them,
+drawn afresh for every input by a key of the seed, the head and the input; where every head of
+the layer holds a claim, of the nearest layers' unclaimed heads), and the claim is confirmed
 where the paired difference is above 0 by a one-sided t-test, after the Benjamini–Hochberg
 correction over every claim tested (``probe.inference``), on at least
 ``MIN_CLUSTERS`` inputs. Coreference and retrieval claims are listed, not yet tested.
 
 The sample is kept during the stream (token ids and each token's relation); the ablated passes
-run when the analysis finishes, many heads' ablated copies stacked along the batch
-(``probe.interventions.ablation.ablation_effects``), in fixed groups of inputs, so that
+run when the analysis finishes, a row per (head, input) pair a claim reads stacked after the
+inputs' own (``probe.interventions.ablation.ablation_effects``), in fixed groups of inputs, so that
 ``--batch-size`` changes nothing.
 """
 
@@ -60,7 +61,8 @@ SEQUENCES = Option("claims_sequences", 12,
 LENGTH = Option("claims_repeat_length", 16,
                 "Random tokens in each half of the claims' repeated sequences.", min=2)  # fmt: skip
 NEIGHBOURS = Option("claims_baseline_heads", 2,
-                    "Unclaimed heads of a claim's layer ablated for its baseline (0: all).",
+                    "Unclaimed heads of a claim's layer drawn for each input as its baseline "
+                    "(0: all).",
                     min=0)  # fmt: skip
 ABLATIONS = ("mean", "zero", "resample")
 ABLATION = Option("claims_ablation", ABLATIONS[0], "How the claims' ablations remove a head.",
@@ -328,8 +330,8 @@ class Claims(Analysis):
         return pools
 
     def _draws(self, pools: dict, inputs: str):
-        """``draw(layer, index)``: the baseline's heads on input ``index``, ``claims_baseline_heads``
-        of the layer's pool drawn afresh for each input by a key of the seed, the head and the
+        """``draw(layer, index)``: the baseline's heads on input ``index``: ``n_neighbours`` of
+        the layer's pool drawn afresh for each input by a key of the seed, the head and the
         input (every head of the pool for 0, or where it holds no more), so that over the inputs
         the baseline is the pool's heads, each as likely as the others, not a chosen few."""
         cache: dict[tuple[int, int], list[tuple[int, int]]] = {}
