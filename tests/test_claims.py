@@ -346,3 +346,55 @@ def test_resample_ablation_confirms_the_previous_token_head_and_not_a_decoy(indu
     table = claims_of(decoy, tokenizer, heads, claims_ablation="resample").finish()["claims"]
     row = table.set_index(["layer", "head"]).loc[INDUCTION]
     assert not row.confirmed and abs(row.effect) < 1e-6
+
+
+@needs_ewt()
+def test_a_decoders_syntactic_claim_is_measured_by_the_loss_at_its_dependents_next_tokens(minilm):
+    """A small GPT-2 with MiniLM's tokenizer: a syntactic claim's effect is, per sentence bearing
+    the relation, the mean rise of −log p(token t+1) at the tokens t of its dependents (t + 1
+    real), the head's z replaced by its mean over the sentences' real tokens, computed here with
+    plain PyTorch hooks, unpadded, one sentence at a time; averaged over the sentences."""
+    from probe.inputs.treebank import RELATIONS
+
+    _, tokenizer = minilm
+    torch.manual_seed(0)
+    config = tf.GPT2Config(n_embd=32, n_head=4, n_layer=2, n_positions=256,
+                           vocab_size=tokenizer.vocab_size)  # fmt: skip
+    model = tf.GPT2LMHeadModel(config).eval()
+    heads = heads_table(2, 4, {(1, 2): "syntactic"}, {(1, 2): "det"})
+    batches = list(ewt_batches(tokenizer, 40, 8))
+    table = claims_of(model, tokenizer, heads, batches, claims_sentences=1000).finish()["claims"]
+    row = table.set_index(["layer", "head"]).loc[(1, 2)]
+    assert row.measure == "loss rise" and row.inputs == "sentences"
+
+    det = RELATIONS.index("det")
+    sentences = []  # (token ids, positions of the dependents' tokens whose next token is real)
+    for batch in batches:
+        for b in range(len(batch.input_ids)):
+            n = int(batch.attention_mask[b].sum())
+            word = batch.word_of_token[b, :n]
+            bears = [int(w) >= 0 and int(batch.relations[b, w]) == det and
+                     int(batch.heads[b, w]) >= 0 for w in word]  # fmt: skip
+            if any(bears):
+                at = [t for t in range(n - 1) if bears[t]]
+                sentences.append((batch.input_ids[b, :n][None], at))
+    with torch.no_grad():
+        zs = [z_of(model, {"input_ids": ids})[1][0, :, 2] for ids, _ in sentences]
+        mean = torch.cat(zs).mean(0)
+        rises = []
+        for ids, at in sentences:
+            logp = model(input_ids=ids).logits.log_softmax(-1)[0]
+            handle = replaced(model, 1, 2, mean)
+            try:
+                ablated = model(input_ids=ids).logits.log_softmax(-1)[0]
+            finally:
+                handle.remove()
+            if at:
+                nxt = ids[0, 1:]
+                loss = -logp[:-1].gather(-1, nxt[:, None])[:, 0]
+                loss_ablated = -ablated[:-1].gather(-1, nxt[:, None])[:, 0]
+                rises.append(float((loss_ablated - loss)[at].mean()))
+    assert row.clusters == len(rises) >= 10
+    assert row.positions == sum(len(at) for _, at in sentences)
+    assert abs(row.effect) > 1e-4  # the head does something, so the comparison has teeth
+    assert row.effect == pytest.approx(sum(rises) / len(rises), rel=1e-4, abs=1e-7)
