@@ -9,8 +9,9 @@ that holds no claim, on a bounded sample of the run's inputs:
 - a syntactic relation (a head's best relation, role or not): the first ``claims_sentences``
   sentences with a word bearing the relation, by a key of the seed and the sentence's position
   in the treebank (``probe.keys``: the same sample whatever the batches or processes), measured
-  at the tokens of the words that bear the relation (the dependents), in every sentence
-  sampled for any claimed relation;
+  at the tokens of the words that bear the relation (the dependents); the layer's unclaimed
+  heads are ablated on the samples of every claim of their layer, and nothing else runs (a
+  stacked row per head and sentence that a claim reads);
 - previous-token, duplicate-token and induction: ``claims_sequences`` repeated random sequences
   (``probe.inputs.units.repeats``, the taxonomy's first ones), measured at the second copy;
 - coreference: the ``claims_windows`` coreference windows (``probe.inputs.coreference``) of
@@ -26,15 +27,16 @@ With a language-model head the measure is the rise of the next-token loss read a
 (for a decoder: the dependents' next tokens; the second copy's tokens after its first); without
 one, the relative change ‖h′ − h‖ / ‖h‖ of the last hidden state at them. Per input (a sentence,
 a sequence: the clusters), the claimed head's mean change is paired with the mean over its
-layer's unclaimed heads (the baseline: a keyed ``claims_baseline_heads`` of them; where every head
-of the layer holds a claim, of the nearest layers' unclaimed heads), and the claim is confirmed
+layer's unclaimed heads drawn for that input (the baseline: ``claims_baseline_heads`` of them,
+drawn afresh for every input by a key of the seed, the head and the input; where every head of
+the layer holds a claim, of the nearest layers' unclaimed heads), and the claim is confirmed
 where the paired difference is above 0 by a one-sided t-test, after the Benjamini–Hochberg
 correction over every claim tested (``probe.inference``), on at least
 ``MIN_CLUSTERS`` inputs; on fewer the verdict says so.
 
 The samples are kept during the stream (token ids and each token's relation or mark; for the
-haystack, a decoder's first sentences' text); the ablated passes
-run when the analysis finishes, many heads' ablated copies stacked along the batch
+haystack, a decoder's first sentences' text); the ablated passes run when the analysis finishes,
+a row per (head, input) pair a claim reads stacked after the inputs' own
 (``probe.interventions.ablation.ablation_effects``), in fixed groups of inputs, so that
 ``--batch-size`` changes nothing.
 """
@@ -60,7 +62,7 @@ np = lazy("numpy")
 pd = lazy("pandas")
 torch = lazy("torch")
 
-SENTENCES = Option("claims_sentences", 10,
+SENTENCES = Option("claims_sentences", 16,
                    "Sentences per claimed relation the claims' ablations run on.",
                    min=1)  # fmt: skip
 SEQUENCES = Option("claims_sequences", 12,
@@ -75,8 +77,9 @@ NEEDLES = Option("claims_needles", 12,
 HAYSTACK = Option("claims_haystack", 256,
                   "Haystack tokens of the retrieval claims' needle trials (capped by the "
                   "model's context).", min=8)  # fmt: skip
-NEIGHBOURS = Option("claims_baseline_heads", 3,
-                    "Unclaimed heads of a claim's layer ablated for its baseline (0: all).",
+NEIGHBOURS = Option("claims_baseline_heads", 2,
+                    "Unclaimed heads of a claim's layer drawn for each input as its baseline "
+                    "(0: all).",
                     min=0)  # fmt: skip
 ABLATIONS = ("mean", "zero", "resample")
 ABLATION = Option("claims_ablation", ABLATIONS[0], "How the claims' ablations remove a head.",
@@ -113,7 +116,8 @@ class Claims(Analysis):
         },
         "claims_run": {
             "inputs": "str", "count": "int", "positions": "int", "measure": "str",
-            "ablation": "str", "heads_ablated": "int", "haystack_tokens": "Int64",
+            "ablation": "str", "heads_ablated": "int", "ablated_rows": "int",
+            "haystack_tokens": "Int64",
         },
     }  # fmt: skip
     head_columns: ClassVar[Schema] = {
@@ -271,22 +275,25 @@ class Claims(Analysis):
                 continue
             used = {}
             if inputs == "sentences":
-                groups = self._sentences(set(mine.relation))
+                groups, samples = self._sentences(set(mine.relation))
             elif inputs == "repeats":
-                groups = self._repeats()
+                groups, samples = self._repeats(), None
             elif inputs == "windows":
-                groups = self._windows()
+                groups, samples = self._windows(), None
             else:
-                groups, used = self._needles()
+                (groups, used), samples = self._needles(), None
             if groups:
-                tested, heads_ablated, count, positions = self._test(mine, groups, claims, lm)
-                tested = tested.assign(inputs=inputs)
+                tested, heads_ablated, count, positions, ran = self._test(
+                    mine, groups, samples, claims, lm, inputs
+                )
             else:  # nothing to test them on: each claim says so (too few inputs)
-                tested, heads_ablated, count, positions = self._none(mine, inputs, lm), 0, 0, 0
+                tested, heads_ablated, count, positions, ran = (
+                    self._none(mine, inputs, lm), 0, 0, 0, 0)  # fmt: skip
             rows.append(tested)
             runs.append({"inputs": inputs, "count": count, "positions": positions,
                          "measure": measure, "ablation": self.ablation,
-                         "heads_ablated": heads_ablated, **used})  # fmt: skip
+                         "heads_ablated": heads_ablated, "ablated_rows": ran,
+                         **used})  # fmt: skip
         table = pd.concat(rows, ignore_index=True)
         tested = table.tested.astype(bool) & table.p.notna()
         called = benjamini_hochberg(np.where(tested, table.p, np.nan), FDR)
@@ -296,9 +303,10 @@ class Claims(Analysis):
         runs["haystack_tokens"] = runs.haystack_tokens.astype("Int64")  # only the needles'
         return {"claims": table[list(self.tables["claims"])], "claims_run": runs}
 
-    def _sentences(self, relations: set[str]) -> list[tuple[dict, torch.Tensor, np.ndarray]]:
-        """Groups of the kept sentences of the claimed ``relations``, by length: model inputs,
-        each token's relation ``[batch, pos]`` (-1 for none), and the sentences' indices."""
+    def _sentences(self, relations: set[str]) -> tuple[list, dict[str, set[int]]]:
+        """Groups of the kept sentences of the claimed ``relations``, by length (model inputs,
+        each token's relation ``[batch, pos]``, -1 for none, and the sentences' indices), and
+        each relation's sample: its first ``n_sentences`` sentences by key."""
         from probe.run.loading import main_device
 
         device = main_device(self.context.model)
@@ -312,6 +320,10 @@ class Claims(Analysis):
                 chosen.append(i)
                 for r in helps:
                     need[r] -= 1
+        samples = {r: {i for i in chosen if RELATIONS.index(r) in self.kept[i][2]}
+                   for r in relations}  # fmt: skip
+        samples = {r: set(sorted(own, key=lambda i: (self.kept[i][0], i))[: self.n_sentences])
+                   for r, own in samples.items()}  # fmt: skip
         # by length, so that a group pads little (ties by position: the same groups always)
         order = sorted(chosen, key=lambda i: (len(self.kept[i][1]), i))
         groups = []
@@ -328,7 +340,7 @@ class Claims(Analysis):
                 mask[r, : len(token_ids)] = 1
             inputs = {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
             groups.append((inputs, relation, np.array(chosen)))
-        return groups
+        return groups, samples
 
     def _repeats(self) -> list[tuple[dict, torch.Tensor, np.ndarray]]:
         """Groups of repeated random sequences (the taxonomy's repeats 0, 1, …: BOS, n random
@@ -404,8 +416,10 @@ class Claims(Analysis):
             "positions": 0, "baseline_heads": 0, "baseline_from": "none",
         } for claim in mine.itertuples(index=False)])  # fmt: skip
 
-    def _test(self, mine: pd.DataFrame, groups, claims: pd.DataFrame, lm: bool):
-        """Each claim of ``mine`` measured on ``groups``, beside its layer's unclaimed heads."""
+    def _test(self, mine: pd.DataFrame, groups, samples, claims: pd.DataFrame, lm: bool,
+              inputs: str):  # fmt: skip
+        """Each claim of ``mine`` measured on its ``inputs`` of ``groups`` (its relation's sample
+        of ``samples``; every input where that is None), beside its layer's unclaimed heads."""
         from probe.interventions.ablation import (
             difference,
             hidden_state,
@@ -413,56 +427,71 @@ class Claims(Analysis):
             relative_change,
         )
 
-        neighbours = self._baselines(mine, claims)
+        pools = self._baselines(mine, claims)
+        draw = self._draws(pools, inputs)
         ablated = sorted(set(zip(mine.layer, mine["head"], strict=True))
-                         | {h for free, _ in neighbours.values() for h in free})  # fmt: skip
+                         | {h for pool, _ in pools.values() for h in pool})  # fmt: skip
         readout, change = (next_token_loss, difference) if lm else (hidden_state, relative_change)
-        effects = self._effects(mine, groups, neighbours, ablated, readout, change)
+        effects = self._effects(mine, groups, samples, draw, ablated, readout, change)
         slot = {h: i for i, h in enumerate(ablated)}
         rows, positions_total = [], 0
         for claim in mine.itertuples(index=False):
-            per_input, positions = self._per_input(claim, groups, effects, neighbours, slot, lm)
+            per_input, positions = self._per_input(claim, groups, samples, effects, draw, slot,
+                                                   lm)  # fmt: skip
             positions_total += positions
-            free, kind = neighbours[claim.layer]
             rows.append(claim._asdict() | statistics(per_input) | {
-                "inputs": "sentences" if claim.claim in ON_SENTENCES else "repeats",
+                "inputs": inputs,
                 "measure": "loss rise" if lm else "relative change", "positions": positions,
-                "baseline_heads": len(free),
-                "baseline_from": kind,
+                "baseline_from": pools[claim.layer][1],
             })  # fmt: skip
         count = sum(len(indices) for *_, indices in groups)
-        return pd.DataFrame(rows), len(ablated), count, positions_total
+        ran = sum((~e[:, :, 0].isnan()).sum(1) for e in effects)  # [heads]: rows ablated
+        return pd.DataFrame(rows), int((ran > 0).sum()), count, positions_total, int(ran.sum())
 
     def _baselines(self, mine: pd.DataFrame, claims: pd.DataFrame) -> dict:
-        """Per layer of ``mine``'s claims, the baseline's heads and where they come from: a
-        keyed few of the layer's unclaimed heads, or the nearest layers' where it has none."""
+        """Per layer of ``mine``'s claims, the heads its baselines are drawn from and where they
+        come from: the layer's unclaimed heads, or the nearest layers' where it has none."""
         H, L = self.context.n_heads, self.context.n_layers
         claimed = set(zip(claims.layer, claims["head"], strict=True))
         unclaimed = {layer: [(layer, h) for h in range(H) if (layer, h) not in claimed]
                      for layer in range(L)}  # fmt: skip
-        neighbours = {}
+        pools = {}
         for layer in sorted(set(mine.layer)):
-            free, kind = unclaimed[layer], "unclaimed"
-            if not free:  # every head of the layer holds a claim: the nearest layers' unclaimed
+            pool, kind = unclaimed[layer], "unclaimed"
+            if not pool:  # every head of the layer holds a claim: the nearest layers' unclaimed
                 near = [k for k in range(L) if unclaimed[k]]
                 nearest = min((abs(k - layer) for k in near), default=None)
-                free = [h for k in near if abs(k - layer) == nearest for h in unclaimed[k]]
-                kind = "nearest layers' unclaimed" if free else "none"
-            if self.n_neighbours and len(free) > self.n_neighbours:  # a keyed few
-                drawn = uniform(
-                    self.context.seed,
-                    "claims-baseline",
-                    np.array([k for k, _ in free]),
-                    np.array([h for _, h in free]),
-                )
-                chosen = np.argsort(drawn, kind="stable")[: self.n_neighbours]
-                free = sorted(free[i] for i in chosen)
-            neighbours[layer] = (free, kind)
-        return neighbours
+                pool = [h for k in near if abs(k - layer) == nearest for h in unclaimed[k]]
+                kind = "nearest layers' unclaimed" if pool else "none"
+            pools[layer] = (pool, kind)
+        return pools
 
-    def _effects(self, mine, groups, neighbours, ablated, readout, change) -> list:
-        """Per group of inputs, every ablated head's change ``[heads, batch, pos]`` (NaN for the
-        heads no claim reads on those inputs)."""
+    def _draws(self, pools: dict, inputs: str):
+        """``draw(layer, index)``: the baseline's heads on input ``index``: ``n_neighbours`` of
+        the layer's pool drawn afresh for each input by a key of the seed, the head and the
+        input (every head of the pool for 0, or where it holds no more), so that over the inputs
+        the baseline is the pool's heads, each as likely as the others, not a chosen few."""
+        cache: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        seed, n = self.context.seed, self.n_neighbours
+
+        def draw(layer: int, index: int) -> list[tuple[int, int]]:
+            if (layer, index) not in cache:
+                pool = pools[layer][0]
+                chosen = pool
+                if n and len(pool) > n:
+                    at = [np.array([k for k, _ in pool]), np.array([h for _, h in pool])]
+                    drawn = uniform(seed, f"claims-baseline-{inputs}", *at,
+                                    np.full(len(pool), index))  # fmt: skip
+                    chosen = sorted(pool[i] for i in np.argsort(drawn, kind="stable")[:n])
+                cache[(layer, index)] = chosen
+            return cache[(layer, index)]
+
+        return draw
+
+    def _effects(self, mine, groups, samples, draw, ablated, readout, change) -> list:
+        """Per group of inputs, every ablated head's change ``[heads, batch, pos]``, run only on
+        the inputs a claim reads it on (NaN elsewhere, never read): a claimed head on its claim's
+        inputs, a baseline head on the inputs of its layer's claims it was drawn for."""
         from probe.interventions.ablation import ablation_effects, head_means
 
         model, slot = self.context.model, {h: i for i, h in enumerate(ablated)}
@@ -471,33 +500,32 @@ class Claims(Analysis):
             means = None
             if self.ablation != "zero":  # resample takes the mean where its source is padded
                 means = head_means(model, [inputs for inputs, *_ in groups])
-            for inputs, tags, _ in groups:
-                # only the heads read on these inputs: the claims whose tokens they hold, and
-                # their baselines (the others' rows stay NaN, never read)
-                held = set(tags.unique().tolist())
-                needed = set()
+            for inputs, tags, indices in groups:
+                needed = torch.zeros(len(ablated), len(indices), dtype=torch.bool)
                 for claim in mine.itertuples(index=False):
-                    target = RELATIONS.index(claim.relation) if claim.claim in ON_SENTENCES else 0
-                    if target in held:
-                        needed |= {(claim.layer, claim.head), *neighbours[claim.layer][0]}
-                needed = [h for h in ablated if h in needed]
+                    for b, i in enumerate(indices.tolist()):
+                        if reads(claim, i, samples):
+                            for h in [(claim.layer, claim.head), *draw(claim.layer, i)]:
+                                needed[slot[h], b] = True
                 effect = torch.full((len(ablated), *tags.shape), math.nan, dtype=torch.float64)
-                if needed:
-                    found = ablation_effects(model, inputs, needed, readout, change,
+                if needed.any():
+                    found = ablation_effects(model, inputs, ablated, readout, change,
                                              mode=self.ablation, means=means,
-                                             max_rows=MAX_ROWS)  # fmt: skip
-                    effect[[slot[h] for h in needed]] = found.cpu().double()
+                                             max_rows=MAX_ROWS, needed=needed)  # fmt: skip
+                    effect = found.cpu().double()
                 effects.append(effect)
         return effects
 
     @staticmethod
-    def _per_input(claim, groups, effects, neighbours, slot, lm: bool):
-        """Per input (the cluster) holding the claim's tokens, the claimed head's mean change
-        there and each baseline head's; and the number of positions read."""
+    def _per_input(claim, groups, samples, effects, draw, slot, lm: bool):
+        """Per input (the cluster) of the claim's that holds its tokens, the claimed head's mean
+        change there and each of its baseline heads' (by head); and the positions read."""
         target = RELATIONS.index(claim.relation) if claim.claim in ON_SENTENCES else 0
         per_input, positions = [], 0
-        for (inputs, tags, _), effect in zip(groups, effects, strict=True):
+        for (inputs, tags, indices), effect in zip(groups, effects, strict=True):
+            read = torch.tensor([reads(claim, i, samples) for i in indices.tolist()])
             where = (tags == target).to(effect.device) & inputs["attention_mask"].bool().cpu()
+            where &= read[:, None]
             if lm:  # the loss read at t is of token t + 1, which must be real
                 where[:, -1] = False
                 where[:, :-1] &= inputs["attention_mask"][:, 1:].bool().cpu()
@@ -507,9 +535,8 @@ class Claims(Analysis):
             positions += int(count.sum())
             at = torch.where(where, effect, 0.0).sum(-1) / count.clamp(min=1)  # [heads, batch]
             for b in torch.nonzero(count).flatten().tolist():
-                others = [at[slot[h], b] for h in neighbours[claim.layer][0]]
-                per_input.append((float(at[slot[(claim.layer, claim.head)], b]),
-                                  [float(x) for x in others]))  # fmt: skip
+                others = {h: float(at[slot[h], b]) for h in draw(claim.layer, int(indices[b]))}
+                per_input.append((float(at[slot[(claim.layer, claim.head)], b]), others))
         return per_input, positions
 
     # -- what the report shows -----------------------------------------------------------
@@ -560,6 +587,12 @@ class Claims(Analysis):
             "fdr": FDR,
             "min_clusters": MIN_CLUSTERS,
         }
+
+
+def reads(claim, index: int, samples: dict[str, set[int]] | None) -> bool:
+    """Whether ``claim`` is measured on input ``index``: a syntactic claim on its relation's
+    sample of sentences, the others on every input of theirs."""
+    return samples is None or index in samples[claim.relation]
 
 
 def groups_of(n: int) -> list[tuple[int, int]]:
@@ -617,32 +650,37 @@ def listed_claims(heads: pd.DataFrame | None) -> pd.DataFrame:
     )
 
 
-def statistics(per_input: list[tuple[float, list[float]]]) -> dict:
-    """The claimed head's mean effect over inputs with its 95% t-interval, the baseline (the mean
-    over inputs of its neighbours' mean effect) and their spread over the neighbours, and the
-    one-sided p-value of the paired difference (head − baseline) being above 0; no interval or
-    p-value on fewer than ``MIN_CLUSTERS`` inputs or without a neighbour."""
+def statistics(per_input: list[tuple[float, dict]]) -> dict:
+    """The claimed head's mean effect over inputs with its 95% t-interval; the baseline (the mean
+    over inputs of its heads' mean effect there), the heads it drew on and the spread of their
+    own means; and the one-sided p-value of the paired difference (head − baseline) being above
+    0. No interval or p-value on fewer than ``MIN_CLUSTERS`` inputs or without a baseline head."""
     n = len(per_input)
     nan = math.nan
     out = {"clusters": n, "effect": nan, "effect_low": nan, "effect_high": nan, "baseline": nan,
-           "baseline_spread": nan, "p": nan, "tested": False}  # fmt: skip
+           "baseline_spread": nan, "baseline_heads": 0, "p": nan, "tested": False}  # fmt: skip
     if not n:
         return out
     effect = np.array([e for e, _ in per_input])
     out["effect"] = float(effect.mean())
-    has_neighbours = all(others for _, others in per_input)
-    if has_neighbours:
-        others = np.array([o for _, o in per_input])  # [inputs, neighbours]
-        out["baseline"] = float(others.mean())
-        out["baseline_spread"] = float(others.mean(0).std(ddof=1)) if others.shape[1] > 1 else nan
+    has_baseline = all(others for _, others in per_input)
+    if has_baseline:
+        baseline = np.array([np.mean(list(others.values())) for _, others in per_input])
+        out["baseline"] = float(baseline.mean())
+        by_head: dict = {}
+        for _, others in per_input:
+            for head, value in others.items():
+                by_head.setdefault(head, []).append(value)
+        out["baseline_heads"] = len(by_head)
+        if len(by_head) > 1:
+            out["baseline_spread"] = float(np.std([np.mean(v) for v in by_head.values()], ddof=1))
     if n < MIN_CLUSTERS:
         return out
     half = t975(n - 1) * effect.std(ddof=1) / math.sqrt(n)
     out["effect_low"], out["effect_high"] = out["effect"] - half, out["effect"] + half
-    if not has_neighbours:
+    if not has_baseline:
         return out
-    difference = effect - others.mean(1)
-    out["p"] = p_greater(difference)
+    out["p"] = p_greater(effect - baseline)
     out["tested"] = True
     return out
 
@@ -650,12 +688,12 @@ def statistics(per_input: list[tuple[float, list[float]]]) -> dict:
 def p_greater(difference: np.ndarray) -> float:
     """One-sided p-value of a one-sample t-test that the mean of ``difference`` is above 0;
     where it does not vary, 0 if it is above 0 and 1 otherwise."""
-    from scipy.stats import t
+    from scipy.special import stdtr  # Student's t CDF (scipy.stats's import costs about 0.4 s)
 
     mean, sd = float(difference.mean()), float(difference.std(ddof=1))
     if not sd > 0:
         return 0.0 if mean > 0 else 1.0
-    return float(t.sf(mean / (sd / math.sqrt(len(difference))), len(difference) - 1))
+    return float(stdtr(len(difference) - 1, -mean / (sd / math.sqrt(len(difference)))))
 
 
 def claim_name(row) -> str:

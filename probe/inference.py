@@ -99,6 +99,6 @@ def benjamini_hochberg(p_values, level: float = FDR) -> np.ndarray:
 def t975(df: int) -> float:
     """The 97.5th percentile of Student's t with ``df`` degrees of freedom (≥ 1): a 95% interval
     of a mean over ``df + 1`` items is ± this many standard errors."""
-    from scipy.stats import t
+    from scipy.special import stdtrit  # scipy.stats's import costs a run about 0.4 s more
 
-    return float(t.ppf(0.975, df))
+    return float(stdtrit(df, 0.975))

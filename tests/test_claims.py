@@ -157,6 +157,17 @@ def test_ablation_effects_on_every_architecture_copy_the_rows_from_the_chunks_fi
                     handle.remove()
             expected = relative_change(ablated[None], intact)[0]
             torch.testing.assert_close(got[i][real], expected[real], atol=1e-5, rtol=1e-4)
+    # Only some (head, input) pairs, as many rows a pass as the batch has (a later block's
+    # hidden states, gathered already, must not be gathered again): the same numbers, NaN for
+    # the pairs not asked for.
+    needed = torch.rand(len(heads), real.shape[0], generator=torch.Generator().manual_seed(0))
+    needed = needed < 0.5
+    for max_rows in (1, real.shape[0], 256):
+        some = ablation_effects(model, inputs, heads, hidden_state, relative_change, means=means,
+                                max_rows=max_rows, needed=needed)  # fmt: skip
+        asked = needed[:, :, None] & real[None]
+        torch.testing.assert_close(some[asked], got[asked], atol=1e-6, rtol=1e-5)
+        assert some[~needed].isnan().all()
 
 
 def claims_of(model, tokenizer, heads: pd.DataFrame, sentences=(), **options) -> Claims:
@@ -341,6 +352,58 @@ def test_resample_ablation_confirms_the_previous_token_head_and_not_a_decoy(indu
     assert not row.confirmed and abs(row.effect) < 1e-6
 
 
+@needs_ewt()
+def test_a_decoders_syntactic_claim_is_measured_by_the_loss_at_its_dependents_next_tokens(minilm):
+    """A small GPT-2 with MiniLM's tokenizer: a syntactic claim's effect is, per sentence bearing
+    the relation, the mean rise of −log p(token t+1) at the tokens t of its dependents (t + 1
+    real), the head's z replaced by its mean over the sentences' real tokens, computed here with
+    plain PyTorch hooks, unpadded, one sentence at a time; averaged over the sentences."""
+    from probe.inputs.treebank import RELATIONS
+
+    _, tokenizer = minilm
+    torch.manual_seed(0)
+    config = tf.GPT2Config(n_embd=32, n_head=4, n_layer=2, n_positions=256,
+                           vocab_size=tokenizer.vocab_size)  # fmt: skip
+    model = tf.GPT2LMHeadModel(config).eval()
+    heads = heads_table(2, 4, {(1, 2): "syntactic"}, {(1, 2): "det"})
+    batches = list(ewt_batches(tokenizer, 40, 8))
+    table = claims_of(model, tokenizer, heads, batches, claims_sentences=1000).finish()["claims"]
+    row = table.set_index(["layer", "head"]).loc[(1, 2)]
+    assert row.measure == "loss rise" and row.inputs == "sentences"
+
+    det = RELATIONS.index("det")
+    sentences = []  # (token ids, positions of the dependents' tokens whose next token is real)
+    for batch in batches:
+        for b in range(len(batch.input_ids)):
+            n = int(batch.attention_mask[b].sum())
+            word = batch.word_of_token[b, :n]
+            bears = [int(w) >= 0 and int(batch.relations[b, w]) == det and
+                     int(batch.heads[b, w]) >= 0 for w in word]  # fmt: skip
+            if any(bears):
+                at = [t for t in range(n - 1) if bears[t]]
+                sentences.append((batch.input_ids[b, :n][None], at))
+    with torch.no_grad():
+        zs = [z_of(model, {"input_ids": ids})[1][0, :, 2] for ids, _ in sentences]
+        mean = torch.cat(zs).mean(0)
+        rises = []
+        for ids, at in sentences:
+            logp = model(input_ids=ids).logits.log_softmax(-1)[0]
+            handle = replaced(model, 1, 2, mean)
+            try:
+                ablated = model(input_ids=ids).logits.log_softmax(-1)[0]
+            finally:
+                handle.remove()
+            if at:
+                nxt = ids[0, 1:]
+                loss = -logp[:-1].gather(-1, nxt[:, None])[:, 0]
+                loss_ablated = -ablated[:-1].gather(-1, nxt[:, None])[:, 0]
+                rises.append(float((loss_ablated - loss)[at].mean()))
+    assert row.clusters == len(rises) >= 10
+    assert row.positions == sum(len(at) for _, at in sentences)
+    assert abs(row.effect) > 1e-4  # the head does something, so the comparison has teeth
+    assert row.effect == pytest.approx(sum(rises) / len(rises), rel=1e-4, abs=1e-7)
+
+
 # -- coreference (windows) and retrieval (needle trials) ----------------------------------------
 
 # MiniLM's head that finds a scored mention's antecedent second best on GUM dev (51% of them; the
@@ -441,25 +504,31 @@ def needle_claims(model, tokenizer, heads, n: int = 48, **options) -> Claims:
     return analysis
 
 
-RETRIEVAL_ROLES = {(1, h): "retrieval" for h in range(4)}
+# The layer-1 heads as retrieval heads, and the previous-token head they read (which would
+# otherwise be drawn into their baseline, layer 0's unclaimed heads: without it they copy nothing).
+RETRIEVAL_ROLES = {PREVIOUS_TOKEN: "previous-token", **{(1, h): "retrieval" for h in range(4)}}
 
 
 def test_the_induction_models_retrieval_claims_are_confirmed_and_its_decoy_is_not(
     induction_model,
 ):
     """Its layer-1 heads copy the answer from the needle (test_retrieval.py: scores 0.4 to 0.65);
-    every one claimed, their baseline is layer 0's unclaimed heads. On 48 trials all four are
-    confirmed (on 24, the four redundant heads' effects, 0.28 to 0.35, do not clear it)."""
+    every one claimed, their baseline is layer 0's unclaimed heads (the previous-token head holds
+    its claim). On 48 trials all four are confirmed (on 12, the redundant heads' effects are too
+    spread for two of them to clear it)."""
     model, tokenizer = induction_model
     heads = heads_table(2, 4, RETRIEVAL_ROLES)
     tables = needle_claims(model, tokenizer, heads).finish()
     table = tables["claims"].set_index(["layer", "head"])
-    assert (table.inputs == "needles").all() and (table.measure == "loss rise").all()
+    table = table[table.claim == "retrieval"]
+    assert len(table) == 4 and (table.inputs == "needles").all()
+    assert (table.measure == "loss rise").all()
     assert (table.clusters == 48).all() and (table.positions == 48 * 5).all()
     assert table.confirmed.all(), table
-    assert table.loc[INDUCTION, "baseline_from"] == "nearest layers' unclaimed"
-    run = tables["claims_run"].iloc[0]
-    assert (run.inputs, run["count"], run.haystack_tokens) == ("needles", 48, 30)
+    assert (table.baseline_from == "nearest layers' unclaimed").all()
+    assert (table.baseline_heads == 3).all()  # 0-1, 0-2, 0-3
+    run = tables["claims_run"].set_index("inputs").loc["needles"]
+    assert (run["count"], run.haystack_tokens) == (48, 30)
 
     decoy = copy.deepcopy(model)
     zero_head_output(decoy, *INDUCTION)
@@ -474,10 +543,10 @@ def test_retrieval_effects_are_a_plain_forward_pass_and_a_loss_by_hand(induction
     model, tokenizer = induction_model
     heads = heads_table(2, 4, {INDUCTION: "retrieval"})
     trials = random_needles(12, seed=3)
-    analysis = claims_of(model, tokenizer, heads, claims_ablation="zero")
+    analysis = claims_of(model, tokenizer, heads, claims_ablation="zero", claims_baseline_heads=0)
     analysis._trials = lambda: (trials, {"haystack_tokens": 30})
     row = analysis.finish()["claims"].iloc[0]
-    baseline = sorted({(1, 0), (1, 2), (1, 3)})  # claims_baseline_heads 3: all three
+    baseline = [(1, 0), (1, 2), (1, 3)]  # claims_baseline_heads 0: all three, on every trial
 
     def losses(trial, head=None):
         ids = torch.tensor([trial.ids])

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from probe.capture.hookpoints import Hook, hook_points, hooks, trace
+from probe.capture.hookpoints import Hook, hook_points, hooks
 from probe.capture.names import Attention, Stack, hook_name, point_of
 from probe.capture.spec import describe
 from probe.errors import ProbeError
@@ -193,15 +193,18 @@ def ablation_effects(
     mode: str = "mean",
     means: Mapping[int, torch.Tensor] | None = None,
     max_rows: int = 256,
+    needed: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Each head's effect, ablated alone, on the model's output at every position of a batch.
 
-    The heads' ablated copies of the batch run stacked along the batch dimension, as many of one
-    layer's heads as fit in ``max_rows`` rows a forward pass (at least one): copy c ablates its
-    head alone, by its mean z (``head_means``) or by zero. The layers below run once, on the
-    batch's own rows, which are copied at the layer's block (where the model's blocks are modules
-    of their own; ALBERT's shared one is copied from the start). Each copy's rows are the batch's
-    own, so its effect is the same whatever else shares the pass.
+    One forward pass holds the batch's own rows and, after them, a row per (head, input) pair
+    that ``needed`` asks for: the input with that head ablated alone, by its mean z
+    (``head_means``), by zero, or by another input's z. The layers below a row's head run once,
+    on the batch's own rows: the row is appended at its layer's block, a copy of its input's
+    row there (where the model's blocks are modules of their own; ALBERT's shared one runs
+    every row from the start). A pass holds at most ``max_rows`` rows (more passes where the
+    pairs need them). A row is its input's own, so its effect is the same whatever else shares
+    the pass.
 
     Parameters
     ----------
@@ -224,18 +227,22 @@ def ablation_effects(
     means : mapping of layer to tensor ``[n_heads, d_head]``
         For mean and resample ablation: ``head_means(model, reference_batches)``.
     max_rows : int
-        At most this many rows (copies × batch) in one forward pass.
+        At most this many rows in one forward pass.
+    needed : torch.Tensor, optional
+        ``[len(heads), batch]`` bool: the pairs to run (default: every head on every input).
 
     Returns
     -------
     torch.Tensor
         ``[len(heads), batch, pos]`` float32: the change at each position with each head
-        ablated (what ``change`` gives at padding is left as it is).
+        ablated; NaN for the pairs not ``needed`` (what ``change`` gives at padding is left as
+        it is).
 
     Raises
     ------
     ProbeError
-        For an unknown mode, mean ablation without means, or a head the model lacks.
+        For an unknown mode, mean ablation without means, a head the model lacks, or a
+        ``needed`` of the wrong shape.
     """
     if mode not in (*MODES, "resample"):
         raise ProbeError(f"mode must be 'zero', 'mean' or 'resample', not {mode!r}")
@@ -249,53 +256,59 @@ def ablation_effects(
                 "pass means=probe.head_means(model, reference_batches)"
             )
     rows = next(iter(inputs.values())).shape[0]
-    if mode == "resample":
-        if rows < 2:
-            raise ProbeError("resample ablation needs a batch of at least 2 inputs")
-        wanted = [names[layer] for layer in by_layer]
-        with trace(model, wanted) as cache:
-            intact = readout(model(**inputs), inputs).float()
-        means = _resampled(cache, names, by_layer, means, inputs.get("attention_mask"))
-    else:
-        intact = readout(model(**inputs), inputs).float()
-    copies = max(1, max_rows // rows)
+    if needed is None:
+        needed = torch.ones(len(heads), rows, dtype=torch.bool)
+    if tuple(needed.shape) != (len(heads), rows):
+        raise ProbeError(f"needed must be [heads, batch] = [{len(heads)}, {rows}], "
+                         f"not {list(needed.shape)}")  # fmt: skip
+    if mode == "resample" and rows < 2:
+        raise ProbeError("resample ablation needs a batch of at least 2 inputs")
     stack = _blocks(model, len(names))
-    # Chunks of one layer's heads each (where the rows are copied from that layer on).
-    by_layer: dict[int, list[int]] = defaultdict(list)
-    for i, (layer, _) in enumerate(heads):
-        by_layer[int(layer) if stack is not None else 0].append(i)
-    chunks = [own[s : s + copies] for _, own in sorted(by_layer.items())
-              for s in range(0, len(own), copies)]  # fmt: skip
-    effects = torch.zeros(len(heads), *intact.shape[:2], device=intact.device)
-    for chosen in chunks:
-        chunk = [tuple(int(i) for i in heads[i]) for i in chosen]
-        stacked = _stacked(inputs, len(chunk), rows)
-        todo: dict[int, list[tuple[int, int]]] = defaultdict(list)
-        for copy, (layer, head) in enumerate(chunk):
-            todo[layer].append((copy, head))
-        fns = {names[layer]: _ablate_copies(layer, done, rows, mode, means)
+    mask = inputs.get("attention_mask")
+    effects = None
+    for chunk in _chunks(heads, needed.bool().cpu(), max(1, max_rows - rows)):
+        # chunk: (head index, input) pairs by layer, each a row after the batch's own
+        index = torch.tensor([b for _, b in chunk], dtype=torch.long)
+        layer_of = [int(heads[i][0]) for i, _ in chunk]
+        todo: dict[int, list[tuple[int, int]]] = defaultdict(list)  # layer -> (row, head)
+        for row, (i, _) in enumerate(chunk):
+            todo[layer_of[row]].append((rows + row, int(heads[i][1])))
+        every = torch.cat([torch.arange(rows), index])  # the input of each row of the pass
+        fns = {names[layer]: _ablate_rows(layer, done, every, rows, mode, means, mask)
                for layer, done in todo.items()}  # fmt: skip
-        # The layers below the chunk's lowest run once on the batch's own rows; from that one
-        # on, the rows are copied (where the model's blocks are its own modules).
-        first = min(todo) if stack is not None else None
-        with hooks(model, fns), _copied_from(stack, first, len(chunk), rows):
-            ablated = readout(model(**(stacked if first is None else inputs)), stacked).float()
-        ablated = ablated.reshape(len(chunk), rows, *ablated.shape[1:])
-        effects[chosen] = change(ablated, intact).float()
+        gathered = _gathered(inputs, every, rows)
+        with hooks(model, fns), _appended(stack, rows, index, layer_of):
+            out = readout(model(**(inputs if stack is not None else gathered)), gathered).float()
+        intact, ablated = out[:rows], out[rows:]
+        if effects is None:
+            effects = torch.full((len(heads), *intact.shape[:2]), torch.nan, device=out.device)
+        found = change(ablated[None], intact[index.to(out.device)])[0].float()
+        effects[[i for i, _ in chunk], index.to(out.device)] = found
+    if effects is None:  # nothing needed: NaN everywhere, of the readout's shape
+        out = readout(model(**inputs), inputs)
+        effects = torch.full((len(heads), *out.shape[:2]), torch.nan, device=out.device)
     return effects
 
 
-def _stacked(inputs: Mapping[str, Any], copies: int, rows: int) -> dict[str, Any]:
-    """``inputs`` repeated ``copies`` times along the batch: copy c is rows c·rows…(c+1)·rows."""
-    return {key: _repeat(value, copies, rows) for key, value in inputs.items()}
+def _chunks(heads, needed: torch.Tensor, max_rows: int) -> list[list]:
+    """The ``needed`` (head index, input) pairs by layer, in chunks of at most ``max_rows``."""
+    pairs = [(int(heads[i][0]), i, int(b)) for i in range(len(heads))
+             for b in torch.nonzero(needed[i]).flatten().tolist()]  # fmt: skip
+    pairs = [(i, b) for _, i, b in sorted(pairs)]
+    return [pairs[s : s + max_rows] for s in range(0, len(pairs), max_rows)]
 
 
-def _repeat(value: Any, copies: int, rows: int) -> Any:
-    """A tensor of ``rows`` rows (or a tuple of them) repeated ``copies`` times along dim 0."""
+def _gathered(inputs: Mapping[str, Any], index: torch.Tensor, rows: int) -> dict[str, Any]:
+    """``inputs``' rows ``index`` (row r of the result is input ``index[r]``)."""
+    return {key: _gather(value, index, rows) for key, value in inputs.items()}
+
+
+def _gather(value: Any, index: torch.Tensor, rows: int) -> Any:
+    """A tensor of ``rows`` rows (or a tuple of them) at rows ``index`` along dim 0."""
     if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == rows:
-        return value.repeat(copies, *(1,) * (value.dim() - 1))
+        return value[index.to(value.device)]
     if isinstance(value, tuple):
-        return tuple(_repeat(v, copies, rows) for v in value)
+        return tuple(_gather(v, index, rows) for v in value)
     return value
 
 
@@ -314,20 +327,38 @@ def _blocks(model: nn.Module, n_layers: int) -> list[nn.Module] | None:
 
 
 @contextmanager
-def _copied_from(stack: list[nn.Module] | None, first: int | None, copies: int, rows: int):
-    """While the block runs, the inputs of block ``first`` and of every later block (its hidden
-    states, mask, position embeddings: whatever has the batch's ``rows`` rows) repeated
-    ``copies`` times along the batch; nothing where ``first`` is None."""
-    if first is None or stack is None or copies == 1:
+def _appended(stack: list[nn.Module] | None, rows: int, index: torch.Tensor, layer_of: list[int]):
+    """While the block runs, at the input of block l, the rows of layer l (``index``'s inputs
+    where ``layer_of`` is l) appended to its hidden states, copies of the batch's own rows there;
+    every block's other inputs (mask, position embeddings: whatever has the batch's ``rows``
+    rows, made once by the model) gathered for all the rows so far. The blocks below the lowest
+    layer run on the batch's own rows alone. Nothing where ``stack`` is None (every row then
+    runs from the model's input). The hooks run before any other pre-hook: the mirror's reads
+    the rows."""
+    if stack is None:
         yield
         return
+    counts = torch.bincount(torch.tensor(layer_of), minlength=len(stack))
+    ends = rows + torch.cumsum(counts, 0)  # block l's rows: its hidden states' after appending
+    every = torch.cat([torch.arange(rows), index])
 
-    def copy(module, args, kwargs):
-        return _repeat(tuple(args), copies, rows), {
-            key: _repeat(value, copies, rows) for key, value in kwargs.items()
-        }
+    def grow(layer: int):
+        def hook(module, args, kwargs):
+            new = index[int(ends[layer] - rows) - int(counts[layer]) : int(ends[layer] - rows)]
+            hidden = args[0] if args else kwargs["hidden_states"]
+            if len(new):
+                hidden = torch.cat([hidden, hidden[:rows][new.to(hidden.device)]])
+            upto = every[: int(ends[layer])]
+            args = tuple(hidden if i == 0 else _gather(a, upto, rows) for i, a in enumerate(args))
+            kwargs = {key: hidden if key == "hidden_states" else _gather(value, upto, rows)
+                      for key, value in kwargs.items()}  # fmt: skip
+            return args, kwargs
 
-    handles = [b.register_forward_pre_hook(copy, with_kwargs=True) for b in stack[first:]]
+        return hook
+
+    first = min(layer_of)
+    handles = [block.register_forward_pre_hook(grow(layer), with_kwargs=True, prepend=True)
+               for layer, block in enumerate(stack) if layer >= first]  # fmt: skip
     try:
         yield
     finally:
@@ -335,38 +366,30 @@ def _copied_from(stack: list[nn.Module] | None, first: int | None, copies: int, 
             handle.remove()
 
 
-def _ablate_copies(layer: int, todo, rows: int, mode: str, means):
-    """A ``hook_z`` function that ablates, in copy c of a stacked batch, head h, for each
-    (c, h) of ``todo``: by zero, its mean ``means[layer][h]`` ``[d_head]``, or (resample) the
-    z it had on another input, ``means[layer][:, :, h]`` ``[batch, pos, d_head]``."""
+def _ablate_rows(layer: int, todo, every: torch.Tensor, rows: int, mode: str, means, mask):
+    """A ``hook_z`` function that ablates, in row r of the pass (input ``every[r]``), head h,
+    for each (r, h) of ``todo``: by zero, by its mean ``means[layer][h]`` ``[d_head]``, or
+    (resample) by the z the batch's next input had there (the last input's, the first's), read
+    from the batch's own rows, which come first, and its mean where that input is padding."""
+    by_head: dict[int, list[int]] = defaultdict(list)
+    for row, head in todo:
+        by_head[head].append(row)
 
-    def fn(z: torch.Tensor, hook: Hook) -> torch.Tensor:  # z: [copies·batch, pos, head, d_head]
-        z = z.clone()
-        for copy, head in todo:
-            rows_of = slice(copy * rows, (copy + 1) * rows)
-            if mode == "zero":
-                z[rows_of, :, head] = 0
-            elif mode == "mean":
-                z[rows_of, :, head] = means[layer][head].to(z)
-            else:
-                z[rows_of, :, head] = means[layer][:, :, head].to(z)
-        return z
+    def fn(z: torch.Tensor, hook: Hook) -> torch.Tensor:  # z: [pass rows, pos, head, d_head]
+        out = z.clone()
+        for head, chosen in by_head.items():
+            at = torch.tensor(chosen, device=z.device)
+            value = means[layer][head].to(z) if mode != "zero" else torch.zeros((), dtype=z.dtype)
+            if mode == "resample":
+                source = every[chosen].add(1).remainder(rows).to(z.device)  # the next input
+                value = z[:rows, :, head][source]
+                if mask is not None:
+                    real = mask.to(z.device)[source].bool()[..., None]
+                    value = torch.where(real, value, means[layer][head].to(z))
+            out[at, :, head] = value
+        return out
 
     return fn
-
-
-def _resampled(cache, names, by_layer, means, mask) -> dict[int, torch.Tensor]:
-    """Per layer, each input's z taken from the next input of the batch (the last from the
-    first) ``[batch, pos, head, d_head]``; where that input has padding, the head's mean z."""
-    out = {}
-    for layer in by_layer:
-        z = cache[names[layer]].float()
-        source = z.roll(-1, dims=0)
-        if mask is not None:
-            real = mask.roll(-1, dims=0).bool()[:, :, None, None].to(z.device)
-            source = torch.where(real, source, means[layer].to(z)[None, None])
-        out[layer] = source
-    return out
 
 
 def hidden_state(output: Any, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
