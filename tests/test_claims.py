@@ -656,3 +656,13 @@ def test_the_claims_read_coreference_windows_only_beside_coref(tmp_path):
                            analyses=["coref", "claims"]))  # fmt: skip
     assert beside.reads["claims"] == ("sentence", "window")
     assert set(beside.units) == {"sentence", "window"}
+
+
+def test_a_window_option_without_coref_is_refused_though_claims_run():
+    from probe.app.run import Settings, plan
+    from probe.errors import ProbeError
+
+    with pytest.raises(ProbeError, match="--coref-window says how to read the coreference "
+                       "windows, which no analysis of this run reads; add coref to"):  # fmt: skip
+        plan(Settings(model="minilm", treebank=["sample"], analyses=["syntax", "claims"],
+                      options={"coref_window": 200}))  # fmt: skip
