@@ -182,6 +182,10 @@ class Analysis:
     # Whether it reads the other analyses' heads (their roles and relations) before it
     # finishes: the run finishes it after them and hands it their joined heads (``take_heads``).
     reads_heads: ClassVar[bool] = False
+    # Of its units, those it reads only alongside another analysis of the run that reads them
+    # (the claims read coreference windows only where coref gives coreference roles): a run
+    # with none such does not stream them for it.
+    alongside: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, context: Context) -> None:
         self.context = context
@@ -411,6 +415,9 @@ def _check_declaration(cls: type, key: str | None, full: bool) -> None:
     for unit in cls.units():
         if unit not in units.UNITS:
             fail(f"reads the unknown unit {unit!r}; known: {', '.join(units.UNITS)}")
+    stray = [u for u in cls.alongside if u not in cls.units()]
+    if stray:
+        fail(f"reads {stray[0]!r} alongside other analyses but does not read it (unit)")
     for table, schema in {**cls.tables, "heads.csv": cls.head_columns}.items():
         wrong = {c: t for c, t in schema.items() if t not in DTYPES}
         if wrong:

@@ -13,7 +13,15 @@ that holds no claim, on a bounded sample of the run's inputs:
   heads are ablated on the samples of every claim of their layer, and nothing else runs (a
   stacked row per head and sentence that a claim reads);
 - previous-token, duplicate-token and induction: ``claims_sequences`` repeated random sequences
-  (``probe.inputs.units.repeats``, the taxonomy's first ones), measured at the second copy.
+  (``probe.inputs.units.repeats``, the taxonomy's first ones), measured at the second copy;
+- coreference: the ``claims_windows`` coreference windows (``probe.inputs.coreference``) of
+  smallest key (the seed, the window's document and first sentence) among those with a scored
+  mention, measured at the tokens of the scored mentions' head words (where the coreference
+  analysis reads a head's attention);
+- retrieval (a decoder's): ``claims_needles`` needle-in-a-haystack trials
+  (``probe.patterns.retrieval``, the needle present) in a haystack of ``claims_haystack``
+  tokens, the treebank's first sentences, at evenly spaced depths, measured at the positions that
+  predict the answer's tokens (where the model copies them from the needle).
 
 With a language-model head the measure is the rise of the next-token loss read at those tokens
 (for a decoder: the dependents' next tokens; the second copy's tokens after its first); without
@@ -24,11 +32,12 @@ drawn afresh for every input by a key of the seed, the head and the input; where
 the layer holds a claim, of the nearest layers' unclaimed heads), and the claim is confirmed
 where the paired difference is above 0 by a one-sided t-test, after the Benjamini–Hochberg
 correction over every claim tested (``probe.inference``), on at least
-``MIN_CLUSTERS`` inputs. Coreference and retrieval claims are listed, not yet tested.
+``MIN_CLUSTERS`` inputs; on fewer the verdict says so.
 
-The sample is kept during the stream (token ids and each token's relation); the ablated passes
-run when the analysis finishes, a row per (head, input) pair a claim reads stacked after the
-inputs' own (``probe.interventions.ablation.ablation_effects``), in fixed groups of inputs, so that
+The samples are kept during the stream (token ids and each token's relation or mark; for the
+haystack, a decoder's first sentences' text); the ablated passes run when the analysis finishes,
+a row per (head, input) pair a claim reads stacked after the inputs' own
+(``probe.interventions.ablation.ablation_effects``), in fixed groups of inputs, so that
 ``--batch-size`` changes nothing.
 """
 
@@ -60,6 +69,14 @@ SEQUENCES = Option("claims_sequences", 12,
                    "Repeated random sequences the claims' ablations run on.", min=1)  # fmt: skip
 LENGTH = Option("claims_repeat_length", 16,
                 "Random tokens in each half of the claims' repeated sequences.", min=2)  # fmt: skip
+WINDOWS = Option("claims_windows", 12,
+                 "Coreference windows the claims' ablations run on.", min=1)  # fmt: skip
+NEEDLES = Option("claims_needles", 12,
+                 "Needle-in-a-haystack trials the retrieval claims' ablations run on.",
+                 min=1)  # fmt: skip
+HAYSTACK = Option("claims_haystack", 256,
+                  "Haystack tokens of the retrieval claims' needle trials (capped by the "
+                  "model's context).", min=8)  # fmt: skip
 NEIGHBOURS = Option("claims_baseline_heads", 2,
                     "Unclaimed heads of a claim's layer drawn for each input as its baseline "
                     "(0: all).",
@@ -74,8 +91,9 @@ RELATION = "relation"  # a best relation named on a head card without the syntac
 # The claims tested, and the inputs each is tested on.
 ON_SENTENCES = (str(Role.SYNTACTIC), RELATION)
 ON_REPEATS = (str(Role.PREVIOUS_TOKEN), str(Role.DUPLICATE_TOKEN), str(Role.INDUCTION))
-UNTESTED = (str(Role.COREFERENCE), str(Role.RETRIEVAL))  # listed, not yet tested
-CLAIMS = (*ON_SENTENCES, *ON_REPEATS, *UNTESTED)
+ON_WINDOWS = (str(Role.COREFERENCE),)
+ON_NEEDLES = (str(Role.RETRIEVAL),)
+CLAIMS = (*ON_SENTENCES, *ON_REPEATS, *ON_WINDOWS, *ON_NEEDLES)
 ORDER = {str(role): i for i, role in enumerate(DESCRIBED_FIRST)} | {RELATION: -1}
 
 
@@ -84,7 +102,8 @@ class Claims(Analysis):
 
     name = "claims"
     title = "Claims tested by ablation"
-    unit = "sentence"
+    unit = ("sentence", "window")
+    alongside = ("window",)  # coreference claims come from coref, which reads the windows
     # Reads the other analyses' heads (their roles and relations) before it finishes.
     reads_heads: ClassVar[bool] = True
     tables: ClassVar[dict[str, Schema]] = {
@@ -98,6 +117,7 @@ class Claims(Analysis):
         "claims_run": {
             "inputs": "str", "count": "int", "positions": "int", "measure": "str",
             "ablation": "str", "heads_ablated": "int", "ablated_rows": "int",
+            "haystack_tokens": "Int64",
         },
     }  # fmt: skip
     head_columns: ClassVar[Schema] = {
@@ -110,7 +130,7 @@ class Claims(Analysis):
         Measure("ablation_baseline", "its layer's unclaimed heads", "num"),
         Measure("claim_verdicts", "claims", "text"),
     )
-    options = (SENTENCES, SEQUENCES, LENGTH, NEIGHBOURS, ABLATION)
+    options = (SENTENCES, SEQUENCES, LENGTH, WINDOWS, NEEDLES, HAYSTACK, NEIGHBOURS, ABLATION)
 
     @classmethod
     def unsupported(cls, model) -> str | None:
@@ -128,15 +148,27 @@ class Claims(Analysis):
         self.length = int(settings["claims_repeat_length"])
         self.ablation = settings["claims_ablation"]
         self.n_neighbours = int(settings["claims_baseline_heads"])
+        self.n_windows = int(settings["claims_windows"])
+        self.n_needles = int(settings["claims_needles"])
+        self.haystack = int(settings["claims_haystack"])
         if self.ablation not in ABLATIONS:
             raise ValueError(f"claims ablation must be one of {ABLATIONS}")
         # sentence index -> (its key, token ids, each token's relation index or -1)
         self.kept: dict[int, tuple[float, list[int], list[int]]] = {}
+        # (document, first sentence) -> (its key, token ids, 0 at scored mentions' head words)
+        self.windows: dict[tuple[int, int], tuple[float, list[int], list[int]]] = {}
+        # a decoder's first sentences, the retrieval claims' haystack: index -> (text, tokens)
+        self.texts: dict[int, tuple[str, int]] = {}
         self._heads = None
 
     def begin_batch(self, batch: Batch) -> None:
+        if batch.unit == "window":
+            self._keep_windows(batch)
+            return
         if batch.unit != "sentence":
             return
+        if self.context.causal:
+            self._keep_texts(batch)
         index = batch.index.cpu().numpy()
         drawn = uniform(self.context.seed, "claims-sample", index)
         for b, (i, key) in enumerate(zip(index.tolist(), drawn.tolist(), strict=True)):
@@ -167,10 +199,58 @@ class Claims(Analysis):
                 found.setdefault(relation, []).append(i)
         return found
 
+    def _keep_windows(self, batch: Batch) -> None:
+        """The batch's windows with a scored mention, keyed by the seed, the document and the
+        window's first sentence (the same whatever the batches or processes); the
+        ``n_windows`` of smallest key kept."""
+        from probe.inputs.coreference import scored
+
+        for b, window in enumerate(batch.sentences):
+            heads = sorted({m.head for m, _ in scored(window.mentions)})
+            if not heads:
+                continue
+            n = int(batch.attention_mask[b].sum())
+            word = batch.word_of_token[b, :n].cpu()
+            tags = torch.where(torch.isin(word, torch.tensor(heads)), 0, -1)
+            if not (tags == 0).any():
+                continue
+            where = (window.document_index, window.first_sentence)
+            key = float(uniform(self.context.seed, "claims-windows", *map(np.array, where)))
+            self.windows[where] = (key, batch.input_ids[b, :n].tolist(), tags.tolist())
+        self._trim_windows()
+
+    def _trim_windows(self) -> None:
+        if len(self.windows) > self.n_windows:
+            first = sorted(self.windows, key=lambda w: (self.windows[w][0], w))[: self.n_windows]
+            self.windows = {w: self.windows[w] for w in first}
+
+    def _keep_texts(self, batch: Batch) -> None:
+        """The text of the treebank's first sentences, enough for the haystack: those of
+        smallest index whose words' tokens reach twice ``haystack`` (whatever order they come
+        in; twice, as the haystack tokenizes them again, joined)."""
+        words = (batch.word_of_token >= 0).sum(1).tolist()
+        for i, sentence, n in zip(batch.index.tolist(), batch.sentences, words, strict=False):
+            self.texts[i] = (" ".join(sentence.words), n)
+        self._trim_texts()
+
+    def _trim_texts(self) -> None:
+        total, keep = 0, []
+        for i in sorted(self.texts):
+            if total >= 2 * self.haystack:
+                break
+            keep.append(i)
+            total += self.texts[i][1]
+        if len(keep) < len(self.texts):
+            self.texts = {i: self.texts[i] for i in keep}
+
     def merge(self, other: Claims) -> None:
         self._check_mergeable(other)
         self.kept.update(other.kept)
         self._trim()
+        self.windows.update(other.windows)
+        self._trim_windows()
+        self.texts.update(other.texts)
+        self._trim_texts()
 
     def take_heads(self, heads: pd.DataFrame) -> None:
         """The other analyses' heads (``layer``, ``head``, ``roles``, ``best_relation``…), whose
@@ -188,29 +268,40 @@ class Claims(Analysis):
         lm = model.get_output_embeddings() is not None
         measure = "loss rise" if lm else "relative change of the last hidden state"
         rows, runs = [], []
-        for inputs, kinds in (("sentences", ON_SENTENCES), ("repeats", ON_REPEATS)):
+        for inputs, kinds in (("sentences", ON_SENTENCES), ("repeats", ON_REPEATS),
+                              ("windows", ON_WINDOWS), ("needles", ON_NEEDLES)):  # fmt: skip
             mine = claims[claims.claim.isin(kinds)]
             if mine.empty:
                 continue
+            used = {}
             if inputs == "sentences":
                 groups, samples = self._sentences(set(mine.relation))
-            else:
+            elif inputs == "repeats":
                 groups, samples = self._repeats(), None
-            tested, heads_ablated, count, positions, ran = self._test(mine, groups, samples,
-                                                                      claims, lm)  # fmt: skip
+            elif inputs == "windows":
+                groups, samples = self._windows(), None
+            else:
+                (groups, used), samples = self._needles(), None
+            if groups:
+                tested, heads_ablated, count, positions, ran = self._test(
+                    mine, groups, samples, claims, lm, inputs
+                )
+            else:  # nothing to test them on: each claim says so (too few inputs)
+                tested, heads_ablated, count, positions, ran = (
+                    self._none(mine, inputs, lm), 0, 0, 0, 0)  # fmt: skip
             rows.append(tested)
             runs.append({"inputs": inputs, "count": count, "positions": positions,
                          "measure": measure, "ablation": self.ablation,
-                         "heads_ablated": heads_ablated, "ablated_rows": ran})  # fmt: skip
-        untested = claims[claims.claim.isin(UNTESTED)].assign(
-            inputs="", measure="", tested=False, baseline_from=""
-        )
-        table = pd.concat([*rows, untested], ignore_index=True)
+                         "heads_ablated": heads_ablated, "ablated_rows": ran,
+                         **used})  # fmt: skip
+        table = pd.concat(rows, ignore_index=True)
         tested = table.tested.astype(bool) & table.p.notna()
         called = benjamini_hochberg(np.where(tested, table.p, np.nan), FDR)
         table["confirmed"] = called & tested.to_numpy()
         table = table.sort_values(["layer", "head", "claim"], kind="stable", ignore_index=True)
-        return {"claims": table[list(self.tables["claims"])], "claims_run": pd.DataFrame(runs)}
+        runs = pd.DataFrame(runs, columns=list(self.tables["claims_run"]))
+        runs["haystack_tokens"] = runs.haystack_tokens.astype("Int64")  # only the needles'
+        return {"claims": table[list(self.tables["claims"])], "claims_run": runs}
 
     def _sentences(self, relations: set[str]) -> tuple[list, dict[str, set[int]]]:
         """Groups of the kept sentences of the claimed ``relations``, by length (model inputs,
@@ -280,9 +371,55 @@ class Claims(Analysis):
             groups.append((inputs, second, np.array(chosen)))
         return groups
 
-    def _test(self, mine: pd.DataFrame, groups, samples, claims: pd.DataFrame, lm: bool):
-        """Each claim of ``mine`` measured on its inputs of ``groups`` (its relation's sample of
-        ``samples``; every input where that is None), beside its layer's unclaimed heads."""
+    def _windows(self) -> list[tuple[dict, torch.Tensor, np.ndarray]]:
+        """Groups of the kept coreference windows, by length: model inputs, a ``[batch, pos]``
+        tensor that is 0 at the scored mentions' head words' tokens and -1 elsewhere, and the
+        windows' ranks in key order."""
+        order = sorted(self.windows, key=lambda w: (self.windows[w][0], w))
+        rows = [(self.windows[w][1], self.windows[w][2]) for w in order]
+        return packed(rows, self.context.model)
+
+    def _trials(self) -> tuple[list, dict]:
+        """The retrieval claims' needle trials (the needle present), in a haystack of the kept
+        first sentences, at ``n_needles`` evenly spaced depths; and what was used."""
+        from probe.inputs.corpus import max_tokens
+        from probe.patterns.retrieval import haystack, needle_trials
+
+        tokenizer = self.context.tokenizer
+        room = max_tokens(self.context.model.config, tokenizer) - 64  # retrieval's OVERHEAD
+        texts = (self.texts[i][0] for i in sorted(self.texts))
+        hay = haystack(tokenizer, texts, min(self.haystack, room))
+        if not hay:
+            return [], {"haystack_tokens": 0}
+        depths = [k / max(self.n_needles - 1, 1) for k in range(self.n_needles)]
+        trials = [t for t in needle_trials(tokenizer, hay, [len(hay)], depths,
+                                           seed=self.context.seed) if t.needle]  # fmt: skip
+        return trials, {"haystack_tokens": len(hay)}
+
+    def _needles(self) -> tuple[list[tuple[dict, torch.Tensor, np.ndarray]], dict]:
+        """Groups of the needle trials (``_trials``): model inputs, a ``[batch, pos]`` tensor
+        that is 0 at the positions that predict the answer's tokens and -1 elsewhere, and the
+        trials' numbers; and what was used."""
+        trials, used = self._trials()
+        rows = []
+        for trial in trials:
+            tags = [-1] * len(trial.ids)
+            for t in trial.answer:  # the answer's token t is predicted at t - 1
+                tags[t - 1] = 0
+            rows.append((list(trial.ids), tags))
+        return packed(rows, self.context.model), used
+
+    def _none(self, mine: pd.DataFrame, inputs: str, lm: bool) -> pd.DataFrame:
+        """``mine``'s claims with no input to test them on: untested, with no effect."""
+        return pd.DataFrame([claim._asdict() | statistics([]) | {
+            "inputs": inputs, "measure": "loss rise" if lm else "relative change",
+            "positions": 0, "baseline_heads": 0, "baseline_from": "none",
+        } for claim in mine.itertuples(index=False)])  # fmt: skip
+
+    def _test(self, mine: pd.DataFrame, groups, samples, claims: pd.DataFrame, lm: bool,
+              inputs: str):  # fmt: skip
+        """Each claim of ``mine`` measured on its ``inputs`` of ``groups`` (its relation's sample
+        of ``samples``; every input where that is None), beside its layer's unclaimed heads."""
         from probe.interventions.ablation import (
             difference,
             hidden_state,
@@ -291,7 +428,7 @@ class Claims(Analysis):
         )
 
         pools = self._baselines(mine, claims)
-        draw = self._draws(pools, "sentences" if samples is not None else "repeats")
+        draw = self._draws(pools, inputs)
         ablated = sorted(set(zip(mine.layer, mine["head"], strict=True))
                          | {h for pool, _ in pools.values() for h in pool})  # fmt: skip
         readout, change = (next_token_loss, difference) if lm else (hidden_state, relative_change)
@@ -303,7 +440,7 @@ class Claims(Analysis):
                                                    lm)  # fmt: skip
             positions_total += positions
             rows.append(claim._asdict() | statistics(per_input) | {
-                "inputs": "sentences" if claim.claim in ON_SENTENCES else "repeats",
+                "inputs": inputs,
                 "measure": "loss rise" if lm else "relative change", "positions": positions,
                 "baseline_from": pools[claim.layer][1],
             })  # fmt: skip
@@ -467,6 +604,31 @@ def groups_of(n: int) -> list[tuple[int, int]]:
     return bounds
 
 
+def packed(rows: list[tuple[list[int], list[int]]], model) -> list:
+    """Inputs of token ids and tags (``rows``, numbered in order) in groups by length (ties by
+    number: the same groups always), right-padded: each group's model inputs, tags
+    ``[batch, pos]`` (-1 on padding) and numbers."""
+    from probe.run.loading import main_device
+
+    device = main_device(model)
+    order = sorted(range(len(rows)), key=lambda i: (len(rows[i][0]), i))
+    groups = []
+    for start, stop in groups_of(len(order)):
+        chosen = order[start:stop]
+        width = max(len(rows[i][0]) for i in chosen)
+        ids = torch.zeros(len(chosen), width, dtype=torch.long)
+        tags = torch.full((len(chosen), width), -1, dtype=torch.long)
+        mask = torch.zeros(len(chosen), width, dtype=torch.long)
+        for r, i in enumerate(chosen):
+            token_ids, tagged = rows[i]
+            ids[r, : len(token_ids)] = torch.tensor(token_ids)
+            tags[r, : len(tagged)] = torch.tensor(tagged)
+            mask[r, : len(token_ids)] = 1
+        inputs = {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
+        groups.append((inputs, tags, np.array(chosen)))
+    return groups
+
+
 def listed_claims(heads: pd.DataFrame | None) -> pd.DataFrame:
     """One row per claim the page makes about a head: ``layer``, ``head``, ``claim`` (a role of
     ``CLAIMS``, or ``relation`` for a best relation named without the syntactic role) and
@@ -545,6 +707,4 @@ def verdict(row) -> str:
     """``confirmed by ablation``, ``pattern only`` (tested, not confirmed), or why untested."""
     if bool(row.tested):
         return "confirmed by ablation" if bool(row.confirmed) else "pattern only"
-    if row.claim in UNTESTED:
-        return "pattern only (not tested by ablation yet)"
     return "pattern only (too few inputs to test)"

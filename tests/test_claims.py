@@ -1,17 +1,20 @@
 """Claims tested by ablation (issue #57): the batched ablation against one head at a time with
 plain PyTorch hooks; decoys (a head whose W_O slice is zero: its pattern, and so its claim,
 unchanged, but it does nothing) kept and not confirmed, with an effect of 0; the real heads of
-the trained induction model and MiniLM's strongest syntactic head confirmed; the tables the same
-whatever the batch size; the columns in heads.csv, run.json and the page."""
+the trained induction model (induction, previous-token, retrieval on needle trials) and MiniLM's
+strongest syntactic head and a coreference head on GUM confirmed; the retrieval path against a
+forward pass and a loss computed by hand; the tables the same whatever the batch size; the
+columns in heads.csv, run.json and the page."""
 
 import copy
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
 import transformers as tf
-from conftest import EWT, needs_ewt
+from conftest import EWT, GUM, needs_ewt, needs_gum
 from induction import INDUCTION, MODEL, PREVIOUS_TOKEN
 from models import CONFIGS, SMALL, padded_batch, small_model
 
@@ -30,6 +33,7 @@ from probe.interventions.ablation import (
     next_token_loss,
     relative_change,
 )
+from probe.patterns.retrieval import Trial
 
 
 def zero_head_output(model, layer: int, head: int) -> None:
@@ -294,7 +298,7 @@ def test_a_run_writes_the_columns_and_the_page_marks_each_claim(sample_report):
     assert (heads.confirmed[~claimed] == "").all() and (heads.ablation_effect[~claimed] == "").all()
     run = json.loads((out / "run.json").read_text())
     assert run["options"]["claims_ablation"] == "mean"
-    assert {r["inputs"] for r in run["claims"]} <= {"sentences", "repeats"}
+    assert {r["inputs"] for r in run["claims"]} <= {"sentences", "repeats", "windows", "needles"}
     page = (out / "index.html").read_text()
     assert "Claims tested by ablation" in page
     for verdict in heads.claim_verdicts[claimed]:
@@ -398,3 +402,267 @@ def test_a_decoders_syntactic_claim_is_measured_by_the_loss_at_its_dependents_ne
     assert row.positions == sum(len(at) for _, at in sentences)
     assert abs(row.effect) > 1e-4  # the head does something, so the comparison has teeth
     assert row.effect == pytest.approx(sum(rises) / len(rises), rel=1e-4, abs=1e-7)
+
+
+# -- coreference (windows) and retrieval (needle trials) ----------------------------------------
+
+# MiniLM's head that finds a scored mention's antecedent second best on GUM dev (51% of them; the
+# best, 2-9, 52%). No head of MiniLM beats the rules baseline there (77%), so no run gives one the
+# coreference role; told it here, the claim is tested as a run would test it.
+COREF = (1, 1)
+
+
+def gum_windows(tokenizer, batch_size: int):
+    from probe.inputs.units import Source
+    from probe.inputs.units.windows import CoreferenceWindows
+
+    unit = CoreferenceWindows(Source(treebank=(GUM / "en_gum-ud-dev.conllu",)), tokenizer, 512)
+    for batch in unit.batches(batch_size):
+        batch.unit = "window"
+        yield batch
+
+
+def windows_claims(model, tokenizer, heads, batches, **options) -> Claims:
+    analysis = claims_of(model, tokenizer, heads, **options)
+    for batch in batches:
+        analysis.begin_batch(batch)
+    return analysis
+
+
+@pytest.mark.slow
+@needs_gum()
+def test_a_minilm_coreference_head_is_confirmed_and_its_decoy_is_not(minilm):
+    model, tokenizer = minilm
+    heads = heads_table(6, 12, {COREF: "coreference"})
+    analysis = windows_claims(model, tokenizer, heads, gum_windows(tokenizer, 32))
+    assert len(analysis.windows) == 12  # claims_windows, of the keyed first
+    kept = dict(analysis.windows)
+    group = analysis._windows()[0][0]
+    tables = analysis.finish()
+    row = tables["claims"].iloc[0]
+    assert (row.claim, row.inputs, row.measure) == ("coreference", "windows", "relative change")
+    assert row.clusters == 12 and row.positions > 50 and row.baseline_from == "unclaimed"
+    assert row.confirmed and row.effect_low > row.baseline, row.to_dict()
+    run = tables["claims_run"].iloc[0]
+    assert (run.inputs, run["count"], run.positions) == ("windows", 12, row.positions)
+
+    # other batches, and two processes' halves merged: the same windows, the same table
+    batches = list(gum_windows(tokenizer, 7))
+    one = windows_claims(model, tokenizer, heads, batches[::2])
+    one.merge(windows_claims(model, tokenizer, heads, batches[1::2]))
+    assert one.windows == kept
+    pd.testing.assert_frame_equal(one.finish()["claims"], tables["claims"])
+
+    decoy = copy.deepcopy(model)
+    zero_head_output(decoy, *COREF)
+    name = f"blocks.{COREF[0]}.attn.hook_pattern"
+    with trace(model, [name]) as a, trace(decoy, [name]) as b, torch.no_grad():
+        model(**group), decoy(**group)
+    assert torch.equal(a[name][:, COREF[1]], b[name][:, COREF[1]])  # its claim stands
+    table = windows_claims(decoy, tokenizer, heads, gum_windows(tokenizer, 32)).finish()["claims"]
+    row = table.iloc[0]
+    assert not row.confirmed and abs(row.effect) < 1e-6 and row.baseline > 0
+    verdicts = Claims.heads({"claims": table}, None).claim_verdicts.tolist()
+    assert verdicts == ["coreference: pattern only"]
+
+
+def test_claims_without_inputs_say_too_few_inputs():
+    """Coreference claims on a run that kept no window (a treebank without coreference): kept,
+    untested, and the verdict says why."""
+    model = bert()
+    heads = heads_table(2, 4, {(0, 1): "coreference"})
+    tables = claims_of(model, None, heads).finish()
+    row = tables["claims"].iloc[0]
+    assert (row.claim, row.inputs, row.clusters, row.tested, row.confirmed) == (
+        "coreference", "windows", 0, False, False)  # fmt: skip
+    assert tables["claims_run"].iloc[0]["count"] == 0
+    verdict = Claims.heads(tables, None).claim_verdicts.tolist()
+    assert verdict == ["coreference: pattern only (too few inputs to test)"]
+
+
+def random_needles(n: int, seed: int = 0) -> list[Trial]:
+    """Needle trials the induction model can read (test_retrieval.py's): BOS, 30 random tokens
+    with a needle of 8 inserted at an evenly spaced depth, then the needle's first 3 tokens again
+    as the question and its other 5 as the answer."""
+    rng = np.random.default_rng(seed)
+    trials = []
+    for k in range(n):
+        depth = k / (n - 1)
+        hay, needle = rng.integers(1, 64, 30).tolist(), rng.integers(1, 64, 8).tolist()
+        at = 1 + round(depth * 30)
+        ids = [0, *hay[: at - 1], *needle, *hay[at - 1 :], *needle]
+        answer = range(len(ids) - 5, len(ids))
+        trials.append(Trial(tuple(ids), range(at, at + 8), answer, 30, depth, True))
+    return trials
+
+
+def needle_claims(model, tokenizer, heads, n: int = 48, **options) -> Claims:
+    """The analysis with its needle trials replaced by ``random_needles`` (the induction model's
+    word-level tokenizer reads none of the treebank's text)."""
+    analysis = claims_of(model, tokenizer, heads, **options)
+    analysis._trials = lambda: (random_needles(n), {"haystack_tokens": 30})
+    return analysis
+
+
+# The layer-1 heads as retrieval heads, and the previous-token head they read (which would
+# otherwise be drawn into their baseline, layer 0's unclaimed heads: without it they copy nothing).
+RETRIEVAL_ROLES = {PREVIOUS_TOKEN: "previous-token", **{(1, h): "retrieval" for h in range(4)}}
+
+
+def test_the_induction_models_retrieval_claims_are_confirmed_and_its_decoy_is_not(
+    induction_model,
+):
+    """Its layer-1 heads copy the answer from the needle (test_retrieval.py: scores 0.4 to 0.65);
+    every one claimed, their baseline is layer 0's unclaimed heads (the previous-token head holds
+    its claim). On 48 trials all four are confirmed (on 12, the redundant heads' effects are too
+    spread for two of them to clear it)."""
+    model, tokenizer = induction_model
+    heads = heads_table(2, 4, RETRIEVAL_ROLES)
+    tables = needle_claims(model, tokenizer, heads).finish()
+    table = tables["claims"].set_index(["layer", "head"])
+    table = table[table.claim == "retrieval"]
+    assert len(table) == 4 and (table.inputs == "needles").all()
+    assert (table.measure == "loss rise").all()
+    assert (table.clusters == 48).all() and (table.positions == 48 * 5).all()
+    assert table.confirmed.all(), table
+    assert (table.baseline_from == "nearest layers' unclaimed").all()
+    assert (table.baseline_heads == 3).all()  # 0-1, 0-2, 0-3
+    run = tables["claims_run"].set_index("inputs").loc["needles"]
+    assert (run["count"], run.haystack_tokens) == (48, 30)
+
+    decoy = copy.deepcopy(model)
+    zero_head_output(decoy, *INDUCTION)
+    table = needle_claims(decoy, tokenizer, heads).finish()["claims"]
+    row = table.set_index(["layer", "head"]).loc[INDUCTION]
+    assert not row.confirmed and abs(row.effect) < 1e-6
+
+
+def test_retrieval_effects_are_a_plain_forward_pass_and_a_loss_by_hand(induction_model):
+    """Zero ablation, each head's z set to 0 by a plain PyTorch pre-hook: per trial the mean over
+    the answer's tokens of the rise of -log p(token), read from the logits before it."""
+    model, tokenizer = induction_model
+    heads = heads_table(2, 4, {INDUCTION: "retrieval"})
+    trials = random_needles(12, seed=3)
+    analysis = claims_of(model, tokenizer, heads, claims_ablation="zero", claims_baseline_heads=0)
+    analysis._trials = lambda: (trials, {"haystack_tokens": 30})
+    row = analysis.finish()["claims"].iloc[0]
+    baseline = [(1, 0), (1, 2), (1, 3)]  # claims_baseline_heads 0: all three, on every trial
+
+    def losses(trial, head=None):
+        ids = torch.tensor([trial.ids])
+        handle = replaced(model, *head, torch.zeros(head_dim(model))) if head else None
+        try:
+            with torch.no_grad():
+                logits = model(input_ids=ids).logits[0].double()
+        finally:
+            if handle:
+                handle.remove()
+        at = torch.tensor(list(trial.answer))
+        return -logits[at - 1].log_softmax(-1)[torch.arange(len(at)), ids[0, at]]
+
+    effect, others = [], []
+    for trial in trials:
+        intact = losses(trial)
+        effect.append(float((losses(trial, INDUCTION) - intact).mean()))
+        others.append([float((losses(trial, h) - intact).mean()) for h in baseline])
+    assert row.clusters == 12 and row.baseline_heads == 3
+    assert row.effect == pytest.approx(np.mean(effect), rel=1e-5, abs=1e-6)
+    assert row.baseline == pytest.approx(np.mean(others), rel=1e-5, abs=1e-6)
+    from scipy.stats import ttest_1samp
+
+    expected = ttest_1samp(np.array(effect) - np.mean(others, 1), 0, alternative="greater")
+    assert row.p == pytest.approx(expected.pvalue, rel=1e-4)
+
+
+@needs_ewt()
+def test_the_haystack_is_the_treebanks_first_sentences_whatever_the_batches(minilm):
+    """A decoder keeps the first sentences' text, enough for ``claims_haystack`` tokens, in any
+    order of batches; the trials are the needle's, at evenly spaced depths, tagged where the
+    answer's tokens are predicted."""
+    model, tokenizer = minilm
+
+    def kept(batches) -> Claims:
+        context = Context(6, 12, causal=True, model=model, tokenizer=tokenizer,
+                          options={"claims_haystack": 100, "claims_needles": 5})  # fmt: skip
+        analysis = Claims(context)
+        for batch in batches:
+            batch.unit = "sentence"
+            analysis.begin_batch(batch)
+        return analysis
+
+    forward = kept(ewt_batches(tokenizer, 60, 32))
+    backward = kept(reversed(list(ewt_batches(tokenizer, 60, 7))))
+    assert forward.texts == backward.texts and min(forward.texts) == 0
+    assert sum(n for _, n in forward.texts.values()) >= 200
+    assert max(forward.texts) == len(forward.texts) - 1
+    trials, used = forward._trials()
+    assert used == {"haystack_tokens": 100} and len(trials) == 5
+    assert [t.depth for t in trials] == [0, 0.25, 0.5, 0.75, 1] and all(t.needle for t in trials)
+    groups, _ = forward._needles()
+    for inputs, tags, numbers in groups:
+        for row, i in enumerate(numbers.tolist()):
+            answer = trials[i].answer
+            assert torch.nonzero(tags[row] == 0).flatten().tolist() == [
+                t - 1 for t in answer]  # fmt: skip
+            assert inputs["input_ids"][row, : len(trials[i].ids)].tolist() == list(trials[i].ids)
+
+
+@pytest.mark.slow
+@needs_ewt()
+def test_a_decoders_run_tests_its_retrieval_claims_on_needle_trials(minilm, tmp_path):
+    """A small random Llama reading MiniLM's tokens, ``-a retrieval,claims`` with a low
+    retrieval threshold (so that some head holds the role): each retrieval head's claim is tested
+    on needle trials in the treebank's first sentences, the haystack capped by the context (256
+    positions, 64 kept free) and recorded."""
+    from probe.app.run import Settings, analyze
+
+    _, tokenizer = minilm
+    torch.manual_seed(0)
+    config = tf.LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                            num_hidden_layers=2, intermediate_size=64,
+                            vocab_size=len(tokenizer), max_position_embeddings=256)  # fmt: skip
+    folder = tmp_path / "llama"
+    tf.LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    out = tmp_path / "r"
+    analyze(Settings(model=str(folder), treebank=[str(EWT / "en_ewt-ud-dev.conllu")], out=out,
+                     max_sentences=300, analyses=["retrieval", "claims"],
+                     thresholds={"retrieval": 0.05},
+                     options={"retrieval_lengths": "64"}))  # fmt: skip
+    heads = pd.read_csv(out / "heads.csv", keep_default_na=False)
+    held = heads[heads.roles.str.split(";").map(lambda r: "retrieval" in r)]
+    assert len(held), heads.retrieval_score.tolist()
+    claims = pd.read_csv(out / "claims.csv", keep_default_na=False)
+    assert sorted(zip(claims.layer, claims["head"], strict=True)) == sorted(
+        zip(held.layer, held["head"], strict=True))  # fmt: skip
+    assert (claims.claim == "retrieval").all() and (claims.inputs == "needles").all()
+    assert (claims.clusters.astype(int) == 12).all() and claims.tested.astype(str).eq("True").all()
+    (run,) = json.loads((out / "run.json").read_text())["claims"]
+    assert (run["inputs"], run["count"], run["haystack_tokens"]) == ("needles", 12, 192)
+    assert run["measure"] == "relative change of the last hidden state"  # no --lm-head
+
+
+@needs_gum()
+def test_the_claims_read_coreference_windows_only_beside_coref(tmp_path):
+    """Coreference claims come from the coref analysis: a run without it streams no windows for
+    the claims (on GUM, a second forward pass over its documents)."""
+    from probe.app.run import Settings, plan
+
+    gum = [str(GUM / "en_gum-ud-dev.conllu")]
+    alone = plan(Settings(model="minilm", treebank=gum, out=tmp_path / "a",
+                          analyses=["syntax", "claims"]))  # fmt: skip
+    assert alone.units == ("sentence",) and alone.reads["claims"] == ("sentence",)
+    beside = plan(Settings(model="minilm", treebank=gum, out=tmp_path / "b",
+                           analyses=["coref", "claims"]))  # fmt: skip
+    assert beside.reads["claims"] == ("sentence", "window")
+    assert set(beside.units) == {"sentence", "window"}
+
+
+def test_a_window_option_without_coref_is_refused_though_claims_run():
+    from probe.app.run import Settings, plan
+    from probe.errors import ProbeError
+
+    with pytest.raises(ProbeError, match="--coref-window says how to read the coreference "
+                       "windows, which no analysis of this run reads; add coref to"):  # fmt: skip
+        plan(Settings(model="minilm", treebank=["sample"], analyses=["syntax", "claims"],
+                      options={"coref_window": 200}))  # fmt: skip

@@ -114,7 +114,7 @@ def declared_options(names: Iterable[str] | None = None) -> dict[str, tuple[Opti
         When two declare an option of the same name differently.
     """
     classes = [analyses.get(n) for n in (analyses.REGISTRY if names is None else names)]
-    read = dict.fromkeys(u for c in classes for u in c.units())
+    read = dict.fromkeys(u for units_ in _unit_reads(classes).values() for u in units_)
     owners = [*classes, *(units.get(u) for u in read)]
     found: dict[str, tuple[Option, str]] = {}
     for owner in owners:
@@ -126,6 +126,18 @@ def declared_options(names: Iterable[str] | None = None) -> dict[str, tuple[Opti
                 )
             found.setdefault(option.name, (option, owner.name))
     return found
+
+
+def _unit_reads(classes, given: set[str] | None = None) -> dict[str, tuple[str, ...]]:
+    """Each analysis's units in a run of ``classes`` on the inputs ``given``
+    (``Analysis.units``), less those it reads only ``alongside`` another analysis where none of
+    the others reads them."""
+    reads = {cls.name: cls.units(given) for cls in classes}
+    for cls in classes:
+        others = {u for other in classes if other is not cls for u in reads[other.name]}
+        reads[cls.name] = tuple(u for u in reads[cls.name]
+                                if u not in cls.alongside or u in others)  # fmt: skip
+    return reads
 
 
 def _options(names: Sequence[str], given: dict[str, Any]) -> dict[str, Any]:
@@ -152,7 +164,8 @@ def _options(names: Sequence[str], given: dict[str, Any]) -> dict[str, Any]:
             raise ProbeError(f"unknown option {name}")
         option, owner = everything[name]
         if owner not in analyses.REGISTRY:  # a unit's option: name the analyses that read it
-            readers = [a for a in analyses.REGISTRY if owner in analyses.get(a).units()]
+            readers = [a for a in analyses.REGISTRY if owner in analyses.get(a).units()
+                       and owner not in analyses.get(a).alongside]  # fmt: skip
             raise ProbeError(
                 f"{option.flag} says how to read the {units.get(owner).label}, which no analysis "
                 f"of this run reads; add {' or '.join(readers)} to --analyses or leave the "
@@ -201,7 +214,7 @@ def plan(settings: Settings) -> Plan:
     if chosen is not None:  # analyses chosen by default that cannot run are left out after load
         _check_lm_head(settings, classes)
     given = {"treebank", "corpus"} if settings.corpus else {"treebank"}
-    reads = {cls.name: cls.units(given) for cls in classes}
+    reads = _unit_reads(classes, given)
     needed = tuple(dict.fromkeys(u for read in reads.values() for u in read))
     source = _source(settings, {units.get_input(u) for u in needed}, reads)
     parse_size(settings.attention_budget)
