@@ -274,9 +274,11 @@ def test_the_screenshot_script_draws_a_card_and_refuses_a_head_the_pages_misname
     from matplotlib import image
 
     screenshots = _screenshots()
-    screenshots.card(sample_report, "4-7", tmp_path, tmp_path / "profile")
+    report = tmp_path / "report"  # the script writes card.html beside the page: not the shared one
+    shutil.copytree(sample_report, report)
+    screenshots.card(report, "4-7", tmp_path, tmp_path / "profile")
     pixels = image.imread(tmp_path / "card.png")[..., :3]
     assert pixels.shape[1] == screenshots.CARD_WIDTH and 300 < pixels.shape[0] < 1500
     assert pixels.std() > 0.05 and (pixels.mean(-1) < 0.9).mean() > 0.02  # text and figures
     with pytest.raises(SystemExit, match="best relation is"):
-        screenshots.card(sample_report, "0-2", tmp_path, tmp_path / "profile")  # previous-token
+        screenshots.card(report, "0-2", tmp_path, tmp_path / "profile")  # previous-token
