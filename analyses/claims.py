@@ -85,7 +85,10 @@ ABLATIONS = ("mean", "zero", "resample")
 ABLATION = Option("claims_ablation", ABLATIONS[0], "How the claims' ablations remove a head.",
                   choices=ABLATIONS)  # fmt: skip
 GROUP = 4  # inputs per group of ablated passes, by length: fixed, whatever --batch-size
-MAX_ROWS = 256  # rows (copies × inputs) in one ablated forward pass
+# Tokens (rows × padded length) in one ablated forward pass: what bounds its memory, whatever
+# the inputs' lengths (a sentence's rows, a window's); a pass holds at least its group's own rows
+# and one more.
+MAX_TOKENS = 16_384
 
 RELATION = "relation"  # a best relation named on a head card without the syntactic role
 # The claims tested, and the inputs each is tested on.
@@ -510,8 +513,8 @@ class Claims(Analysis):
                 effect = torch.full((len(ablated), *tags.shape), math.nan, dtype=torch.float64)
                 if needed.any():
                     found = ablation_effects(model, inputs, ablated, readout, change,
-                                             mode=self.ablation, means=means,
-                                             max_rows=MAX_ROWS, needed=needed)  # fmt: skip
+                                             mode=self.ablation, means=means, needed=needed,
+                                             max_rows=max_rows(tuple(tags.shape)))  # fmt: skip
                     effect = found.cpu().double()
                 effects.append(effect)
         return effects
@@ -587,6 +590,13 @@ class Claims(Analysis):
             "fdr": FDR,
             "min_clusters": MIN_CLUSTERS,
         }
+
+
+def max_rows(shape: tuple[int, int]) -> int:
+    """The rows of one ablated pass over a group of ``shape`` ``[inputs, pos]``: ``MAX_TOKENS``
+    of its tokens, and at least the group's own rows and one more."""
+    inputs, width = shape
+    return max(inputs + 1, MAX_TOKENS // max(1, width))
 
 
 def reads(claim, index: int, samples: dict[str, set[int]] | None) -> bool:

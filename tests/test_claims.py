@@ -666,3 +666,17 @@ def test_a_window_option_without_coref_is_refused_though_claims_run():
                        "windows, which no analysis of this run reads; add coref to"):  # fmt: skip
         plan(Settings(model="minilm", treebank=["sample"], analyses=["syntax", "claims"],
                       options={"coref_window": 200}))  # fmt: skip
+
+
+def test_a_smaller_token_budget_a_pass_changes_nothing_but_the_passes(induction_model, monkeypatch):
+    """``MAX_TOKENS`` bounds an ablated pass's memory: with a budget of one token, every pass
+    holds its group's own rows and one more, and the tables are the same."""
+    import analyses.claims as claims
+
+    model, tokenizer = induction_model
+    heads = heads_table(2, 4, INDUCTION_ROLES)
+    table = claims_of(model, tokenizer, heads).finish()["claims"]
+    monkeypatch.setattr(claims, "MAX_TOKENS", 1)
+    assert claims.max_rows((4, 34)) == 5
+    small = claims_of(model, tokenizer, heads).finish()["claims"]
+    pd.testing.assert_frame_equal(table, small, rtol=1e-6)
