@@ -3,15 +3,13 @@ change the behaviour the claim is about, more than knocking out its unclaimed ne
 
 A head's role comes from its attention pattern: evidence of what it reads, not of what it does.
 Once the other analyses have made their tables, every head that holds a tested claim is ablated
-alone (by its mean z over the inputs below, or by zero), and so is every head of the same layer
-that holds no claim, on a bounded sample of the run's inputs:
+alone (by its mean z over the inputs below, by zero, or by another input's z), and so are, on
+each input, heads of the same layer that hold no claim, on a bounded sample of the run's inputs:
 
 - a syntactic relation (a head's best relation, role or not): the first ``claims_sentences``
   sentences with a word bearing the relation, by a key of the seed and the sentence's position
   in the treebank (``probe.keys``: the same sample whatever the batches or processes), measured
-  at the tokens of the words that bear the relation (the dependents); the layer's unclaimed
-  heads are ablated on the samples of every claim of their layer, and nothing else runs (a
-  stacked row per head and sentence that a claim reads);
+  at the tokens of the words that bear the relation (the dependents);
 - previous-token, duplicate-token and induction: ``claims_sequences`` repeated random sequences
   (``probe.inputs.units.repeats``, the taxonomy's first ones), measured at the second copy;
 - coreference: the ``claims_windows`` coreference windows (``probe.inputs.coreference``) of
@@ -36,9 +34,9 @@ correction over every claim tested (``probe.inference``), on at least
 
 The samples are kept during the stream (token ids and each token's relation or mark; for the
 haystack, a decoder's first sentences' text); the ablated passes run when the analysis finishes,
-a row per (head, input) pair a claim reads stacked after the inputs' own
+a row per (head, input) pair a claim reads stacked after the inputs' own, and nothing else
 (``probe.interventions.ablation.ablation_effects``), in fixed groups of inputs, so that
-``--batch-size`` changes nothing.
+``--batch-size`` changes nothing, ``MAX_TOKENS`` tokens a pass at most.
 """
 
 from __future__ import annotations
