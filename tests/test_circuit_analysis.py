@@ -140,7 +140,8 @@ def test_task_file_metric(tmp_path):
         logp = torch.log_softmax(model(**tokenizer(lines[0]["clean"], return_tensors="pt"))
                                  .logits[0, 5], -1)  # fmt: skip
         one = {k: v[:1] for k, v in clean.items()}
-        assert math.isclose(float(metric(model(**one).logits)[0]), float(logp[7]), abs_tol=1e-4)
+        value = metric(model(**one).logits, pairs=slice(0, 1))[0]  # the pair the logits hold
+        assert math.isclose(float(value), float(logp[7]), abs_tol=1e-4)
 
 
 @pytest.mark.parametrize("model", [str(MODEL), MISSING])
@@ -354,12 +355,14 @@ def test_a_task_that_is_not_a_file_is_one_line_and_does_not_wait(tmp_path, kind)
     assert len(result.output.strip().splitlines()) == 1
 
 
-def test_too_many_pairs_is_one_line_before_the_model_loads(tmp_path):
+def test_too_few_pairs_is_one_line_before_the_model_loads(tmp_path):
+    """No most: the runs take the pairs a chunk at a time within probe's budget
+    (tests/test_budget.py); fewer than two pairs give no interval."""
     result = analyze("--model", MISSING, "-a", "circuit", "--lm-head", "--circuit-pairs",
-                     "100000", "--out", str(tmp_path / "r"))  # fmt: skip
+                     "1", "--out", str(tmp_path / "r"))  # fmt: skip
     assert result.exit_code != 0
     lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and "--circuit-pairs" in lines[0] and "1024" in lines[0], lines
+    assert len(lines) == 1 and "--circuit-pairs" in lines[0] and "2" in lines[0], lines
 
 
 @pytest.mark.slow
