@@ -39,6 +39,7 @@ from probe.interventions.pairs import (
     chunks,
     form,
     read,
+    release,
     rows_of,
 )
 from probe.interventions.patching import LAYOUT
@@ -80,6 +81,8 @@ def attribute(
         value per pair ``[pairs]``, e.g. a logit difference or a log-probability, or a scalar
         over the batch, as TransformerLens's metrics return (the same estimates, without
         intervals).
+        ``metric(logits, pairs)`` where it reads per-pair data of its own: ``pairs`` is the
+        slice of the batch its logits hold (see ``max_bytes``).
     method : {"atp", "atp*", "ig"}
         See the module's description.
     hook : str
@@ -141,6 +144,8 @@ def attribute(
             table_rows, values = _values(found[2], per_position)
             moments.add(values)
             rows_seen = table_rows
+            if len(parts) > 1:
+                release()
     metric_form = form(readings[0][0], parts[0].stop)
     table = _table(rows_seen, moments, "attribution", metric_form == PER_PAIR)
     table.attrs = {

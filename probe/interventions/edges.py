@@ -47,6 +47,7 @@ from probe.interventions.pairs import (
     chunks,
     copies_of,
     read,
+    release,
     rows_of,
     same_form,
     stacked,
@@ -252,6 +253,8 @@ def edges(
     metric : callable
         ``metric(logits)``: one differentiable value per pair ``[pairs]``, or a scalar over the
         batch, as TransformerLens's metrics return (the same scores, without intervals).
+        ``metric(logits, pairs)`` where it reads per-pair data of its own: ``pairs`` is the
+        slice of the batch its logits hold (see ``max_bytes``).
     method : {"eap", "eap-ig"}
         Gradient at the corrupted run, or averaged over ``steps`` runs interpolated from the
         corrupted to the clean input (α = k/steps, k = 1…steps), run one after the other.
@@ -308,6 +311,8 @@ def edges(
             readings["clean"].append(found["readings"][0])
             readings["corrupted"].append(found["corrupted_values"])
             count += n
+            if len(parts) > 1:
+                release()
     metric_form = same_form([torch.cat(v) for v in readings.values()], pairs)
     s_index = torch.tensor([s for s, _ in g.edges])
     r_index = torch.tensor([r for _, r in g.edges])
@@ -484,7 +489,7 @@ def _edge_scores(
     for n, p in chunks:
         if p.start == 0:
             block = torch.zeros(n.stop - n.start, len(g.senders), len(g.receivers),
-                                dtype=torch.float64)  # fmt: skip
+                                dtype=torch.float64, device=first.device)  # fmt: skip
         delta = senders.chunk(g, n, p)  # [pairs, sender, pos, d_model]
         for point, cols in columns.items():
             found = receivers[point]
@@ -608,6 +613,8 @@ def patch_edges(
                                     copies)  # fmt: skip
             check_chunk(values[0], rows, pairs, len(parts))
             out.append(values)
+            if len(parts) > 1:
+                release()
     values = torch.cat(out, dim=-1)
     same_form(list(values), pairs)
     return values

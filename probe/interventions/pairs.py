@@ -27,6 +27,8 @@ of the batch.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import inspect
 import math
 import traceback
@@ -364,8 +366,8 @@ class Moments:
         self.spread = torch.zeros(())
 
     def add(self, values: torch.Tensor) -> None:
-        """Add a chunk's values ``[..., k]``."""
-        values = values.double()
+        """Add a chunk's values ``[..., k]`` (kept on the CPU, in float64)."""
+        values = values.detach().to("cpu", torch.float64)
         k = values.shape[-1]
         mean = values.mean(-1)
         spread = ((values - mean.unsqueeze(-1)) ** 2).sum(-1)
@@ -382,3 +384,23 @@ class Moments:
             return self.mean, nan, nan
         half = t975(self.n - 1) * (self.spread / (self.n - 1)).sqrt() / math.sqrt(self.n)
         return self.mean, self.mean - half, self.mean + half
+
+
+@functools.cache
+def _libc() -> Any:
+    """The process's own C library where it has ``malloc_trim`` (glibc), else None."""
+    try:
+        libc = ctypes.CDLL(None)  # the symbols already loaded: no search, no subprocess
+    except OSError:
+        return None
+    return libc if hasattr(libc, "malloc_trim") else None
+
+
+def release() -> None:
+    """Give the memory a chunk of pairs freed back to the system (glibc's ``malloc_trim``;
+    nothing elsewhere). Without it, the few small tensors kept from each chunk (its metric's
+    values, the running sums) pin the heap above the chunk's freed runs, and the process's
+    resident memory creeps up with the number of chunks though nothing more is held."""
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)

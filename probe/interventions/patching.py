@@ -26,6 +26,7 @@ from probe.interventions.pairs import (
     chunks,
     copies_of,
     read,
+    release,
     rows_of,
     same_form,
     stacked,
@@ -81,6 +82,8 @@ def patch(
         ``[pairs]``, e.g. a logit difference, or a scalar over the batch, as TransformerLens's
         metrics return (the same effects, without intervals). With several copies stacked it
         is called on each copy's rows.
+        ``metric(logits, pairs)`` where it reads per-pair data of its own: ``pairs`` is the
+        slice of the batch its logits hold (see ``max_bytes``).
     hook : str
         A per-head hook point: ``hook_z`` (default), ``hook_result``, ``hook_q``, ``hook_k``,
         ``hook_v``, ``hook_rot_q`` or ``hook_rot_k`` (rotary models: after the rotation),
@@ -140,6 +143,8 @@ def patch(
             readings += found[:2]
             metrics.add(found[2])
             effects.add(found[2] - found[1].double())
+            if len(parts) > 1:
+                release()
     clean_values = torch.cat(readings[0::2]).double()
     corrupted_values = torch.cat(readings[1::2]).double()
     metric_form = same_form([clean_values, corrupted_values], pairs)
