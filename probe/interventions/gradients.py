@@ -21,6 +21,8 @@ from torch import nn
 
 from probe.capture.hookpoints import Hook, hook_points, hooks, trace
 from probe.capture.names import hook_name
+from probe.capture.spec import describe
+from probe.errors import ProbeError
 from probe.interventions.pairs import SCALAR, Metric, copies_of, read, same_form, stacked
 
 START = hook_name("hook_resid_pre", 0)
@@ -44,21 +46,23 @@ def run_bytes(model: nn.Module, inputs: Mapping[str, Any], pairs: int, *, backwa
     size = next((p.element_size() for p in model.parameters()), 4)
     floating = [v for v in inputs.values() if isinstance(v, torch.Tensor) and v.dim()]
     config = getattr(model, "config", None)
-    if config is None or not hasattr(config, "hidden_size"):
+    try:
+        spec = describe(model) if config is not None else None
+    except ProbeError:  # a module of probe's own, or one probe cannot describe
+        spec = None
+    if spec is None:
         with hook_points(model) as points:
             count = max(1, len(points))
         per = sum(v[0].numel() * max(v.element_size(), size) for v in floating if len(v) == pairs)
         return 32 * count * max(per, 1)
     positions = max((v.shape[1] for v in floating if v.dim() > 1), default=1)
-    d = int(config.hidden_size)
+    d = spec.d_model
     mlp = int(getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None)
               or 4 * d)  # fmt: skip
-    heads = int(getattr(config, "num_attention_heads", 1))
-    layers = int(getattr(config, "num_hidden_layers", 1))
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    vocab = int(getattr(config, "vocab_size", 0)) if head is not None else 0
-    layer = 12 * d + 3 * mlp + 3 * heads * positions
-    per_position = layers * layer + 4 * vocab if backward else layer + 3 * vocab
+    vocab = spec.d_vocab if head is not None else 0
+    layer = 12 * d + 3 * mlp + 3 * spec.n_heads * positions
+    per_position = spec.n_layers * layer + 4 * vocab if backward else layer + 3 * vocab
     return size * positions * per_position
 
 
