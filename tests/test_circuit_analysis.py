@@ -7,6 +7,7 @@ import json
 import math
 import re
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -407,3 +408,33 @@ def test_what_the_tokenizer_shows_is_refused_before_the_weights_load(
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and str(path) in lines[0] and said in lines[0], lines
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+def test_more_pairs_than_memory_holds_give_the_same_tables(tmp_path):
+    """1100 pairs (more than the cap the analysis once had) run a few at a time within
+    --circuit-max-bytes 2 MiB, and give the tables that every pair at once gives (the default
+    budget), to float32 rounding."""
+    rows = [json.dumps({"clean": f"t{a} t2 t3 t{a} t2", "corrupted": f"t{63 - a} t2 t3 t{a} t2",
+                        "answer": "t3"}) for a in range(4, 60)]  # fmt: skip
+    path = tmp_path / "task.jsonl"
+    path.write_text("".join(rows[i % len(rows)] + "\n" for i in range(1100)))
+    tables = {}
+    for budget in ("2097152", str(1 << 30)):
+        out = tmp_path / budget
+        result = analyze("--model", str(MODEL), "-a", "circuit", "--lm-head", "--task", str(path),
+                         "--circuit-pairs", "1100", "--circuit-max-bytes", budget,
+                         "--out", str(out))  # fmt: skip
+        assert result.exit_code == 0, result.output
+        tables[budget] = {n: pd.read_csv(out / f"{n}.csv")
+                          for n in ("circuit_heads", "circuit_edges", "circuit_run")}  # fmt: skip
+    small, whole = tables.values()
+    assert int(small["circuit_run"].pairs[0]) == 1100
+    for name, table in whole.items():
+        for column in table.columns:
+            if table[column].dtype.kind == "f":
+                scale = max(1.0, float(table[column].abs().max()))
+                np.testing.assert_allclose(small[name][column], table[column], rtol=1e-4,
+                                           atol=1e-5 * scale)  # fmt: skip
+            elif column != "in_circuit":
+                assert small[name][column].tolist() == table[column].tolist(), (name, column)
