@@ -50,6 +50,7 @@ pd = lazy("pandas")
 torch = lazy("torch")
 
 REPEATS = "repeats"
+ALL = slice(None)  # a metric's pairs where it is given every pair at once
 FIELDS = ("clean", "corrupted", "answer")  # each line's required fields; ``wrong`` is optional
 ATTRIBUTION = "atp"  # probe.attribute's method (see the module's docstring)
 EDGE_METHOD = "eap-ig"
@@ -141,14 +142,16 @@ class TaskOption(Option):
 
 TASK = TaskOption("task", REPEATS, "The circuit analysis's task: repeats, or a .jsonl file of "
                   "pairs (clean, corrupted, answer and optionally wrong).")  # fmt: skip
-# At most MAX_PAIRS: every run of the analysis holds all its pairs at once (a forward and backward
-# pass of them, patching's copies), so its memory grows with them; a task file's first ones.
-MAX_PAIRS = 1024
+# No most: the runs take the pairs a chunk at a time within probe's budget (max_bytes), so memory
+# does not grow with them (benchmarks/circuit_memory.py); the time does, about linearly.
 PAIRS = Option("circuit_pairs", 16, "Prompt pairs of the circuit's task (repeats drawn; a task "
-               "file's first ones).", min=2, max=MAX_PAIRS)  # fmt: skip
+               "file's first ones).", min=2)  # fmt: skip
 LENGTH = Option("circuit_length", 20, "Random tokens in each copy of the repeats task.", min=2)
 FAITHFULNESS = Option("circuit_faithfulness", 0.8, "Faithfulness the circuit's edges must reach.",
                       min=0.0, max=1.0)  # fmt: skip
+BUDGET = Option("circuit_max_bytes", 1 << 30, "What the circuit's runs may hold at once, in "
+                "bytes (probe's max_bytes): more pairs take more chunks, not more memory.",
+                min=1 << 20)  # fmt: skip
 PATCHED = Option("circuit_patched", 24, "Heads (the attribution's highest) checked by exact "
                  "patching.", min=1)  # fmt: skip
 
@@ -160,7 +163,7 @@ class Circuit(Analysis):
     name = "circuit"
     title = "Circuit"
     unit = None  # it makes and runs its own pairs when it finishes
-    options = (TASK, PAIRS, LENGTH, FAITHFULNESS, PATCHED)
+    options = (TASK, PAIRS, LENGTH, FAITHFULNESS, PATCHED, BUDGET)
     default = False  # a task of the user's: asked for by name
     lm_head = True  # its metrics read the logits: --lm-head, checked when the run is planned
     tables: ClassVar[dict[str, Schema]] = {
@@ -200,6 +203,7 @@ class Circuit(Analysis):
         self.length = int(settings["circuit_length"])
         self.target = float(settings["circuit_faithfulness"])
         self.patched = int(settings["circuit_patched"])
+        self.max_bytes = int(settings["circuit_max_bytes"])
 
     @classmethod
     def check_tokenizer(cls, tokenizer, config, options: dict[str, Any]) -> None:
@@ -244,17 +248,20 @@ class Circuit(Analysis):
 
         model, L, H = self.context.model, self.context.n_layers, self.context.n_heads
         clean, corrupted, metric, kind = self._task()
-        attribution = probe.attribute(model, clean, corrupted, metric, ATTRIBUTION)
+        budget = {"max_bytes": self.max_bytes}
+        attribution = probe.attribute(model, clean, corrupted, metric, ATTRIBUTION, **budget)
         attribution["attribution_rank"] = (
             (-attribution.attribution.abs()).rank(method="first").astype(int)
         )
         chosen = attribution.nsmallest(min(self.patched, L * H), "attribution_rank")
         heads = list(zip(chosen.layer.tolist(), chosen["head"].tolist(), strict=True))
-        patching = probe.patch(model, clean, corrupted, metric, heads=heads)
+        patching = probe.patch(model, clean, corrupted, metric, heads=heads, **budget)
         table = attribution.merge(patching.drop(columns="metric"), on=["layer", "head"], how="left")
         table["patched"] = table.effect.notna()
-        scores = probe.edges(model, clean, corrupted, metric, method=EDGE_METHOD, steps=STEPS)
-        circuit, curve = probe.circuit(model, clean, corrupted, metric, self.target, scores=scores)
+        scores = probe.edges(model, clean, corrupted, metric, method=EDGE_METHOD, steps=STEPS,
+                             **budget)  # fmt: skip
+        circuit, curve = probe.circuit(model, clean, corrupted, metric, self.target,
+                                       scores=scores, **budget)  # fmt: skip
         scores["in_circuit"] = False
         scores.loc[circuit.index, "in_circuit"] = True
         nodes = set(circuit.sender) | set(circuit.receiver)
@@ -399,9 +406,9 @@ def repeats_task(tokenizer, seed: int, pairs: int, n: int, limit: int):
     # Positions s+n … s+2n−2 predict the second copy's tokens s+n+1 … s+2n−1.
     targets = ids[:, s + n + 1 : s + 2 * n]
 
-    def metric(logits: torch.Tensor) -> torch.Tensor:
+    def metric(logits: torch.Tensor, pairs: slice = ALL) -> torch.Tensor:  # the logits' pairs
         logp = torch.log_softmax(logits[:, s + n : s + 2 * n - 1].float(), dim=-1)
-        return logp.gather(-1, targets.to(logp.device)[..., None])[..., 0].mean(-1)
+        return logp.gather(-1, targets[pairs].to(logp.device)[..., None])[..., 0].mean(-1)
 
     return inputs, corrupted_inputs, metric
 
@@ -450,12 +457,13 @@ def file_task(path: Path, tokenizer, pairs: int, limit: int):
     answer = torch.tensor(answers)
     wrong = torch.tensor(wrongs) if wrongs else None
 
-    def metric(all_logits: torch.Tensor) -> torch.Tensor:
-        logits = all_logits[torch.arange(len(last)), last.to(all_logits.device)].float()
-        picked = logits.gather(-1, answer.to(logits.device)[:, None])[:, 0]
+    def metric(all_logits: torch.Tensor, pairs: slice = ALL) -> torch.Tensor:  # their pairs
+        at = last[pairs].to(all_logits.device)
+        logits = all_logits[torch.arange(len(at), device=at.device), at].float()
+        picked = logits.gather(-1, answer[pairs].to(logits.device)[:, None])[:, 0]
         if wrong is None:
             return picked - logits.logsumexp(-1)
-        return picked - logits.gather(-1, wrong.to(logits.device)[:, None])[:, 0]
+        return picked - logits.gather(-1, wrong[pairs].to(logits.device)[:, None])[:, 0]
 
     kind = "logit difference answer − wrong" if wrong is not None else "log-probability of answer"
     return (

@@ -17,6 +17,19 @@ call made, and the peak read again; "adds" is the peak less the loaded model's m
 
 Goals at 4 layers: EAP adds under 2 GiB; what it adds grows at most 1.3x from 2 to 4 layers;
 and its peak is at most 2.5x the floor's (adds against adds).
+
+    python benchmarks/circuit_memory.py --sweep 16 64 256 [--max-bytes 67108864] [--unbounded]
+    python benchmarks/circuit_memory.py --analysis 16 256 4096 [--max-bytes 8388608]
+
+``--sweep``: what the circuit analysis's library calls add (``probe.attribute`` AtP,
+``probe.patch`` of every head, ``probe.edges`` EAP-IG and ``probe.circuit``), one after the
+other in one process, as the number of pairs grows, at a fixed ``--max-bytes`` (``--unbounded``:
+64 GiB as well, every pair at once), on a GPT-2 of width 256, 4 heads, 2 layers and a
+vocabulary of 8,192 (random weights), pairs of ``--length`` tokens. Goal: flat in the pairs
+(what 256 pairs add at most 1.2x what 16 add), where every pair at once grows with them.
+``--analysis``: the peak resident memory of ``probe analyze -a circuit --task FILE --lm-head``
+on tests/data/induction-gpt2 with ``--circuit-max-bytes``, a task file of that many pairs (20
+random tokens, then the first 19 again; corrupted: 20 fresh ones first; the answer the 20th).
 """
 
 from __future__ import annotations
@@ -86,6 +99,103 @@ def measure(what: str, layers: int, kv_heads: int, pairs: int, length: int, max_
             "adds": peak - loaded, "seconds": took, "chunks": chunks}  # fmt: skip
 
 
+def sweep_one(pairs: int, length: int, max_bytes: int) -> dict:
+    """The circuit analysis's library calls on ``pairs`` pairs in this process: bytes added."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    import probe
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_embd=256, n_head=4, n_layer=2, vocab_size=8192, n_positions=128)
+    model = GPT2LMHeadModel(config).eval()
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, config.vocab_size, (pairs, length), generator=g)
+    other = ids.clone()
+    middle = slice(length // 4, length // 2)
+    other[:, middle] = torch.randint(3, config.vocab_size, other[:, middle].shape, generator=g)
+    clean, corrupted = {"input_ids": ids}, {"input_ids": other}
+
+    def metric(logits, pairs):  # the pairs it is given
+        logp = torch.log_softmax(logits[:, -2].float(), dim=-1)
+        return logp[torch.arange(len(logp)), ids[pairs, -1]]
+
+    loaded = _status("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")
+    start = time.perf_counter()
+    budget = {"max_bytes": max_bytes}
+    probe.attribute(model, clean, corrupted, metric, "atp", **budget)
+    probe.patch(model, clean, corrupted, metric, **budget)
+    scores = probe.edges(model, clean, corrupted, metric, "eap-ig", 5, **budget)
+    probe.circuit(model, clean, corrupted, metric, 0.8, scores=scores, **budget)
+    took = time.perf_counter() - start
+    return {"pairs": pairs, "loaded": loaded, "adds": _status("VmHWM") - loaded,
+            "seconds": took, "chunks": scores.attrs["chunks"]}  # fmt: skip
+
+
+def analysis_one(pairs: int, max_bytes: int) -> dict:
+    """``probe analyze -a circuit`` on a task file of ``pairs`` pairs, in a child process of
+    this one (its only one): its peak resident memory."""
+    import random
+    import resource
+    import tempfile
+
+    root = Path(__file__).resolve().parent.parent
+    rng = random.Random(0)
+    with tempfile.TemporaryDirectory() as folder:
+        task = Path(folder) / "task.jsonl"
+        with task.open("w") as out:
+            for _ in range(pairs):
+                first = [rng.randrange(1, 64) for _ in range(20)]
+                fresh = [rng.randrange(1, 64) for _ in range(20)]
+                words = lambda ts: " ".join(f"t{t}" for t in ts)  # noqa: E731
+                out.write(json.dumps({"clean": words(first + first[:-1]),
+                                      "corrupted": words(fresh + first[:-1]),
+                                      "answer": f"t{first[-1]}"}) + "\n")  # fmt: skip
+        command = [sys.executable, "-m", "probe.app.cli", "analyze", "--model",
+                   str(root / "tests/data/induction-gpt2"), "-a", "circuit", "--lm-head",
+                   "--task", str(task), "--circuit-pairs", str(pairs), "--circuit-max-bytes",
+                   str(max_bytes), "--out", str(Path(folder) / "report")]  # fmt: skip
+        start = time.perf_counter()
+        done = subprocess.run(command, capture_output=True, text=True, check=False, cwd=root)
+        took = time.perf_counter() - start
+    if done.returncode:
+        raise RuntimeError(done.stderr[-2000:] or done.stdout[-2000:])
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    return {"pairs": pairs, "peak": peak, "seconds": took}
+
+
+def _child(flag: str, value: str, args) -> dict | None:
+    command = [sys.executable, __file__, flag, value, "--length", str(args.length),
+               "--threads", str(args.threads)]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode:
+        print(f"  {value} failed:\n{done.stderr[-2000:]}")
+        return None
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def sweeps(args) -> None:
+    """``--sweep`` and ``--analysis``: each count in a process of its own."""
+    budgets = [args.max_bytes] + ([64 * GiB] if args.unbounded else [])
+    for budget in budgets if args.sweep else []:
+        print(f"library calls, GPT-2 width 256, {args.length} tokens, max_bytes "
+              f"{budget / 2**20:g} MiB, {args.threads} thread(s)")  # fmt: skip
+        for pairs in args.sweep:
+            r = _child("--one-sweep", f"{pairs}:{budget}", args)
+            if r:
+                print(f"  {pairs} pairs: adds {r['adds'] / 2**20:.0f} MiB, {r['seconds']:.1f} s, "
+                      f"edges in {r['chunks']} chunks", flush=True)  # fmt: skip
+    if args.analysis:
+        print(f"probe analyze -a circuit --task on induction-gpt2, --circuit-max-bytes "
+              f"{args.max_bytes / 2**20:g} MiB")  # fmt: skip
+        for pairs in args.analysis:
+            r = _child("--one-analysis", f"{pairs}:{args.max_bytes}", args)
+            if r:
+                print(f"  {pairs} pairs: peak {r['peak'] / 2**20:.0f} MiB, {r['seconds']:.1f} s",
+                      flush=True)  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--layers", type=int, nargs="+", default=[2, 4])
@@ -96,10 +206,26 @@ def main() -> None:
     parser.add_argument("--max-bytes", type=int, default=GiB)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a child's measurement, as JSON
+    parser.add_argument("--sweep", type=int, nargs="+")
+    parser.add_argument("--unbounded", action="store_true")
+    parser.add_argument("--analysis", type=int, nargs="+")
+    parser.add_argument("--one-sweep", help=argparse.SUPPRESS)
+    parser.add_argument("--one-analysis", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.one_analysis:
+        pairs, budget = map(int, args.one_analysis.split(":"))
+        print(json.dumps(analysis_one(pairs, budget)))
+        return
     import torch
 
     torch.set_num_threads(args.threads)
+    if args.one_sweep:
+        pairs, budget = map(int, args.one_sweep.split(":"))
+        print(json.dumps(sweep_one(pairs, args.length, budget)))
+        return
+    if args.sweep or args.analysis:
+        sweeps(args)
+        return
     if args.one:
         what, layers = args.one.split(":")
         found = measure(what, int(layers), args.kv_heads, args.pairs, args.length, args.max_bytes)

@@ -87,6 +87,9 @@ def facts() -> dict[str, str]:
     found["analyses"] = ", ".join(f"`{n}`" for n in REGISTRY)
     found["analyses.default"] = ",".join(n for n in REGISTRY if get(n).default)
     found["circuit.edge_method"] = EDGE_METHOD
+    from probe.interventions.gradients import MAX_BYTES
+
+    found["circuits.max_bytes"] = f"{MAX_BYTES / 2**30:g} GiB"
     declared = [o for n in REGISTRY for o in get(n).options]
     declared += [o for n in units_module.UNITS for o in units_module.get(n).options]
     for option in declared:

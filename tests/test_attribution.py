@@ -103,9 +103,9 @@ def test_bad_input_is_one_clear_line(model):
     [("atp", "hook_z", False), ("ig", "hook_result", True), ("atp*", "hook_k", True)],
 )
 def test_estimates_do_not_depend_on_the_budget(model, method, hook, per_position):
-    """A pair at a time (the smallest budget, named by the error for a smaller one) gives what
-    every pair at once gives, to rounding (atp*'s score scale is fitted over the pairs of a
-    chunk)."""
+    """Two pairs at a time (the smallest budget, named by the error for a smaller one) give
+    what every pair at once gives, to rounding (atp*'s score scale is fitted over the pairs of
+    a chunk), to float32 rounding: runs of fewer pairs round differently."""
     import re
 
     clean, corrupted = pairs(3, n=4)
@@ -115,14 +115,15 @@ def test_estimates_do_not_depend_on_the_budget(model, method, hook, per_position
         return probe.attribute(model, clean, corrupted, metric, method, hook=hook,
                                per_position=per_position, steps=2, max_bytes=max_bytes)  # fmt: skip
 
-    with pytest.raises(probe.ProbeError, match=r"too small for one pair.* at least") as e:
+    with pytest.raises(probe.ProbeError, match=r"too small for two pairs.* at least") as e:
         estimate(1)
     smallest = int(re.search(r"max_bytes=([\d,]+) \(", str(e.value)).group(1).replace(",", ""))
     one, whole = estimate(smallest), estimate(1 << 32)
+    scale = float(whole.attribution.abs().max())
     for column in ("attribution", "attribution_low", "attribution_high"):
         torch.testing.assert_close(
             torch.tensor(one[column].values),
             torch.tensor(whole[column].values),
-            rtol=1e-6,
-            atol=1e-9,
+            rtol=1e-5,
+            atol=1e-6 * scale,
         )

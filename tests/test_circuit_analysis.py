@@ -7,6 +7,7 @@ import json
 import math
 import re
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -140,7 +141,8 @@ def test_task_file_metric(tmp_path):
         logp = torch.log_softmax(model(**tokenizer(lines[0]["clean"], return_tensors="pt"))
                                  .logits[0, 5], -1)  # fmt: skip
         one = {k: v[:1] for k, v in clean.items()}
-        assert math.isclose(float(metric(model(**one).logits)[0]), float(logp[7]), abs_tol=1e-4)
+        value = metric(model(**one).logits, pairs=slice(0, 1))[0]  # the pair the logits hold
+        assert math.isclose(float(value), float(logp[7]), abs_tol=1e-4)
 
 
 @pytest.mark.parametrize("model", [str(MODEL), MISSING])
@@ -354,12 +356,14 @@ def test_a_task_that_is_not_a_file_is_one_line_and_does_not_wait(tmp_path, kind)
     assert len(result.output.strip().splitlines()) == 1
 
 
-def test_too_many_pairs_is_one_line_before_the_model_loads(tmp_path):
+def test_too_few_pairs_is_one_line_before_the_model_loads(tmp_path):
+    """No most: the runs take the pairs a chunk at a time within probe's budget
+    (tests/test_budget.py); fewer than two pairs give no interval."""
     result = analyze("--model", MISSING, "-a", "circuit", "--lm-head", "--circuit-pairs",
-                     "100000", "--out", str(tmp_path / "r"))  # fmt: skip
+                     "1", "--out", str(tmp_path / "r"))  # fmt: skip
     assert result.exit_code != 0
     lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and "--circuit-pairs" in lines[0] and "1024" in lines[0], lines
+    assert len(lines) == 1 and "--circuit-pairs" in lines[0] and "2" in lines[0], lines
 
 
 @pytest.mark.slow
@@ -404,3 +408,33 @@ def test_what_the_tokenizer_shows_is_refused_before_the_weights_load(
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and str(path) in lines[0] and said in lines[0], lines
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+def test_more_pairs_than_memory_holds_give_the_same_tables(tmp_path):
+    """1100 pairs (more than the cap the analysis once had) run a few at a time within
+    --circuit-max-bytes 2 MiB, and give the tables that every pair at once gives (the default
+    budget), to float32 rounding."""
+    rows = [json.dumps({"clean": f"t{a} t2 t3 t{a} t2", "corrupted": f"t{63 - a} t2 t3 t{a} t2",
+                        "answer": "t3"}) for a in range(4, 60)]  # fmt: skip
+    path = tmp_path / "task.jsonl"
+    path.write_text("".join(rows[i % len(rows)] + "\n" for i in range(1100)))
+    tables = {}
+    for budget in ("2097152", str(1 << 30)):
+        out = tmp_path / budget
+        result = analyze("--model", str(MODEL), "-a", "circuit", "--lm-head", "--task", str(path),
+                         "--circuit-pairs", "1100", "--circuit-max-bytes", budget,
+                         "--out", str(out))  # fmt: skip
+        assert result.exit_code == 0, result.output
+        tables[budget] = {n: pd.read_csv(out / f"{n}.csv")
+                          for n in ("circuit_heads", "circuit_edges", "circuit_run")}  # fmt: skip
+    small, whole = tables.values()
+    assert int(small["circuit_run"].pairs[0]) == 1100
+    for name, table in whole.items():
+        for column in table.columns:
+            if table[column].dtype.kind == "f":
+                scale = max(1.0, float(table[column].abs().max()))
+                np.testing.assert_allclose(small[name][column], table[column], rtol=1e-4,
+                                           atol=1e-5 * scale)  # fmt: skip
+            elif column != "in_circuit":
+                assert small[name][column].tolist() == table[column].tolist(), (name, column)

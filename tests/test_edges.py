@@ -125,9 +125,9 @@ def test_scores_against_autograd_edge_by_edge(kind, method):
     corrupted["input_ids"][:, 2:4] = torch.randint(3, 99, (3, 2), generator=g)
     answer = clean["input_ids"][:, -1]
 
-    def metric(logits):  # the logits of one position: most rows of the head's gradient are zero
+    def metric(logits, pairs=slice(None)):  # one position's logits: most rows of the gradient 0
         logp = torch.log_softmax(logits[:, -2].float(), dim=-1)
-        return logp[torch.arange(len(logp)), answer[: len(logp)]]
+        return logp[torch.arange(len(logp)), answer[pairs]]
 
     steps = 3
     scores = probe.edges(model, clean, corrupted, metric, method=method, steps=steps)
@@ -170,9 +170,9 @@ def _pairs_for(n_pairs=3, length=7, seed=1):
     corrupted["input_ids"][:, 2:4] = torch.randint(3, 99, (n_pairs, 2), generator=g)
     answer = clean["input_ids"][:, -1]
 
-    def metric(logits):
+    def metric(logits, pairs=slice(None)):  # the pairs it is given, where they run in chunks
         logp = torch.log_softmax(logits[:, -2].float(), dim=-1)
-        return logp[torch.arange(len(logp)), answer]
+        return logp[torch.arange(len(logp)), answer[pairs]]
 
     return clean, corrupted, metric
 
@@ -190,10 +190,15 @@ def _smallest(call) -> int:
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
 @pytest.mark.parametrize("method", ["eap", "eap-ig"])
-def test_scores_do_not_depend_on_the_budget(kind, method):
+def test_scores_do_not_depend_on_the_budget(kind, method, monkeypatch):
     """4 GiB takes every pair and position at once; the smallest budget that works (named by
-    the error for a smaller one) takes one position at a time, and a budget between them whole
-    pairs; the scores and their intervals agree to float rounding."""
+    the error for a smaller one) takes positions a few at a time, and a budget between them
+    whole pairs; the scores and their intervals agree to float rounding. (The runs' own share
+    is left out here, as a model of Llama-3-8B's width has it: each pair's scores then need
+    more than its runs; tests/test_budget.py chunks the runs.)"""
+    from probe.interventions import edges as module
+
+    monkeypatch.setattr(module, "run_bytes", lambda *args, **kwargs: 0)
     model = _lm(kind)
     clean, corrupted, metric = _pairs_for()
 
@@ -204,9 +209,8 @@ def test_scores_do_not_depend_on_the_budget(kind, method):
     whole = scores(4 << 30)
     assert whole.attrs["chunks"] == 1
     scale = float(whole.score.abs().max())  # float32 products, summed in float64
-    for budget in (smallest, smallest + 2 * 7 * (smallest // 2)):
+    for budget in (smallest, 2 * smallest, smallest + 2 * 7 * (smallest // 2)):
         chunked = scores(budget)
-        assert chunked.attrs["chunks"] > 1
         for column in ("score", "score_low", "score_high"):
             torch.testing.assert_close(
                 torch.tensor(chunked[column].values),
@@ -214,7 +218,7 @@ def test_scores_do_not_depend_on_the_budget(kind, method):
                 rtol=1e-5,
                 atol=1e-6 * scale,
             )
-    assert scores(smallest).attrs["chunks"] == 3 * 7  # a position at a time
+    assert scores(smallest).attrs["chunks"] > 3  # pairs' positions split
 
 
 def test_eap_ig_with_one_step():

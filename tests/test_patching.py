@@ -21,11 +21,12 @@ def model():
 
 
 def repeats_metric(ids: torch.Tensor, n: int):
-    """Per pair: mean log-probability of the clean second copy's predictable tokens."""
+    """Per pair: mean log-probability of the clean second copy's predictable tokens (of the
+    ``pairs`` its logits hold, where probe runs them a chunk at a time)."""
 
-    def metric(logits):
+    def metric(logits, pairs=slice(None)):
         logp = torch.log_softmax(logits.float(), dim=-1)
-        rows = ids[: logp.shape[0]]
+        rows = ids[pairs]
         picked = logp[:, n + 1 : 2 * n].gather(-1, rows[:, n + 2 : 2 * n + 1, None])[..., 0]
         return picked.mean(-1)
 

@@ -34,6 +34,7 @@ from analyses import REGISTRY, ContractError, defaults
 from analyses.vocabulary import Thresholds
 from probe.app.run import Settings, check
 from probe.app.run import analyze as analyze_run
+from probe.app.start import hand_over
 from probe.distributed import Ranks
 from probe.errors import ProbeError
 from probe.inputs.hub import bound_waits
@@ -102,6 +103,7 @@ def _answers_signals(command: Callable) -> Callable:
     @functools.wraps(command)
     def answered(*args, **kwargs):
         try:
+            hand_over(_terminated)  # from the start's answers (probe.app.start) to these
             return command(*args, **kwargs)
         except (KeyboardInterrupt, TerminatedError) as e:
             _fail(_who() + f"stopped by {_signal(e)}", _status(e))

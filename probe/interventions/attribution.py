@@ -27,9 +27,21 @@ from torch import nn
 from probe.capture.hookpoints import hook_points, trace
 from probe.capture.names import point_of
 from probe.errors import ProbeError
-from probe.interventions.gradients import MAX_BYTES, clean_start, run, start_point
+from probe.interventions.gradients import MAX_BYTES, clean_start, run, run_bytes, start_point
 from probe.interventions.guard import keeps_model
-from probe.interventions.pairs import PER_PAIR, Batch, Metric, as_pairs, form, mean_intervals, read
+from probe.interventions.pairs import (
+    PER_PAIR,
+    Batch,
+    Metric,
+    Moments,
+    as_pairs,
+    check_chunk,
+    chunks,
+    form,
+    read,
+    release,
+    rows_of,
+)
 from probe.interventions.patching import LAYOUT
 
 METHODS = ("atp", "atp*", "ig")
@@ -69,6 +81,8 @@ def attribute(
         value per pair ``[pairs]``, e.g. a logit difference or a log-probability, or a scalar
         over the batch, as TransformerLens's metrics return (the same estimates, without
         intervals).
+        ``metric(logits, pairs)`` where it reads per-pair data of its own: ``pairs`` is the
+        slice of the batch its logits hold (see ``max_bytes``).
     method : {"atp", "atp*", "ig"}
         See the module's description.
     hook : str
@@ -79,9 +93,11 @@ def attribute(
     steps : int
         Interpolation steps of ``"ig"``, run one after the other.
     max_bytes : int
-        What the products of differences and gradients may hold at once (float64, a chunk of
-        pairs at a time), beyond the runs and the point's activations and gradients. The
-        estimates do not depend on it.
+        What the call may hold at once: the runs (one forward and backward pass at a time,
+        ``run_bytes``' estimate), the point's activations and gradients, and their products
+        (float64). Pairs that do not fit at once run a chunk at a time, at least two
+        (``probe.interventions.pairs``: the metric then takes ``pairs``); the estimates do not
+        depend on it (to float32 rounding).
 
     Returns
     -------
@@ -98,7 +114,9 @@ def attribute(
     ------
     ProbeError
         For an unknown method or point, pairs of different shapes, a metric that is not
-        differentiable, or a ``max_bytes`` too small for one pair (naming the smallest).
+        differentiable, a ``max_bytes`` too small for two pairs (naming the smallest), or pairs
+        that do not fit it at once with a metric that cannot be split (a scalar, or one that
+        does not take ``pairs``).
     """
     if method not in METHODS:
         raise ProbeError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
@@ -107,65 +125,117 @@ def attribute(
     if method == "ig" and steps < 1:
         raise ProbeError(f"steps must be at least 1, not {steps}")
     clean, corrupted, pairs = as_pairs(clean, corrupted)
-    head_dim = LAYOUT[hook][0]
     with hook_points(model) as points:
         names = [name for name in points if point_of(name) == hook]
         if not names:
             raise ProbeError(f"the model has no {hook} points")
         fix = method == "atp*" and hook in PARTNER
         stems = [n[: -len(hook)] for n in names] if fix else []
-        patterns = [stem + "hook_pattern" for stem in stems]
-        around = [stem + p for stem in stems for p in ("hook_attn_scores", PARTNER.get(hook))]
-        first = [p for p in [start_point(model)] if p is not None and p not in names]
-        with torch.no_grad(), trace(model, [*names, *first]) as cache:
-            clean_metric = float(read(metric, model(**clean), pairs).float().mean())
-        start = clean_start(model, clean, cache)
         alphas = [k / steps for k in range(1, steps + 1)] if method == "ig" else [0.0]
-        keep = [*names, *patterns, *around]
-        values, grads, kept = _mean_over_steps(
-            model, corrupted, metric, pairs, [*names, *patterns], start, alphas, keep
-        )
-        if method == "ig":  # the corrupted run's own activations and metric
-            with torch.no_grad(), trace(model, keep) as corrupted_cache:
-                corrupted_metric = float(read(metric, model(**corrupted), pairs).float().mean())
-            corrupted_acts = {n: corrupted_cache[n] for n in keep}
-        else:
-            corrupted_metric = float(values[0].mean())
-            corrupted_acts = {n: kept[n][0] for n in keep}
-
-    per_layer = _effects(
-        hook, names, stems, cache, corrupted_acts, grads, per_position, pairs, max_bytes
-    )
-    metric_form = form(values, pairs)
-    table = _table(per_layer, per_position, "attribution", metric_form == PER_PAIR)
+        plan = _Plan(method, hook, names, stems, alphas, per_position, max_bytes)
+        parts = chunks(pairs, plan.pair_bytes(model, clean, pairs), max_bytes, metric,
+                       "runs and products")  # fmt: skip
+        moments, readings, rows_seen = Moments(), [], []
+        for rows in parts:
+            found = plan.chunk(model, rows_of(clean, rows, pairs),
+                               rows_of(corrupted, rows, pairs), metric, rows)  # fmt: skip
+            check_chunk(found[0], rows, pairs, len(parts))
+            readings.append(found[:2])
+            table_rows, values = _values(found[2], per_position)
+            moments.add(values)
+            rows_seen = table_rows
+            if len(parts) > 1:
+                release()
+    metric_form = form(readings[0][0], parts[0].stop)
+    table = _table(rows_seen, moments, "attribution", metric_form == PER_PAIR)
     table.attrs = {
         "method": method,
         "pairs": pairs,
-        "clean": clean_metric,
-        "corrupted": corrupted_metric,
+        "clean": float(torch.cat([r[0] for r in readings]).double().mean()),
+        "corrupted": float(torch.cat([r[1] for r in readings]).double().mean()),
         "metric": metric_form,
     }
-    if fix and cache[names[0]].shape[head_dim] < per_layer[0].shape[1]:
-        table.attrs["note"] = (
-            f"grouped-query attention: {hook} has {cache[names[0]].shape[head_dim]} key heads; "
-            "atp* gives one row per query head, its own copy of the keys it reads patched for "
-            "it alone (as on the model's ungrouped twin)"
-        )
-    if method == "atp*" and not fix:
-        table.attrs["note"] = (
-            f"atp* fixes query and key points only; at {hook} it equals atp (the head's own "
-            "softmax is replaced outright by patching its output)"
-        )
+    if plan.note is not None:
+        table.attrs["note"] = plan.note
     return table
 
 
-def _mean_over_steps(model, corrupted, metric, pairs, points, start, alphas, keep):
+class _Plan:
+    """What ``attribute`` runs for each chunk of pairs, and what a pair of it holds."""
+
+    def __init__(self, method, hook, names, stems, alphas, per_position, max_bytes) -> None:
+        self.method, self.hook, self.names, self.stems = method, hook, names, stems
+        self.alphas, self.per_position, self.max_bytes = alphas, per_position, max_bytes
+        self.patterns = [stem + "hook_pattern" for stem in stems]
+        self.around = [stem + p for stem in stems for p in ("hook_attn_scores", PARTNER.get(hook))]
+        self.keep = [*names, *self.patterns, *self.around]
+        self.note: str | None = None
+
+    def pair_bytes(self, model, clean, pairs) -> int:
+        """What a pair adds: its forward and backward pass (``run_bytes``), and the point's
+        activations (clean, corrupted) and gradients (float64) with their products (float64,
+        ``_effects``'s), measured on a run of the first pair (atp*: the patterns' too)."""
+        with torch.no_grad(), trace(model, self.keep) as cache:
+            model(**rows_of(clean, slice(0, 1), pairs))
+        point = sum(cache[n][0].numel() for n in self.names)
+        pattern = sum(cache[n][0].numel() for n in self.patterns)
+        around = sum(cache[n][0].numel() for n in self.around)
+        return (run_bytes(model, clean, pairs, backward=True) + (4 + 4 + 8 + 32) * point
+                + (4 + 8 + 96) * pattern + 4 * around)  # fmt: skip
+
+    def chunk(self, model, clean, corrupted, metric, rows):
+        """A chunk's clean and corrupted metric values, and each layer's ``[pairs, head,
+        position]`` estimates."""
+        pairs = rows.stop - rows.start
+        first = [p for p in [start_point(model)] if p is not None and p not in self.names]
+        with torch.no_grad(), trace(model, [*self.names, *first]) as cache:
+            clean_values = read(metric, model(**clean), pairs, rows=rows)
+        start = clean_start(model, clean, cache)
+        values, grads, kept = _mean_over_steps(model, corrupted, metric, pairs,
+                                               [*self.names, *self.patterns], start, self.alphas,
+                                               self.keep, rows)  # fmt: skip
+        if self.alphas != [0.0]:  # the corrupted run's own activations and metric
+            with torch.no_grad(), trace(model, self.keep) as corrupted_cache:
+                corrupted_values = read(metric, model(**corrupted), pairs, rows=rows)
+            corrupted_acts = {n: corrupted_cache[n] for n in self.keep}
+        else:
+            corrupted_values = values[0]
+            corrupted_acts = {n: kept[n][0] for n in self.keep}
+        per_layer = _effects(self.hook, self.names, self.stems, cache, corrupted_acts, grads,
+                             self.per_position, pairs, self.max_bytes)  # fmt: skip
+        self._note(cache, per_layer)
+        return clean_values, corrupted_values, per_layer
+
+    def _note(self, cache, per_layer) -> None:
+        hook, names = self.hook, self.names
+        if self.stems and cache[names[0]].shape[LAYOUT[hook][0]] < per_layer[0].shape[1]:
+            self.note = (
+                f"grouped-query attention: {hook} has {cache[names[0]].shape[LAYOUT[hook][0]]} "
+                "key heads; atp* gives one row per query head, its own copy of the keys it reads "
+                "patched for it alone (as on the model's ungrouped twin)"
+            )
+        if self.method == "atp*" and not self.stems:
+            self.note = (
+                f"atp* fixes query and key points only; at {hook} it equals atp (the head's own "
+                "softmax is replaced outright by patching its output)"
+            )
+
+
+def _mean_over_steps(model, corrupted, metric, pairs, points, start, alphas, keep, rows):
     """``run``'s values and kept activations, with the gradients at ``points`` averaged over
     the steps ``alphas``, one run at a time (the memory of one forward and backward pass)."""
     grads: dict[str, torch.Tensor] = {}
     for alpha in alphas:
         values, found, kept = run(
-            model, corrupted, metric, pairs, points, start, [alpha], keep if alpha == 0 else []
+            model,
+            corrupted,
+            metric,
+            pairs,
+            points,
+            start,
+            [alpha],
+            keep if alpha == 0 else [],
+            rows=rows,
         )
         for point, grad in found.items():  # [1, pairs, ...]
             term = grad.double() / len(alphas)
@@ -227,13 +297,10 @@ def _fixed(hook, stem, name, cache, corrupted_acts, grads, per_position) -> torc
     )
 
 
-def _table(
-    per_layer: list[torch.Tensor], per_position: bool, column: str, intervals: bool
-) -> pd.DataFrame:
-    """Rows per head (and position) from each layer's ``[pairs, head, position]`` estimates:
-    their mean over pairs and its 95% interval (NaN without ``intervals``: a scalar metric's
-    per-pair terms are shares of one value, not values of their own), as ``column``,
-    ``column_low``, ``column_high``."""
+def _values(per_layer: list[torch.Tensor], per_position: bool) -> tuple[list[dict], torch.Tensor]:
+    """The rows per head (and position) and their values per pair ``[rows, pairs]`` from each
+    layer's ``[pairs, head, position]`` estimates (every position at once: linear terms add
+    up; atp*'s is joint already)."""
     rows, values = [], []
     for layer, effect in enumerate(per_layer):
         n_heads, n_positions = effect.shape[1], effect.shape[2]
@@ -242,10 +309,17 @@ def _table(
                 for position in range(n_positions):
                     rows.append({"layer": layer, "head": head, "position": position})
                     values.append(effect[:, head, position])
-            else:  # every position at once: linear terms add up (atp*'s is joint already)
+            else:
                 rows.append({"layer": layer, "head": head})
                 values.append(effect[:, head].sum(-1))
-    mean, low, high = mean_intervals(torch.stack(values))
+    return rows, torch.stack(values)
+
+
+def _table(rows: list[dict], moments: Moments, column: str, intervals: bool) -> pd.DataFrame:
+    """The ``rows`` with their values' means over pairs and 95% intervals (``moments``; NaN
+    without ``intervals``: a scalar metric's per-pair terms are shares of one value, not values
+    of their own), as ``column``, ``column_low``, ``column_high``."""
+    mean, low, high = moments.intervals()
     if not intervals:
         low, high = torch.full_like(mean, math.nan), torch.full_like(mean, math.nan)
     table = pd.DataFrame(rows)

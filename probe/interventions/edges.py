@@ -21,7 +21,6 @@ corrupted value instead of its value in this run.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,16 +35,20 @@ from probe.capture.mirror import ungroupable, ungrouped
 from probe.capture.names import NORM_POINTS, hook_name
 from probe.capture.spec import describe
 from probe.errors import ProbeError
-from probe.inference import t975
-from probe.interventions.gradients import MAX_BYTES, START, clean_start, run
+from probe.interventions.gradients import MAX_BYTES, START, clean_start, run, run_bytes
 from probe.interventions.guard import keeps_model
 from probe.interventions.pairs import (
     PER_PAIR,
     Batch,
     Metric,
+    Moments,
     as_pairs,
+    check_chunk,
+    chunks,
     copies_of,
     read,
+    release,
+    rows_of,
     same_form,
     stacked,
 )
@@ -250,17 +253,21 @@ def edges(
     metric : callable
         ``metric(logits)``: one differentiable value per pair ``[pairs]``, or a scalar over the
         batch, as TransformerLens's metrics return (the same scores, without intervals).
+        ``metric(logits, pairs)`` where it reads per-pair data of its own: ``pairs`` is the
+        slice of the batch its logits hold (see ``max_bytes``).
     method : {"eap", "eap-ig"}
         Gradient at the corrupted run, or averaged over ``steps`` runs interpolated from the
         corrupted to the clean input (α = k/steps, k = 1…steps), run one after the other.
     steps : int
         EAP-IG's interpolation steps.
     max_bytes : int
-        What the scores' computation may hold at once beyond the runs (one forward and backward
-        pass of the pairs at a time) and the few ``[pairs, pos, d_model]`` tensors per layer it
-        keeps from them: the senders' values and the receivers' gradients are formed for a
-        chunk of pairs and positions at a time, as many as fit. The scores do not depend on
-        it (to float rounding).
+        What the call may hold at once: a chunk of pairs' runs (one forward and backward pass
+        at a time, ``run_bytes``' estimate) and the few ``[pairs, pos, d_model]`` tensors per
+        layer it keeps from them, then the scores' computation, whose senders' values and
+        receivers' gradients are formed for a chunk of pairs and positions at a time within
+        what is left. Pairs that do not fit at once run a chunk at a time, at least two
+        (``probe.interventions.pairs``: the metric then takes ``pairs``). The scores do not
+        depend on it (to float32 rounding).
 
     Returns
     -------
@@ -277,8 +284,9 @@ def edges(
     Raises
     ------
     ProbeError
-        Besides bad pairs, metric or model: a ``max_bytes`` too small for one position, naming
-        the smallest that works.
+        Besides bad pairs, metric or model: a ``max_bytes`` too small for two pairs, naming
+        the smallest that works, or pairs that do not fit it at once with a metric that cannot
+        be split (a scalar, or one that does not take ``pairs``).
     """
     if method not in METHODS:
         raise ProbeError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
@@ -288,26 +296,27 @@ def edges(
     # Attached once: graph and every run below share it; one key and value head per query head.
     with hook_points(model), ungrouped():
         g = graph(model)
-        budget = _Budget(g, model, max_bytes)  # refuses before anything runs
-        sender_points, z_of = _sender_points(g)
+        budget = _Budget(g, model, max_bytes)
         alphas = [k / steps for k in range(1, steps + 1)] if method == "eap-ig" else [0.0]
-        found: dict[str, Any] = {}
-        readings = []  # the metric's values, for its form
-        sides = (("clean", clean), ("corrupted", corrupted))[: 1 + (0.0 not in alphas)]
-        for side, inputs in sides:  # EAP's run at α = 0 is the corrupted run
-            with torch.no_grad(), trace(model, sender_points) as cache:
-                readings.append(read(metric, model(**inputs), pairs))
-                found[side] = float(readings[-1].float().mean())
-            found[side + "_senders"] = {p: cache[p] for p in sender_points}
-            if side == "clean":  # the embeddings, START, are a sender: the runs' start
-                start = clean_start(model, clean, cache)
-            del cache
-        receivers = _receivers(
-            model, corrupted, metric, pairs, start, alphas, g, sender_points, found, readings
-        )
-        senders = _sender_changes(model, found, sender_points, z_of)
-    mean, low, high, chunks = _edge_scores(g, senders, receivers, budget, pairs)
-    metric_form = same_form(readings, pairs)
+        kept = _kept_bytes(model, clean, pairs, len(alphas))
+        parts = chunks(pairs, kept + run_bytes(model, clean, pairs, backward=True), max_bytes,
+                       metric, "runs", fixed=budget.smallest)  # fmt: skip
+        moments, readings, count = Moments(), {"clean": [], "corrupted": []}, 0
+        for rows in parts:
+            left = max_bytes - (rows.stop - rows.start) * kept  # for the scores
+            found, n = _chunk_scores(model, rows_of(clean, rows, pairs),
+                                     rows_of(corrupted, rows, pairs), metric, rows, alphas, g,
+                                     budget, moments, left)  # fmt: skip
+            check_chunk(found["readings"][0], rows, pairs, len(parts))
+            readings["clean"].append(found["readings"][0])
+            readings["corrupted"].append(found["corrupted_values"])
+            count += n
+            if len(parts) > 1:
+                release()
+    metric_form = same_form([torch.cat(v) for v in readings.values()], pairs)
+    s_index = torch.tensor([s for s, _ in g.edges])
+    r_index = torch.tensor([r for _, r in g.edges])
+    mean, low, high = (v[s_index, r_index] for v in moments.intervals())
     if metric_form != PER_PAIR:  # a scalar's per-pair terms are shares of one value
         low, high = torch.full_like(mean, torch.nan), torch.full_like(mean, torch.nan)
     table = pd.DataFrame(
@@ -324,15 +333,52 @@ def edges(
         "method": method,
         "steps": steps if method == "eap-ig" else 0,
         "pairs": pairs,
-        "clean": found["clean"],
-        "corrupted": found["corrupted"],
-        "chunks": chunks,
+        "clean": float(torch.cat(readings["clean"]).double().mean()),
+        "corrupted": float(torch.cat(readings["corrupted"]).double().mean()),
+        "chunks": count,
         "metric": metric_form,
     }
     return table
 
 
-def _receivers(model, corrupted, metric, pairs, start, alphas, g, sender_points, found, readings):
+def _kept_bytes(model: nn.Module, inputs: Mapping[str, Any], pairs: int, runs: int) -> int:
+    """What a pair's runs keep for its scores (float32 ``[pos, d_model]`` tensors a layer):
+    the senders of both runs and their changes, each head input's ḡ and, per run, the norm's
+    normalised input and the heads' ``along``, and the other receivers' float64 gradients."""
+    spec = describe(model)
+    d, L, H = int(model.config.hidden_size), spec.n_layers, spec.n_heads
+    positions = max((v.shape[1] for v in inputs.values()
+                     if isinstance(v, torch.Tensor) and v.dim() > 1), default=1)  # fmt: skip
+    row = 4 * d * (3 * (2 * L + 1) + 3 * L + L * runs + 2 * (L + 1)) + 4 * H * 3 * L * runs
+    return positions * row
+
+
+def _chunk_scores(model, clean, corrupted, metric, rows, alphas, g, budget, moments, left):
+    """A chunk of pairs' runs, and its edges' scores added to ``moments`` (``_edge_scores``,
+    within ``left`` bytes). Returns the metric's readings (``"readings"``; the clean run's
+    first) and the corrupted run's values (``"corrupted_values"``), and the chunks of pairs and
+    positions the scores were summed over."""
+    pairs = rows.stop - rows.start
+    sender_points, z_of = _sender_points(g)
+    found: dict[str, Any] = {"readings": []}
+    sides = (("clean", clean), ("corrupted", corrupted))[: 1 + (0.0 not in alphas)]
+    for side, inputs in sides:  # EAP's run at α = 0 is the corrupted run
+        with torch.no_grad(), trace(model, sender_points) as cache:
+            found["readings"].append(read(metric, model(**inputs), pairs, rows=rows))
+            found[side + "_values"] = found["readings"][-1]
+        found[side + "_senders"] = {p: cache[p] for p in sender_points}
+        if side == "clean":  # the embeddings, START, are a sender: the runs' start
+            start = clean_start(model, clean, cache)
+        del cache
+    receivers = _receivers(model, corrupted, metric, pairs, start, alphas, g, sender_points,
+                           found, found["readings"], rows)  # fmt: skip
+    senders = _sender_changes(model, found, sender_points, z_of)
+    return found, _edge_scores(g, senders, receivers, budget, pairs, moments, left)
+
+
+def _receivers(
+    model, corrupted, metric, pairs, start, alphas, g, sender_points, found, readings, rows
+):
     """Every receiver point's gradient, the mean over the steps ``alphas`` run one at a time
     (the memory of one forward and backward pass): a head input's as a ``_HeadInput``, which
     forms it a chunk at a time, the others' ``[pairs, pos, d_model]`` float64. EAP's run at
@@ -348,14 +394,15 @@ def _receivers(model, corrupted, metric, pairs, start, alphas, g, sender_points,
     for alpha in alphas:
         own = sender_points if alpha == 0 else []
         values, grads, kept = run(
-            model, corrupted, metric, pairs, others + outputs, start, [alpha], norms + outputs + own
-        )
+            model, corrupted, metric, pairs, others + outputs, start, [alpha],
+            norms + outputs + own, rows=rows,
+        )  # fmt: skip
         for point in others:
             term = grads.pop(point)[0].double() / len(alphas)
             mean_grads[point] = mean_grads[point] + term if point in mean_grads else term
         _head_input_grads(model, heads, grads, kept, len(alphas))
         if alpha == 0:
-            found["corrupted"] = float(values[0].mean())
+            found["corrupted_values"] = values[0]
             found["corrupted_senders"] = {p: kept[p][0] for p in sender_points}
         readings.append(values[0])
         del values, grads, kept
@@ -393,15 +440,13 @@ class _Budget:
         weights = head_weights(model)[0].W_O
         copies = 0 if weights.dtype == torch.float32 else 2 * 4 * weights[0].numel() * H
         self.fixed = 2 * 8 * S * R + copies
-        self.max_bytes = int(max_bytes)
-        smallest = self.fixed + self.per_pair + self.per_row
-        if self.max_bytes < smallest:
-            raise _too_small(self.max_bytes, smallest, "one position of this model's edges")
+        # The least the scores take: one position (``chunks``' share of what the runs leave).
+        self.smallest = self.fixed + self.per_pair + self.per_row
 
-    def chunks(self, pairs: int, pos: int) -> list[tuple[slice, slice]]:
-        """The chunks ``(pairs, positions)``: whole pairs where one fits, else a pair at a
-        time in runs of positions."""
-        left = self.max_bytes - self.fixed
+    def chunks(self, pairs: int, pos: int, max_bytes: int) -> list[tuple[slice, slice]]:
+        """The chunks ``(pairs, positions)`` within ``max_bytes`` (at least ``smallest``):
+        whole pairs where one fits, else a pair at a time in runs of positions."""
+        left = max(int(max_bytes), self.smallest) - self.fixed
         whole = self.per_pair + pos * self.per_row
         if left >= whole:
             n = min(pairs, left // whole)
@@ -420,15 +465,17 @@ def _edge_scores(
     receivers: Mapping[str, Any],
     budget: _Budget,
     pairs: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
-    """Each edge's mean score over pairs and its 95% interval, and the number of chunks.
+    moments: Moments,
+    left: int,
+) -> int:
+    """Add a chunk of pairs' scores ``[sender, receiver]`` to ``moments``; return the number
+    of chunks of pairs and positions they took within ``left`` bytes.
 
     A pair's score of an edge is δ_sender · gradient_receiver summed over positions and
     d_model: per chunk of pairs and positions, one batched product per receiver point (all its
     heads at once) with the senders upstream of it only (those before the last that feeds it),
-    summed over the chunks of a pair's positions; the pairs' scores then join running means
-    and sums of squared deviations (Chan et al.'s update), so that no ``[pairs, edge]`` table is
-    kept."""
+    summed over the chunks of a pair's positions; the pairs' scores then join ``moments``'
+    running means and sums of squared deviations, so that no ``[pairs, edge]`` table is kept."""
     upstream: dict[str, int] = {}
     for s, r in g.edges:
         upstream[g.receivers[r][2]] = max(upstream.get(g.receivers[r][2], 0), s + 1)
@@ -437,14 +484,12 @@ def _edge_scores(
         columns.setdefault(point, []).append(r)
     first = next(iter(senders.points.values()))
     pos = first.shape[1]
-    mean = torch.zeros(len(g.senders), len(g.receivers), dtype=torch.float64)
-    spread = torch.zeros_like(mean)  # Σ (score − mean)² over the pairs so far
-    seen = 0
-    chunks = budget.chunks(pairs, pos)
+    chunks = budget.chunks(pairs, pos, left)
     block = None
     for n, p in chunks:
         if p.start == 0:
-            block = mean.new_zeros(n.stop - n.start, len(g.senders), len(g.receivers))
+            block = torch.zeros(n.stop - n.start, len(g.senders), len(g.receivers),
+                                dtype=torch.float64, device=first.device)  # fmt: skip
         delta = senders.chunk(g, n, p)  # [pairs, sender, pos, d_model]
         for point, cols in columns.items():
             found = receivers[point]
@@ -456,23 +501,9 @@ def _edge_scores(
             del x, product
         del delta
         if p.stop == pos:  # the chunk's pairs are complete
-            count = len(block)
-            block_mean = block.mean(0)
-            block_spread = ((block - block_mean) ** 2).sum(0)
-            total = seen + count
-            shift = block_mean - mean
-            mean += shift * (count / total)
-            spread += block_spread + shift**2 * (seen * count / total)
-            seen = total
+            moments.add(block.permute(1, 2, 0))
             block = None
-    s_index = torch.tensor([s for s, _ in g.edges])
-    r_index = torch.tensor([r for _, r in g.edges])
-    mean, spread = mean[s_index, r_index], spread[s_index, r_index]
-    if seen < 2:
-        nan = torch.full_like(mean, math.nan)
-        return mean, nan, nan, len(chunks)
-    half = t975(seen - 1) * (spread / (seen - 1)).sqrt() / math.sqrt(seen)
-    return mean, mean - half, mean + half, len(chunks)
+    return len(chunks)
 
 
 INPUTS = ("hook_q_input", "hook_k_input", "hook_v_input")
@@ -543,8 +574,10 @@ def patch_edges(
     sender's value in this run replaced by its corrupted value. Several sets of edges run in one
     forward pass, as stacked copies of the pairs: at most ``max_rows`` rows, and as many copies
     as ``max_bytes`` holds, counting per position the receivers' inputs per head (the patched
-    model forms every head's own input) and the senders' changes, formed a layer at a time from
-    their ``hook_z``.
+    model forms every head's own input), the senders' changes, formed a layer at a time from
+    their ``hook_z``, and the forward pass (``run_bytes``). Pairs that do not fit one copy at
+    once run a chunk at a time, at least two (``probe.interventions.pairs``: the metric then
+    takes ``pairs``).
 
     Parameters
     ----------
@@ -558,14 +591,55 @@ def patch_edges(
     Raises
     ------
     ProbeError
-        Where ``max_bytes`` does not hold one copy of the pairs (naming the smallest that
-        does).
+        Where ``max_bytes`` does not hold one copy of two pairs (naming the smallest that
+        does), or the pairs at once with a metric that cannot be split.
     """
     clean, corrupted, pairs = as_pairs(clean, corrupted)
     g = graph(model)
     kept = torch.as_tensor(kept, dtype=torch.bool)
     if kept.dim() != 2 or kept.shape[1] != len(g.edges):
         raise ProbeError(f"kept must be [sets, {len(g.edges)}] (one flag per edge)")
+    shares = _PatchBytes(g, model, clean, pairs)
+    parts = chunks(pairs, shares.fixed + shares.per_copy, max_bytes, metric,
+                   "patched runs", fixed=shares.mask)  # fmt: skip
+    out = []
+    with hook_points(model), ungrouped():
+        for rows in parts:
+            k = rows.stop - rows.start
+            copies = max(1, min(max_rows // k, (max_bytes - k * shares.fixed)
+                                // (k * shares.per_copy + shares.mask)))  # fmt: skip
+            values = _patched_chunk(model, rows_of(clean, rows, pairs),
+                                    rows_of(corrupted, rows, pairs), metric, rows, kept, g,
+                                    copies)  # fmt: skip
+            check_chunk(values[0], rows, pairs, len(parts))
+            out.append(values)
+            if len(parts) > 1:
+                release()
+    values = torch.cat(out, dim=-1)
+    same_form(list(values), pairs)
+    return values
+
+
+class _PatchBytes:
+    """What exact edge patching holds, in bytes: per pair, the corrupted senders every copy
+    shares (``fixed``) and, per copy, the heads' inputs and the senders' changes (float32, at
+    every position) with its forward pass (``run_bytes``); per copy, the edges' masks."""
+
+    def __init__(self, g: Graph, model: nn.Module, clean: Mapping[str, Any], pairs: int) -> None:
+        positions = max((v.shape[1] for v in clean.values()
+                         if isinstance(v, torch.Tensor) and v.dim() > 1), default=1)  # fmt: skip
+        d = int(model.config.hidden_size)
+        n_heads, n_layers = describe(model).n_heads, describe(model).n_layers
+        self.fixed = positions * 4 * d * (2 * n_layers + 1)
+        self.per_copy = positions * 4 * d * (6 * n_heads + 2 * n_layers)
+        self.per_copy += run_bytes(model, clean, pairs, backward=False)
+        self.mask = 4 * len(g.senders) * len(g.receivers)
+
+
+def _patched_chunk(model, clean, corrupted, metric, rows, kept, g, copies) -> torch.Tensor:
+    """A chunk of pairs' metric with each set of ``kept`` edges, ``[sets, pairs]`` float,
+    ``copies`` sets a forward pass."""
+    pairs = rows.stop - rows.start
     sender_points, z_of = _sender_points(g)
     result_of = {z: r for r, z in z_of.items()}
     s_index = torch.tensor([s for s, _ in g.edges])
@@ -573,48 +647,45 @@ def patch_edges(
     by_point, senders_of = _routes(g, sender_points, result_of)
     W_O = dict(zip(_result_points(model), (w.W_O for w in head_weights(model)), strict=True))
     out = []
-    with hook_points(model), ungrouped():
-        with trace(model, sender_points) as cache:
-            model(**corrupted)
-        corrupted_values = {p: cache[p] for p in sender_points}
-        del cache
-        copies = _copies_within(g, model, corrupted_values[START], pairs, max_rows, max_bytes)
-        for begin in range(0, len(kept), copies):
-            # removed[copy, sender, receiver]: the edge's receiver sees the sender's corrupted
-            # value.
-            flags = kept[begin : begin + copies]
-            n = len(flags)
-            chunk = torch.zeros(n, len(g.senders), len(g.receivers))
-            chunk[:, s_index, r_index] = (~flags).float()
-            current: dict[str, torch.Tensor] = {}  # sender point -> its value in this run
+    with trace(model, sender_points) as cache:
+        model(**corrupted)
+    corrupted_values = {p: cache[p] for p in sender_points}
+    del cache
+    for begin in range(0, len(kept), copies):
+        # removed[copy, sender, receiver]: the edge's receiver sees the sender's corrupted value.
+        flags = kept[begin : begin + copies]
+        n = len(flags)
+        chunk = torch.zeros(n, len(g.senders), len(g.receivers))
+        chunk[:, s_index, r_index] = (~flags).float()
+        current: dict[str, torch.Tensor] = {}  # sender point -> its value in this run
 
-            def record(x: torch.Tensor, hook: Hook, n=n, current=current) -> None:
-                current[str(hook)] = x.unflatten(0, (n, pairs))
+        def record(x: torch.Tensor, hook: Hook, n=n, current=current) -> None:
+            current[str(hook)] = x.unflatten(0, (n, pairs))
 
-            def replace(x: torch.Tensor, hook: Hook, chunk=chunk, current=current) -> torch.Tensor:
-                receivers = by_point[str(hook)]
-                fix = None
-                for point, value in current.items():
-                    mask = chunk[:, senders_of[point]][:, :, receivers]  # [copy, sender, recv.]
-                    if not mask.any():
-                        continue
-                    diff = value - corrupted_values[point]
-                    if point in result_of:  # each head's hook_result: z W_O
-                        diff = torch.einsum("cbphe,hed->cbphd", diff, W_O[result_of[point]])
-                    else:
-                        diff = diff.unsqueeze(-2)
-                    term = torch.einsum("cbpsd,csr->cbprd", diff, mask.to(diff))
-                    fix = term if fix is None else fix.add_(term)
-                if fix is None:
-                    return x
-                fix = fix.flatten(0, 1)
-                return x - (fix if x.dim() == 4 else fix[:, :, 0])
+        def replace(x: torch.Tensor, hook: Hook, chunk=chunk, current=current) -> torch.Tensor:
+            receivers = by_point[str(hook)]
+            fix = None
+            for point, value in current.items():
+                mask = chunk[:, senders_of[point]][:, :, receivers]  # [copy, sender, recv.]
+                if not mask.any():
+                    continue
+                diff = value - corrupted_values[point]
+                if point in result_of:  # each head's hook_result: z W_O
+                    diff = torch.einsum("cbphe,hed->cbphd", diff, W_O[result_of[point]])
+                else:
+                    diff = diff.unsqueeze(-2)
+                term = torch.einsum("cbpsd,csr->cbprd", diff, mask.to(diff))
+                fix = term if fix is None else fix.add_(term)
+            if fix is None:
+                return x
+            fix = fix.flatten(0, 1)
+            return x - (fix if x.dim() == 4 else fix[:, :, 0])
 
-            fns = [(p, record) for p in sender_points] + [(p, replace) for p in by_point]
-            with hooks(model, fns):
-                output = model(**stacked(clean, n, pairs))
-            for seen in copies_of(output, n, pairs):
-                out.append(read(metric, seen, pairs))
+        fns = [(p, record) for p in sender_points] + [(p, replace) for p in by_point]
+        with hooks(model, fns):
+            output = model(**stacked(clean, n, pairs))
+        for seen in copies_of(output, n, pairs):
+            out.append(read(metric, seen, pairs, rows=rows))
     same_form(out, pairs)
     return torch.stack(out).float()
 
@@ -630,22 +701,6 @@ def _routes(g: Graph, sender_points, result_of) -> tuple[dict, dict]:
         for p in sender_points
     }
     return by_point, senders_of
-
-
-def _copies_within(g, model, start, pairs, max_rows, max_bytes) -> int:
-    """How many copies of the pairs exact edge patching stacks in one run within ``max_bytes``
-    (and ``max_rows``): what one copy holds (the heads' inputs and the senders' changes, float32,
-    at every position, and the edges' masks) and what every copy shares (the corrupted
-    senders). ``start`` is the first block's input, ``[pairs, pos, d_model]``.
-    """
-    rows, d = start.shape[:2].numel(), start.shape[-1]
-    n_heads, n_layers = describe(model).n_heads, describe(model).n_layers
-    per_copy = rows * 4 * d * (6 * n_heads + 2 * n_layers) + 4 * len(g.senders) * len(g.receivers)
-    fixed = rows * 4 * d * (2 * n_layers + 1)
-    if max_bytes < fixed + per_copy:
-        raise _too_small(max_bytes, fixed + per_copy, f"one copy of the {pairs} pairs' patched "
-                         "run (fewer pairs or shorter inputs need less)")  # fmt: skip
-    return max(1, min(max_rows // pairs, (max_bytes - fixed) // per_copy))
 
 
 @keeps_model

@@ -21,12 +21,49 @@ from torch import nn
 
 from probe.capture.hookpoints import Hook, hook_points, hooks, trace
 from probe.capture.names import hook_name
+from probe.capture.spec import describe
+from probe.errors import ProbeError
 from probe.interventions.pairs import SCALAR, Metric, copies_of, read, same_form, stacked
 
 START = hook_name("hook_resid_pre", 0)
-# What attribution, edges and edge patching may hold at once beyond the model's own forward and
-# backward passes, by default (``max_bytes``): a laptop's share.
+# What patching, attribution, edges and edge patching may hold at once, by default
+# (``max_bytes``): a laptop's share. Their runs take as many pairs at a time as it holds
+# (``run_bytes``), and what they compute from the runs a chunk at a time within it.
 MAX_BYTES = 1 << 30
+
+
+def run_bytes(model: nn.Module, inputs: Mapping[str, Any], pairs: int, *, backward: bool) -> int:
+    """An estimate of what one pair adds to a run of ``model`` on ``inputs`` (``pairs`` pairs):
+    a forward pass (no gradient: a layer's activations at a time, and the logits with their
+    log-softmax) or a forward and backward pass (every layer's activations kept for the
+    backward pass, and the logits' gradient).
+
+    Per position of a Hugging Face model, in its parameters' bytes: a layer's activations 12
+    d_model + 3 d_mlp + 3 heads x positions (the attention scores, pattern and its gradient)
+    and the logits 3 vocab (4 with a backward pass). Probe's own modules (no config): 32 copies
+    of the pair's floating-point inputs for each hook point.
+    """
+    size = next((p.element_size() for p in model.parameters()), 4)
+    floating = [v for v in inputs.values() if isinstance(v, torch.Tensor) and v.dim()]
+    config = getattr(model, "config", None)
+    try:
+        spec = describe(model) if config is not None else None
+    except ProbeError:  # a module of probe's own, or one probe cannot describe
+        spec = None
+    if spec is None:
+        with hook_points(model) as points:
+            count = max(1, len(points))
+        per = sum(v[0].numel() * max(v.element_size(), size) for v in floating if len(v) == pairs)
+        return 32 * count * max(per, 1)
+    positions = max((v.shape[1] for v in floating if v.dim() > 1), default=1)
+    d = spec.d_model
+    mlp = int(getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None)
+              or 4 * d)  # fmt: skip
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    vocab = spec.d_vocab if head is not None else 0
+    layer = 12 * d + 3 * mlp + 3 * spec.n_heads * positions
+    per_position = spec.n_layers * layer + 4 * vocab if backward else layer + 3 * vocab
+    return size * positions * per_position
 
 
 def start_point(model: nn.Module) -> str | None:
@@ -97,6 +134,7 @@ def run(
     alphas: Sequence[float] = (0.0,),
     keep: Sequence[str] = (),
     clean: Mapping[str, Any] | None = None,
+    rows: slice | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Run the pairs from ``corrupted + α (clean - corrupted)`` at the start, for each α (stacked
     copies), and take the gradient of the metric summed over pairs and copies.
@@ -110,6 +148,7 @@ def run(
     Or, for a Hugging Face model whose ``alphas`` hold 1 and another, ``start`` None and the
     ``clean`` inputs: the copy at α = 1 runs them, and its start is the clean start (so that
     the clean run needs no pass of its own; its ``kept`` points are the clean run's).
+    ``rows``: the batch's pairs these are (``pairs.read``).
 
     Returns
     -------
@@ -172,7 +211,7 @@ def run(
                 stack.callback(head.register_forward_hook(_read_rows, prepend=True).remove)
             output = model(**inputs)
             values = [
-                read(metric, seen, pairs, differentiable=True)
+                read(metric, seen, pairs, differentiable=True, rows=rows)
                 for seen in copies_of(output, copies, pairs)
             ]
             torch.autograd.grad(_objective(values, pairs), leaves, allow_unused=True)

@@ -13,10 +13,23 @@ mean of per-pair effects is the effect on their mean. Results say which in ``att
 Patching stacks several patched copies of the batch along the batch dimension; the metric is
 then read from each copy's rows of the output (``copies_of``), so a metric written for the
 user's batch works unchanged.
+
+Memory is bounded by a budget (``max_bytes``), not by the number of pairs: where the pairs'
+runs do not fit it at once, they run a chunk of pairs at a time (``chunks``), and the means and
+intervals over the pairs are running sums (``Moments``), the same to float rounding. A metric
+is then given a chunk's logits, so it must say which pairs they are to read per-pair data of
+its own (answers, positions): one that takes a parameter ``pairs`` is called ``metric(logits,
+pairs=rows)``, ``rows`` the slice of the batch's pairs the logits hold (every pair where they
+fit at once). A metric of the logits alone is given every pair at once, and a scalar metric
+cannot be split: either, where the pairs do not fit, is refused in one line, never run on part
+of the batch.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import inspect
 import math
 import traceback
 from collections.abc import Callable, Mapping
@@ -61,13 +74,32 @@ def _keywords(batch: Batch, side: str) -> dict[str, Any]:
     )
 
 
-def read(metric: Metric, output: Any, pairs: int, *, differentiable: bool = False) -> torch.Tensor:
+def takes_pairs(metric: Metric) -> bool:
+    """Whether ``metric`` takes a parameter ``pairs`` (the slice of pairs it is given)."""
+    try:
+        return "pairs" in inspect.signature(metric).parameters
+    except (TypeError, ValueError):  # a builtin without a signature
+        return False
+
+
+def read(
+    metric: Metric,
+    output: Any,
+    pairs: int,
+    *,
+    differentiable: bool = False,
+    rows: slice | None = None,
+) -> torch.Tensor:
     """The metric of a model's ``output`` on ``pairs`` pairs: ``[pairs]``, or ``[1]`` for a scalar
-    over the batch (``per_pair``). It is given the logits where the output has them."""
+    over the batch (``per_pair``). It is given the logits where the output has them, and
+    ``pairs=rows`` (the batch's pairs they hold; all by default) where it takes ``pairs``."""
     logits = getattr(output, "logits", None)
     seen = logits if isinstance(logits, torch.Tensor) else output
     try:
-        value = metric(seen)
+        if takes_pairs(metric):
+            value = metric(seen, pairs=slice(0, pairs) if rows is None else rows)
+        else:
+            value = metric(seen)
     except ProbeError:
         raise
     except Exception as error:  # the user's code: say where, in one line
@@ -257,3 +289,118 @@ def mean_intervals(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, to
         return mean, nan, nan
     half = t975(n - 1) * values.std(-1) / math.sqrt(n)
     return mean, mean - half, mean + half
+
+
+def rows_of(inputs: Mapping[str, Any], rows: slice, pairs: int) -> dict[str, Any]:
+    """The ``rows`` of the pairs' inputs: each tensor whose first dimension is ``pairs``
+    sliced there, the rest as they are."""
+    return {
+        key: value[rows]
+        if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == pairs
+        else value
+        for key, value in inputs.items()
+    }
+
+
+def chunks(
+    pairs: int, per_pair: int, max_bytes: int, metric: Metric, what: str, fixed: int = 0
+) -> list[slice]:
+    """The chunks of pairs whose runs fit ``max_bytes``: ``fixed`` bytes, and ``per_pair`` for
+    each pair of a chunk. Every pair at once where they fit; else as many a chunk as fit, at
+    least two (so that a scalar metric shows itself on the first).
+
+    Raises
+    ------
+    ProbeError
+        Where ``max_bytes`` holds fewer than two pairs (or the one), naming the smallest that
+        works, and where the pairs do not fit at once and the metric does not take ``pairs``
+        (it would be given another chunk's logits than it reads per-pair data for).
+    """
+    fits = max(0, int(max_bytes) - fixed) // max(1, per_pair)
+    if fits >= pairs:
+        return [slice(0, pairs)]
+    whole = fixed + per_pair * pairs
+    if not takes_pairs(metric):
+        raise ProbeError(
+            f"the {pairs} pairs' {what} do not fit max_bytes={int(max_bytes):,} at once (they "
+            f"need about {whole:,}), and the metric, metric(logits), is given every pair at "
+            "once: give it a parameter pairs, metric(logits, pairs), returning one value for "
+            "each pair of the slice pairs of the batch, or raise max_bytes"
+        )
+    if fits < 2:
+        smallest = fixed + per_pair * 2
+        raise ProbeError(
+            f"max_bytes={int(max_bytes):,} is too small for two pairs' {what} at a time; give "
+            f"at least max_bytes={smallest:,} ({smallest / 2**20:,.1f} MiB)"
+        )
+    return [slice(i, min(i + fits, pairs)) for i in range(0, pairs, fits)]
+
+
+def check_chunk(values: torch.Tensor, rows: slice, pairs: int, n_chunks: int) -> None:
+    """Refuse a scalar metric's reading (``[1]`` for several pairs) where the pairs run in
+    ``n_chunks`` > 1 chunks: a batch's one value cannot be split into chunks' values.
+
+    Raises
+    ------
+    ProbeError
+        Saying to return one value per pair or raise ``max_bytes``.
+    """
+    given = rows.stop - rows.start
+    if n_chunks > 1 and form(values, given) == SCALAR:
+        raise ProbeError(
+            f"the metric returned one value for the batch (a scalar), but the {pairs} pairs run "
+            f"in {n_chunks} chunks within max_bytes, and a batch's value cannot be split: "
+            "return one value per pair of the slice it is given, or raise max_bytes"
+        )
+
+
+class Moments:
+    """Running means over pairs and sums of squared deviations from them (Chan et al.'s
+    update), of values ``[..., pairs]`` added a chunk of pairs at a time: the same means and
+    95% t-intervals as ``mean_intervals`` of every pair at once (to float rounding), with no
+    ``[..., pairs]`` table kept."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.mean = torch.zeros(())
+        self.spread = torch.zeros(())
+
+    def add(self, values: torch.Tensor) -> None:
+        """Add a chunk's values ``[..., k]`` (kept on the CPU, in float64)."""
+        values = values.detach().to("cpu", torch.float64)
+        k = values.shape[-1]
+        mean = values.mean(-1)
+        spread = ((values - mean.unsqueeze(-1)) ** 2).sum(-1)
+        total = self.n + k
+        shift = mean - self.mean
+        self.mean = self.mean + shift * (k / total)
+        self.spread = self.spread + spread + shift**2 * (self.n * k / total)
+        self.n = total
+
+    def intervals(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The means with their 95% t-intervals (NaN for one pair)."""
+        if self.n < 2:
+            nan = torch.full_like(self.mean, math.nan)
+            return self.mean, nan, nan
+        half = t975(self.n - 1) * (self.spread / (self.n - 1)).sqrt() / math.sqrt(self.n)
+        return self.mean, self.mean - half, self.mean + half
+
+
+@functools.cache
+def _libc() -> Any:
+    """The process's own C library where it has ``malloc_trim`` (glibc), else None."""
+    try:
+        libc = ctypes.CDLL(None)  # the symbols already loaded: no search, no subprocess
+    except OSError:
+        return None
+    return libc if hasattr(libc, "malloc_trim") else None
+
+
+def release() -> None:
+    """Give the memory a chunk of pairs freed back to the system (glibc's ``malloc_trim``;
+    nothing elsewhere). Without it, the few small tensors kept from each chunk (its metric's
+    values, the running sums) pin the heap above the chunk's freed runs, and the process's
+    resident memory creeps up with the number of chunks though nothing more is held."""
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)

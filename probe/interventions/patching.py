@@ -15,14 +15,19 @@ from probe.capture.hookpoints import Hook, hook_points, hooks, trace
 from probe.capture.names import ROTARY_POINTS, point_of
 from probe.errors import ProbeError
 from probe.interventions.ablation import check_heads
+from probe.interventions.gradients import MAX_BYTES, run_bytes
 from probe.interventions.guard import keeps_model
 from probe.interventions.pairs import (
     Batch,
     Metric,
+    Moments,
     as_pairs,
+    check_chunk,
+    chunks,
     copies_of,
-    mean_intervals,
     read,
+    release,
+    rows_of,
     same_form,
     stacked,
 )
@@ -53,6 +58,7 @@ def patch(
     per_position: bool = False,
     heads: Iterable[tuple[int, int]] | None = None,
     max_rows: int = 256,
+    max_bytes: int = MAX_BYTES,
 ) -> pd.DataFrame:
     """Patch each head's activation from a clean run into a corrupted one, and measure.
 
@@ -76,6 +82,8 @@ def patch(
         ``[pairs]``, e.g. a logit difference, or a scalar over the batch, as TransformerLens's
         metrics return (the same effects, without intervals). With several copies stacked it
         is called on each copy's rows.
+        ``metric(logits, pairs)`` where it reads per-pair data of its own: ``pairs`` is the
+        slice of the batch its logits hold (see ``max_bytes``).
     hook : str
         A per-head hook point: ``hook_z`` (default), ``hook_result``, ``hook_q``, ``hook_k``,
         ``hook_v``, ``hook_rot_q`` or ``hook_rot_k`` (rotary models: after the rotation),
@@ -87,6 +95,11 @@ def patch(
         Patch only these heads (0-based); every head by default.
     max_rows : int
         At most this many rows (copies x pairs) in one forward pass; at least one copy.
+    max_bytes : int
+        What the runs may hold at once: the clean activations at ``hook`` and the patched
+        forward passes' (``run_bytes``' estimate), a chunk of pairs at a time where they do not
+        fit at once (``probe.interventions.pairs``: the metric then takes ``pairs``). The
+        effects do not depend on it.
 
     Returns
     -------
@@ -104,58 +117,91 @@ def patch(
     if max_rows < 1:
         raise ProbeError(f"max_rows must be at least 1, not {max_rows}")
     clean, corrupted, pairs = as_pairs(clean, corrupted)
-    head_dim, position_dim = LAYOUT[hook]
     # One mirror for the whole call: the nested trace and hooks blocks below share it.
     with hook_points(model) as points:
         names = [name for name in points if point_of(name) == hook]
         if not names:
             rotary = " (only rotary models have it)" if hook in ROTARY_POINTS else ""
             raise ProbeError(f"the model has no {hook} points{rotary}")
-        with trace(model, names) as cache:
-            clean_values = read(metric, model(**clean), pairs)
-        corrupted_values = read(metric, model(**corrupted), pairs)
-        n_heads = max(cache[name].shape[head_dim] for name in names)
+        with trace(model, names) as cache:  # a pair's sizes: its heads, its clean activations
+            model(**rows_of(clean, slice(0, 1), pairs))
+        kept = sum(4 * cache[name][0].numel() for name in names)
+        forward = run_bytes(model, clean, pairs, backward=False)
+        n_heads = max(cache[name].shape[LAYOUT[hook][0]] for name in names)
         wanted = None if heads is None else check_heads(heads, len(names), n_heads)
-        patches = []
-        for layer, name in enumerate(names):
-            source = cache[name]
-            positions = range(source.shape[position_dim]) if per_position else [None]
-            layer_heads = range(source.shape[head_dim]) if wanted is None else wanted.get(layer, [])
-            for head in layer_heads:
-                patches += [(layer, name, head, position) for position in positions]
-        copies = max(1, max_rows // pairs)
-        patched = []
-        for start in range(0, len(patches), copies):
-            chunk = patches[start : start + copies]
-            by_name: dict[str, list[tuple[int, int, int | None]]] = {}
-            for c, (_, name, head, position) in enumerate(chunk):
-                by_name.setdefault(name, []).append((c, head, position))
-            fns = {
-                name: _put(cache[name], todo, pairs, len(chunk), head_dim, position_dim)
-                for name, todo in by_name.items()
-            }
-            with hooks(model, fns):
-                output = model(**stacked(corrupted, len(chunk), pairs))
-            for seen in copies_of(output, len(chunk), pairs):
-                patched.append(read(metric, seen, pairs))
-
-    metric_form = same_form([clean_values, corrupted_values, *patched], pairs)
-    width = clean_values.shape[-1]
-    values = torch.stack(patched).double() if patched else torch.zeros(0, width)
-    table = _table(patches, per_position, values, clean_values, corrupted_values)
-    clean_metric, corrupted_metric = float(clean_values.mean()), float(corrupted_values.mean())
+        patches = _patches(cache, names, hook, per_position, wanted)
+        del cache
+        parts = chunks(pairs, kept + forward, max_bytes, metric, "patched runs")
+        readings: list[torch.Tensor] = []
+        effects, metrics = Moments(), Moments()
+        for rows in parts:
+            k = rows.stop - rows.start
+            copies = max(1, min(max_rows // k, (max_bytes - k * kept) // (k * forward)))
+            found = _chunk(model, rows_of(clean, rows, pairs), rows_of(corrupted, rows, pairs),
+                           metric, rows, names, patches, hook, copies)  # fmt: skip
+            check_chunk(found[0], rows, pairs, len(parts))
+            readings += found[:2]
+            metrics.add(found[2])
+            effects.add(found[2] - found[1].double())
+            if len(parts) > 1:
+                release()
+    clean_values = torch.cat(readings[0::2]).double()
+    corrupted_values = torch.cat(readings[1::2]).double()
+    metric_form = same_form([clean_values, corrupted_values], pairs)
+    table = _table(patches, per_position, metrics, effects, clean_values, corrupted_values)
     table.attrs = {
-        "clean": clean_metric,
-        "corrupted": corrupted_metric,
+        "clean": float(clean_values.mean()),
+        "corrupted": float(corrupted_values.mean()),
         "pairs": pairs,
         "metric": metric_form,
     }
     return table
 
 
-def _table(patches, per_position, values, clean_values, corrupted_values) -> pd.DataFrame:
+def _patches(cache, names, hook, per_position, wanted) -> list[tuple[int, str, int, int | None]]:
+    """Every patch, ``(layer, point, head, position)``, in the table's order."""
+    head_dim, position_dim = LAYOUT[hook]
+    patches = []
+    for layer, name in enumerate(names):
+        source = cache[name]
+        positions = range(source.shape[position_dim]) if per_position else [None]
+        layer_heads = range(source.shape[head_dim]) if wanted is None else wanted.get(layer, [])
+        for head in layer_heads:
+            patches += [(layer, name, head, position) for position in positions]
+    return patches
+
+
+def _chunk(model, clean, corrupted, metric, rows, names, patches, hook, copies):
+    """A chunk of pairs: its clean and corrupted metrics, and every patch's ``[patch,
+    pairs]`` (float64), ``copies`` patches a forward pass."""
+    pairs = rows.stop - rows.start
+    head_dim, position_dim = LAYOUT[hook]
+    with trace(model, names) as cache:
+        clean_values = read(metric, model(**clean), pairs, rows=rows)
+    corrupted_values = read(metric, model(**corrupted), pairs, rows=rows)
+    patched = []
+    for start in range(0, len(patches), copies):
+        chunk = patches[start : start + copies]
+        by_name: dict[str, list[tuple[int, int, int | None]]] = {}
+        for c, (_, name, head, position) in enumerate(chunk):
+            by_name.setdefault(name, []).append((c, head, position))
+        fns = {
+            name: _put(cache[name], todo, pairs, len(chunk), head_dim, position_dim)
+            for name, todo in by_name.items()
+        }
+        with hooks(model, fns):
+            output = model(**stacked(corrupted, len(chunk), pairs))
+        for seen in copies_of(output, len(chunk), pairs):
+            patched.append(read(metric, seen, pairs, rows=rows))
+    same_form([clean_values, corrupted_values, *patched], pairs)
+    width = clean_values.shape[-1]
+    values = torch.stack(patched).double() if patched else torch.zeros(0, width)
+    return clean_values, corrupted_values, values
+
+
+def _table(patches, per_position, metrics, effects, clean_values, corrupted_values):
     """One row per patch: its mean metric, recovery and effect with the effect's interval."""
-    effect, low, high = mean_intervals(values - corrupted_values.double())
+    effect, low, high = effects.intervals()
     clean_metric, corrupted_metric = float(clean_values.mean()), float(corrupted_values.mean())
     table = pd.DataFrame(
         [
@@ -166,7 +212,7 @@ def _table(patches, per_position, values, clean_values, corrupted_values) -> pd.
     )
     if not per_position:
         table = table.drop(columns="position")
-    table["metric"] = values.mean(-1).numpy()
+    table["metric"] = metrics.mean.numpy()
     spread = clean_metric - corrupted_metric
     table["recovered"] = (table.metric - corrupted_metric) / spread if spread else math.nan
     table["effect"], table["effect_low"], table["effect_high"] = (
