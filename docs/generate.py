@@ -87,9 +87,10 @@ def facts() -> dict[str, str]:
     found["analyses"] = ", ".join(f"`{n}`" for n in REGISTRY)
     found["analyses.default"] = ",".join(n for n in REGISTRY if get(n).default)
     found["circuit.edge_method"] = EDGE_METHOD
-    from probe.interventions.gradients import MAX_BYTES
+    from probe.interventions.gradients import FREE_SHARE, MAX_BYTES
 
     found["circuits.max_bytes"] = f"{MAX_BYTES / 2**30:g} GiB"
+    found["circuits.free_share"] = f"{FREE_SHARE:.0%}"
     declared = [o for n in REGISTRY for o in get(n).options]
     declared += [o for n in units_module.UNITS for o in units_module.get(n).options]
     for option in declared:

@@ -159,6 +159,7 @@ def test_patch_edges_and_circuit_in_chunks(model, task):
     (edges_a, curve_a), (edges_b, curve_b) = both(circuit, clean["input_ids"])
     assert list(curve_a.edges) == list(curve_b.edges)
     close(curve_a.faithfulness.values, curve_b.faithfulness.values)
+    assert curve_a.attrs.pop("max_bytes") < curve_b.attrs.pop("max_bytes") == WHOLE
     assert curve_a.attrs == curve_b.attrs and list(edges_a.index) == list(edges_b.index)
 
 
@@ -221,3 +222,46 @@ def test_the_analysis_budget_is_probes():
     from probe.interventions.gradients import MAX_BYTES
 
     assert BUDGET.default == MAX_BYTES
+
+
+@pytest.mark.parametrize("call", ["attribute", "patch", "edges"])
+def test_the_default_budget_is_a_share_of_the_devices_free_memory(model, task, call, monkeypatch):
+    """Without max_bytes a call holds half the memory free on the model's device: a
+    TransformerLens metric of the logits alone runs unchanged where its pairs fit the machine,
+    and is refused in one line where they do not; the result records the budget it used."""
+    from probe.interventions import gradients
+
+    clean, corrupted = task
+    per_pair = Metric(clean["input_ids"])
+
+    def logits_alone(logits):
+        return per_pair(logits, slice(0, len(logits)))
+
+    def run(metric):
+        return getattr(probe, call)(model, clean, corrupted, metric)
+
+    monkeypatch.setattr(gradients, "free_bytes", lambda device: 2 * WHOLE)
+    assert run(logits_alone).attrs["max_bytes"] == WHOLE
+    low = smallest(lambda b: getattr(probe, call)(model, clean, corrupted, per_pair, max_bytes=b))
+    monkeypatch.setattr(gradients, "free_bytes", lambda device: 2 * low)
+    with pytest.raises(probe.ProbeError, match=r"parameter pairs.*raise max_bytes") as e:
+        run(logits_alone)
+    assert "\n" not in str(e.value)
+    table = run(per_pair)  # a metric that takes pairs runs in chunks within the same budget
+    assert table.attrs["max_bytes"] == low and table.attrs["chunks"] > 1
+    monkeypatch.setattr(gradients, "free_bytes", lambda device: None)  # not readable
+    assert run(per_pair).attrs["max_bytes"] == gradients.MAX_BYTES
+
+
+def test_a_cpus_free_memory_is_read_from_the_kernel():
+    from pathlib import Path
+
+    from probe.interventions.gradients import free_bytes
+
+    meminfo = Path("/proc/meminfo")
+    if not meminfo.exists():
+        pytest.skip("no /proc/meminfo on this system: the budget is MAX_BYTES there")
+    total = int(
+        next(x for x in meminfo.read_text().splitlines() if x.startswith("MemTotal:")).split()[1]
+    )
+    assert 0 < free_bytes(torch.device("cpu")) <= total * 1024

@@ -27,7 +27,7 @@ from torch import nn
 from probe.capture.hookpoints import hook_points, trace
 from probe.capture.names import point_of
 from probe.errors import ProbeError
-from probe.interventions.gradients import MAX_BYTES, clean_start, run, run_bytes, start_point
+from probe.interventions.gradients import clean_start, memory_budget, run, run_bytes, start_point
 from probe.interventions.guard import keeps_model
 from probe.interventions.pairs import (
     PER_PAIR,
@@ -65,7 +65,7 @@ def attribute(
     hook: str = "hook_z",
     per_position: bool = False,
     steps: int = 5,
-    max_bytes: int = MAX_BYTES,
+    max_bytes: int | None = None,
 ) -> pd.DataFrame:
     """Estimate every head's patching effect (``probe.patch``'s ``effect``) from gradients.
 
@@ -92,8 +92,9 @@ def attribute(
         One row per head and position (the position's slice patched alone).
     steps : int
         Interpolation steps of ``"ig"``, run one after the other.
-    max_bytes : int
-        What the call may hold at once: the runs (one forward and backward pass at a time,
+    max_bytes : int, optional
+        By default (``memory_budget``) half the memory free on the model's device when the call
+        starts. What the call may hold at once: the runs (one forward and backward pass at a time,
         ``run_bytes``' estimate), the point's activations and gradients, and their products
         (float64). Pairs that do not fit at once run a chunk at a time, at least two
         (``probe.interventions.pairs``: the metric then takes ``pairs``); the estimates do not
@@ -125,6 +126,7 @@ def attribute(
     if method == "ig" and steps < 1:
         raise ProbeError(f"steps must be at least 1, not {steps}")
     clean, corrupted, pairs = as_pairs(clean, corrupted)
+    max_bytes = memory_budget(model, max_bytes)
     with hook_points(model) as points:
         names = [name for name in points if point_of(name) == hook]
         if not names:
@@ -154,6 +156,8 @@ def attribute(
         "clean": float(torch.cat([r[0] for r in readings]).double().mean()),
         "corrupted": float(torch.cat([r[1] for r in readings]).double().mean()),
         "metric": metric_form,
+        "max_bytes": max_bytes,
+        "chunks": len(parts),
     }
     if plan.note is not None:
         table.attrs["note"] = plan.note

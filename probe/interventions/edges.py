@@ -35,7 +35,7 @@ from probe.capture.mirror import ungroupable, ungrouped
 from probe.capture.names import NORM_POINTS, hook_name
 from probe.capture.spec import describe
 from probe.errors import ProbeError
-from probe.interventions.gradients import MAX_BYTES, START, clean_start, run, run_bytes
+from probe.interventions.gradients import START, clean_start, memory_budget, run, run_bytes
 from probe.interventions.guard import keeps_model
 from probe.interventions.pairs import (
     PER_PAIR,
@@ -239,7 +239,7 @@ def edges(
     method: str = "eap-ig",
     steps: int = 5,
     *,
-    max_bytes: int = MAX_BYTES,
+    max_bytes: int | None = None,
 ) -> pd.DataFrame:
     """Score every edge from a sender's output into a receiver's input.
 
@@ -260,14 +260,14 @@ def edges(
         corrupted to the clean input (α = k/steps, k = 1…steps), run one after the other.
     steps : int
         EAP-IG's interpolation steps.
-    max_bytes : int
-        What the call may hold at once: a chunk of pairs' runs (one forward and backward pass
-        at a time, ``run_bytes``' estimate) and the few ``[pairs, pos, d_model]`` tensors per
-        layer it keeps from them, then the scores' computation, whose senders' values and
-        receivers' gradients are formed for a chunk of pairs and positions at a time within
-        what is left. Pairs that do not fit at once run a chunk at a time, at least two
-        (``probe.interventions.pairs``: the metric then takes ``pairs``). The scores do not
-        depend on it (to float32 rounding).
+    max_bytes : int, optional
+        By default (``memory_budget``) half the memory free on the model's device when the call
+        starts. What the call may hold at once: a chunk of pairs' runs (one forward and backward
+        pass at a time, ``run_bytes``' estimate) and the few ``[pairs, pos, d_model]`` tensors per
+        layer it keeps from them, then the scores' computation, whose senders' values and receivers'
+        gradients are formed for a chunk of pairs and positions at a time within what is left. Pairs
+        that do not fit at once run a chunk at a time, at least two (``probe.interventions.pairs``:
+        the metric then takes ``pairs``). The scores do not depend on it (to float32 rounding).
 
     Returns
     -------
@@ -293,6 +293,7 @@ def edges(
     if steps < 1:
         raise ProbeError(f"steps must be at least 1, not {steps}")
     clean, corrupted, pairs = as_pairs(clean, corrupted)
+    max_bytes = memory_budget(model, max_bytes)
     # Attached once: graph and every run below share it; one key and value head per query head.
     with hook_points(model), ungrouped():
         g = graph(model)
@@ -337,6 +338,7 @@ def edges(
         "corrupted": float(torch.cat(readings["corrupted"]).double().mean()),
         "chunks": count,
         "metric": metric_form,
+        "max_bytes": max_bytes,
     }
     return table
 
@@ -566,7 +568,7 @@ def patch_edges(
     kept: Sequence[Sequence[bool]],
     max_rows: int = 256,
     *,
-    max_bytes: int = MAX_BYTES,
+    max_bytes: int | None = None,
 ) -> torch.Tensor:
     """The metric with only the ``kept`` edges carrying their clean values, exactly.
 
@@ -595,6 +597,7 @@ def patch_edges(
         does), or the pairs at once with a metric that cannot be split.
     """
     clean, corrupted, pairs = as_pairs(clean, corrupted)
+    max_bytes = memory_budget(model, max_bytes)
     g = graph(model)
     kept = torch.as_tensor(kept, dtype=torch.bool)
     if kept.dim() != 2 or kept.shape[1] != len(g.edges):
@@ -715,7 +718,7 @@ def circuit(
     method: str = "eap-ig",
     steps: int = 5,
     points: int = 16,
-    max_bytes: int = MAX_BYTES,
+    max_bytes: int | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The fewest top-scoring edges whose circuit reaches ``faithfulness``, and the curve.
 
@@ -756,6 +759,7 @@ def circuit(
         raise ProbeError(f"faithfulness must be in [0, 1], not {faithfulness}")
     if points < 2:
         raise ProbeError(f"points must be at least 2 (no edge and every edge), not {points}")
+    max_bytes = memory_budget(model, max_bytes)  # once: every call below holds the same
     if scores is None:
         scores = edges(model, clean, corrupted, metric, method, steps, max_bytes=max_bytes)
     total = len(scores)
@@ -800,5 +804,6 @@ def circuit(
             "faithfulness": [faith(k) for k in sorted(found)],
         }
     )
-    curve.attrs = {"target": faithfulness, "chosen": above, "metric": same_form(readings, pairs)}
+    curve.attrs = {"target": faithfulness, "chosen": above, "metric": same_form(readings, pairs),
+                   "max_bytes": max_bytes}  # fmt: skip
     return scores.iloc[order[:above]], curve

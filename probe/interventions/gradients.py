@@ -26,10 +26,43 @@ from probe.errors import ProbeError
 from probe.interventions.pairs import SCALAR, Metric, copies_of, read, same_form, stacked
 
 START = hook_name("hook_resid_pre", 0)
-# What patching, attribution, edges and edge patching may hold at once, by default
-# (``max_bytes``): a laptop's share. Their runs take as many pairs at a time as it holds
-# (``run_bytes``), and what they compute from the runs a chunk at a time within it.
+# What patching, attribution, edges and edge patching may hold at once (``max_bytes``) where
+# the memory free on the model's device cannot be read (``memory_budget``): a laptop's share.
+# Their runs take as many pairs at a time as it holds (``run_bytes``), and what they compute from
+# the runs a chunk at a time within it.
 MAX_BYTES = 1 << 30
+FREE_SHARE = 0.5  # of the memory free on the device when a call starts: its default budget
+
+
+def memory_budget(model: nn.Module, max_bytes: int | None) -> int:
+    """A call's memory budget: ``max_bytes`` where given; by default ``FREE_SHARE`` of the memory
+    free on the device of the model's first parameter when the call starts (a GPU's free and
+    cached memory, a CPU's MemAvailable), or ``MAX_BYTES`` where that cannot be read. So a
+    TransformerLens script whose metric cannot be split (``metric(logits)``, a scalar) runs
+    unchanged wherever its pairs fit the machine, and is refused in one line where they do not,
+    rather than run out of memory."""
+    if max_bytes is not None:
+        return int(max_bytes)
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    free = free_bytes(device)
+    return MAX_BYTES if free is None else int(free * FREE_SHARE)
+
+
+def free_bytes(device: torch.device) -> int | None:
+    """The memory free on ``device`` now, in bytes, or None where it cannot be read."""
+    try:
+        if device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(device)
+            cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+            return int(free + cached)
+        if device.type == "cpu":
+            with open("/proc/meminfo", encoding="ascii") as info:
+                for line in info:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+    except (OSError, RuntimeError, ValueError, IndexError):
+        return None
+    return None
 
 
 def run_bytes(model: nn.Module, inputs: Mapping[str, Any], pairs: int, *, backward: bool) -> int:

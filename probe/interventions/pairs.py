@@ -14,8 +14,9 @@ Patching stacks several patched copies of the batch along the batch dimension; t
 then read from each copy's rows of the output (``copies_of``), so a metric written for the
 user's batch works unchanged.
 
-Memory is bounded by a budget (``max_bytes``), not by the number of pairs: where the pairs'
-runs do not fit it at once, they run a chunk of pairs at a time (``chunks``), and the means and
+Memory is bounded by a budget (``max_bytes``; by default half the memory free on the model's
+device, ``gradients.memory_budget``), not by the number of pairs: where the pairs' runs do not
+fit it at once, they run a chunk of pairs at a time (``chunks``), and the means and
 intervals over the pairs are running sums (``Moments``), the same to float rounding. A metric
 is then given a chunk's logits, so it must say which pairs they are to read per-pair data of
 its own (answers, positions): one that takes a parameter ``pairs`` is called ``metric(logits,

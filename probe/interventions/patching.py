@@ -15,7 +15,7 @@ from probe.capture.hookpoints import Hook, hook_points, hooks, trace
 from probe.capture.names import ROTARY_POINTS, point_of
 from probe.errors import ProbeError
 from probe.interventions.ablation import check_heads
-from probe.interventions.gradients import MAX_BYTES, run_bytes
+from probe.interventions.gradients import memory_budget, run_bytes
 from probe.interventions.guard import keeps_model
 from probe.interventions.pairs import (
     Batch,
@@ -58,7 +58,7 @@ def patch(
     per_position: bool = False,
     heads: Iterable[tuple[int, int]] | None = None,
     max_rows: int = 256,
-    max_bytes: int = MAX_BYTES,
+    max_bytes: int | None = None,
 ) -> pd.DataFrame:
     """Patch each head's activation from a clean run into a corrupted one, and measure.
 
@@ -95,11 +95,12 @@ def patch(
         Patch only these heads (0-based); every head by default.
     max_rows : int
         At most this many rows (copies x pairs) in one forward pass; at least one copy.
-    max_bytes : int
-        What the runs may hold at once: the clean activations at ``hook`` and the patched
-        forward passes' (``run_bytes``' estimate), a chunk of pairs at a time where they do not
-        fit at once (``probe.interventions.pairs``: the metric then takes ``pairs``). The
-        effects do not depend on it.
+    max_bytes : int, optional
+        By default (``memory_budget``) half the memory free on the model's device when the call
+        starts. What the runs may hold at once: the clean activations at ``hook`` and the patched
+        forward passes' (``run_bytes``' estimate), a chunk of pairs at a time where they do not fit
+        at once (``probe.interventions.pairs``: the metric then takes ``pairs``). The effects do not
+        depend on it.
 
     Returns
     -------
@@ -117,6 +118,7 @@ def patch(
     if max_rows < 1:
         raise ProbeError(f"max_rows must be at least 1, not {max_rows}")
     clean, corrupted, pairs = as_pairs(clean, corrupted)
+    max_bytes = memory_budget(model, max_bytes)
     # One mirror for the whole call: the nested trace and hooks blocks below share it.
     with hook_points(model) as points:
         names = [name for name in points if point_of(name) == hook]
@@ -154,6 +156,8 @@ def patch(
         "corrupted": float(corrupted_values.mean()),
         "pairs": pairs,
         "metric": metric_form,
+        "max_bytes": max_bytes,
+        "chunks": len(parts),
     }
     return table
 
