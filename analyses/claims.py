@@ -494,6 +494,7 @@ class Claims(Analysis):
         the inputs a claim reads it on (NaN elsewhere, never read): a claimed head on its claim's
         inputs, a baseline head on the inputs of its layer's claims it was drawn for."""
         from probe.interventions.ablation import ablation_effects, head_means
+        from probe.run import helper
 
         model, slot = self.context.model, {h: i for i, h in enumerate(ablated)}
         effects = []
@@ -502,6 +503,7 @@ class Claims(Analysis):
             if self.ablation != "zero":  # resample takes the mean where its source is padded
                 means = head_means(model, [inputs for inputs, *_ in groups])
             for inputs, tags, indices in groups:
+                helper.poll()  # the helper done writing the others' tables: both cores here
                 needed = torch.zeros(len(ablated), len(indices), dtype=torch.bool)
                 for claim in mine.itertuples(index=False):
                     for b, i in enumerate(indices.tolist()):

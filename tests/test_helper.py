@@ -231,6 +231,30 @@ def test_torch_leaves_the_helper_a_core_while_it_works():
     assert got == {"during": 1, "after": 2, "again": 2}
 
 
+def test_polling_takes_the_core_back_once_the_helpers_work_is_done():
+    """``poll`` reads the answers already sent, never waiting for one: while the helper works
+    torch keeps one thread fewer; once it has answered, a poll gives the core back, before the
+    value is asked for (claims polls between its ablated passes)."""
+    got = python("""
+        import json, time
+        from probe.run import helper
+        helper.start([])
+        import torch
+        torch.set_num_threads(2)
+        pending = helper.submit(time.sleep, 0.5)
+        started = time.perf_counter()
+        helper.poll()
+        waited = time.perf_counter() - started
+        during = torch.get_num_threads()
+        time.sleep(1.5)
+        helper.poll()
+        after = torch.get_num_threads()
+        pending.result()
+        print(json.dumps({"during": during, "after": after, "waited": waited < 0.3}))
+    """)
+    assert got == {"during": 1, "after": 2, "waited": True}
+
+
 def test_a_dead_helper_leaves_the_work_to_the_run():
     """A function that fails in the helper fails in the run, with the run's own error; one that
     cannot be sent, or that the helper cannot receive or answer, is done in process, and the

@@ -242,6 +242,15 @@ def _receive() -> None:
             _leave_a_core(False)
 
 
+def poll() -> None:
+    """Read the answers the helper has sent already, without waiting for any other: once its
+    work is done, the run takes back the core it left it (``_leave_a_core``) between the steps
+    of a long computation of its own, not at the next ``result()`` after it."""
+    with _exchange:
+        while _waiting and _connection is not None and _connection.poll():
+            _receive()
+
+
 def _let_go(why: str | None = None) -> None:
     """Stop using the helper: the work out and later work are done in this process. The helper
     is ended, and gone before this returns (within ``REAPED_S``), so that no write of its own
