@@ -26,6 +26,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -283,11 +284,34 @@ def _publish(staging: Path, out: Path, overwrite: bool, kind: str) -> None:
         staging.rename(out)
 
 
+STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 @contextmanager
 def _locked(path: Path, out: Path, brief: bool = False) -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``path`` for the block, then remove it. The file says who
     holds it (this command, and whether ``brief``), so that a command that finds it held waits
-    for a brief holder (``LOCK_WAIT_S``) and refuses a run's at once."""
+    for a brief holder (``LOCK_WAIT_S``) and refuses a run's at once. A signal that arrives
+    between the file's making and the block is held until the block starts (and ends it there),
+    so that no lock file is left behind by an interrupted run."""
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
+    try:
+        fd = _acquire(path, out, brief, mask)
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        raise
+    try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a signal held meanwhile arrives now
+        yield
+    finally:
+        with suppress(OSError):
+            path.unlink()
+        os.close(fd)
+
+
+def _acquire(path: Path, out: Path, brief: bool, mask) -> int:
+    """The open lock file, locked and naming its holder; signals held but while waiting for a
+    brief holder (``mask``: the ones to wait under)."""
     deadline = None
     while True:
         try:  # never through a link someone left in the lock's place
@@ -311,7 +335,9 @@ def _locked(path: Path, out: Path, brief: bool = False) -> Iterator[None]:
             elif time.monotonic() > deadline:
                 raise ProbeError(f"{out} is still held by {who} after {LOCK_WAIT_S:g} s; "
                                  "run this again once it is done") from None  # fmt: skip
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a wait the user may interrupt
             time.sleep(LOCK_POLL_S)
+            signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
             continue
         try:  # the holder before us may have removed the file we opened: lock the live one
             same = os.stat(path).st_ino == os.fstat(fd).st_ino
@@ -324,12 +350,7 @@ def _locked(path: Path, out: Path, brief: bool = False) -> Iterator[None]:
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps({"command": _command(), "pid": os.getpid(),
                                   "brief": brief}).encode(), 0)  # fmt: skip
-    try:
-        yield
-    finally:
-        with suppress(OSError):
-            path.unlink()
-        os.close(fd)
+    return fd
 
 
 def _holder(fd: int) -> dict:
