@@ -161,8 +161,9 @@ def _stages(root: Path, command, env) -> tuple[float, float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("overwrite", [False, True])
-def test_the_circuit_run_interrupted_anywhere_leaves_nothing_half_done(tmp_path, overwrite):
+def test_the_circuit_run_interrupted_anywhere_leaves_nothing_half_done(tmp_path):
+    """Each point takes SIGINT and SIGTERM, one into a fresh folder and the other with
+    --overwrite over a previous report, alternating: every point and every signal meets both."""
     task = _task(tmp_path / "task.jsonl")
     root = tmp_path / "runs"
     root.mkdir()
@@ -185,14 +186,15 @@ def test_the_circuit_run_interrupted_anywhere_leaves_nothing_half_done(tmp_path,
         Moment("writing", root, marker="written"),
     ]
     interrupted = 0
-    for when in points:
-        for stop in (signal.SIGINT, signal.SIGTERM):
+    for i, when in enumerate(points):
+        for j, stop in enumerate((signal.SIGINT, signal.SIGTERM)):
+            overwrite = (i + j) % 2 == 1
             out = root / "report"
             if overwrite:
                 shutil.copytree(previous, out)
             more = ("--overwrite",) if overwrite else ()
             status, err, sent = _interrupt(_command(task, out, *more), env, stop, when, root)
-            label = f"{stop.name} at {when.name}"
+            label = f"{stop.name} at {when.name}{' (--overwrite)' if overwrite else ''}"
             print(label, status, err.strip())
             if status == 0:  # it finished first: then its report is whole
                 assert _complete(out), label

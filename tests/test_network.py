@@ -188,7 +188,7 @@ def docs_network_commands() -> list[list[str]]:
 @needs_gum()
 @pytest.mark.slow
 def test_the_docs_network_commands(hub_repos, tmp_path):
-    """The docs' commands as written (on 200 sentences), each in a folder of its own, against
+    """The docs' commands as written (on 100 sentences), each in a folder of its own, against
     a stand-in hub and a UD mirror; then again in new folders, with both servers gone: from the
     caches."""
     commands = docs_network_commands()
@@ -225,8 +225,8 @@ def run_all(commands: list[list[str]], env: dict, root: Path) -> None:
         folder = root / str(i if command[0] == "analyze" else 0)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "my.conllu").write_text(SAMPLE.read_text())
-        # As written, but for the suite's time: at most 200 sentences (a later option wins).
-        extra = ["-q", "--max-sentences", "200"] if command[0] == "analyze" else []
+        # As written, but for the suite's time: at most 100 sentences (a later option wins).
+        extra = ["-q", "--max-sentences", "100"] if command[0] == "analyze" else []
         done, _ = probe_cli(env, *command, *extra, cwd=folder)
         assert done.returncode == 0, (command, done.stderr)
 
@@ -272,7 +272,7 @@ def test_a_hub_that_falls_silent_mid_file_is_one_line(hub_repos, tmp_path):
     says the hub stopped answering (not "unknown model", as transformers has it), and no part
     of the file in the cache."""
     hf = tmp_path / "hf"
-    env = {"HF_HUB_OFFLINE": "0", "HF_HOME": str(hf), "PROBE_HTTP_TIMEOUT": "3"}
+    env = {"HF_HUB_OFFLINE": "0", "HF_HOME": str(hf), "PROBE_HTTP_TIMEOUT": "1"}
     args = ["analyze", "-m", "acme/tiny-bert", "-a", "spectra", "-q", "-o", str(tmp_path / "r")]
     with serving(repos=hub_repos, silent={"model.safetensors"}) as base:
         done, seconds = probe_cli(env | {"HF_ENDPOINT": base}, *args)
