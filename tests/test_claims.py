@@ -260,7 +260,7 @@ def test_minilms_strongest_syntactic_head_is_confirmed_and_its_decoy_is_not(mini
     model, tokenizer = minilm
     out = tmp_path / "r"
     analyze(Settings(model="minilm", treebank=[str(EWT / "en_ewt-ud-dev.conllu")], out=out,
-                     max_sentences=600, analyses=["syntax", "claims"],
+                     max_sentences=400, analyses=["syntax", "claims"],
                      options={"claims_sentences": 30}))  # fmt: skip
     heads = pd.read_csv(out / "heads.csv", keep_default_na=False)
     syntactic = heads[heads.roles.str.contains("syntactic")]
@@ -272,7 +272,7 @@ def test_minilms_strongest_syntactic_head_is_confirmed_and_its_decoy_is_not(mini
 
     # the same claims, the analysis fed the same sentences in other batches: the same table
     given = heads.drop(columns=[c for c in heads if c.startswith(("ablation", "confirmed"))])
-    batches = ewt_batches(tokenizer, 600, 7)
+    batches = ewt_batches(tokenizer, 400, 7)
     mine = claims_of(model, tokenizer, given, batches, claims_sentences=30).finish()["claims"]
     written = pd.read_csv(out / "claims.csv", keep_default_na=False)
     assert mine.effect.tolist() == written.effect.tolist()
@@ -280,7 +280,7 @@ def test_minilms_strongest_syntactic_head_is_confirmed_and_its_decoy_is_not(mini
 
     decoy = copy.deepcopy(model)
     zero_head_output(decoy, *head)
-    batches = ewt_batches(tokenizer, 600, 32)
+    batches = ewt_batches(tokenizer, 400, 32)
     table = claims_of(decoy, tokenizer, given, batches, claims_sentences=30).finish()["claims"]
     row = table.set_index(["layer", "head"]).loc[head]
     assert not row.confirmed and abs(row.effect) < 1e-6 and row.baseline > 0
