@@ -136,7 +136,9 @@ def test_the_analysis_writes_scores_roles_and_a_map(llama_folder, tmp_path):
     assert len(table) == 2 * 4 * 3 * len(DEPTHS) * 2  # heads × lengths × depths × (needle, null)
     heads = pd.read_csv(out / "heads.csv", dtype={"roles": str})  # empty: not a float column
     mean = table[table.needle].groupby(["layer", "head"]).score.mean().to_numpy()
-    np.testing.assert_allclose(heads.retrieval_score, mean)
+    np.testing.assert_allclose(
+        heads.retrieval_score, mean, rtol=1e-12
+    )  # float64 means of the table
     assert (heads.retrieval_low <= heads.retrieval_score).all()
     held = heads.roles.fillna("").map(lambda roles: "retrieval" in roles.split(";"))
     assert held.tolist() == (heads.retrieval_score > 0.1).tolist()
@@ -149,7 +151,10 @@ def test_the_analysis_writes_scores_roles_and_a_map(llama_folder, tmp_path):
     trials = needle_trials(tokenizer, hay, [64], seed=0)
     found = np.stack(list(scores(model, trials)))
     got = table[table.length == 64].score.to_numpy().reshape(len(trials), 8)
-    np.testing.assert_allclose(got, found.reshape(len(trials), 8))
+    # float32 attention sums, another run's: rounding scales with the largest score
+    np.testing.assert_allclose(
+        got, found.reshape(len(trials), 8), rtol=1e-5, atol=1e-6 * np.abs(found).max()
+    )
 
 
 def test_bad_lengths_are_one_line():

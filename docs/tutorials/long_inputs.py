@@ -78,7 +78,7 @@ assert (stats.queries == T).all()
 last = probe.attention_rows(model, ids, layer=1, rows=slice(T - 64, T))
 print(tuple(last.shape), "rows sum to", last.sum(-1).mean().item())
 assert last.shape == (1, config.num_attention_heads, 64, T)
-assert torch.allclose(last.sum(-1), torch.ones(1, 4, 64))
+torch.testing.assert_close(last.sum(-1), torch.ones(1, 4, 64), rtol=0, atol=1e-5)  # rows sum to 1
 
 # %% [markdown]
 # ## Exact, not approximate
@@ -107,8 +107,11 @@ with probe.trace(model, "hook_pattern") as cache:
 p = torch.stack([cache["pattern", layer][0] for layer in range(2)])  # [layer, head, q, k]
 entropy = -(p * torch.log(p.clamp_min(1e-30))).sum(-1).mean(-1).flatten()  # [layer·head]
 streamed = probe.head_statistics(model, short, budget="64KiB").entropy
-assert torch.allclose(entropy.double(), torch.tensor(streamed.to_numpy()), atol=1e-5)
-print("streamed and whole-pattern entropies agree within 1e-5 nats")
+largest = entropy.abs().max().item()  # nats; float32 rounding scales with it
+torch.testing.assert_close(
+    entropy.double(), torch.tensor(streamed.to_numpy()), rtol=0, atol=1e-5 * largest
+)
+print(f"streamed and whole-pattern entropies agree within {1e-5 * largest:.0e} nats")
 
 # %% [markdown]
 # On the command line, the analyses that keep sums (roles, taxonomy) read long inputs the same
