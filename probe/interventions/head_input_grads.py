@@ -19,8 +19,8 @@ from probe.interventions.graph import LN1_POINTS
 @dataclass
 class HeadInput:
     """∂metric/∂``hook_{q,k,v}_input`` of one layer, kept small: its mean over the runs is, per
-    head, γ ⊙ (W ḡ) − m · ḡ − Σ_runs a x̂ (see ``add_head_input_grads``), formed a chunk of positions
-    at a time."""
+    head, γ ⊙ (W ḡ) − m · ḡ − Σ_runs a x̂ (see ``add_head_input_grads``), formed a chunk of
+    positions at a time."""
 
     weights: torch.Tensor  # [head or key/value head, d_model, d_head], the model's own (a view)
     kv_head: torch.Tensor | None  # each query head's key/value head, where keys are grouped
