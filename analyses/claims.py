@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, ClassVar
 from analyses import Analysis, Context, Measure, Schema
 from analyses.figures import Plot
 from analyses.vocabulary import DESCRIBED_FIRST, Role, Thresholds
-from probe.inference import FDR, MIN_CLUSTERS, benjamini_hochberg, t975
+from probe.inference import FDR, MIN_CLUSTERS, benjamini_hochberg, t_interval, t_test_above
 from probe.inputs.treebank import RELATIONS
 from probe.keys import uniform
 from probe.lazy import lazy
@@ -686,24 +686,12 @@ def statistics(per_input: list[tuple[float, dict]]) -> dict:
             out["baseline_spread"] = float(np.std([np.mean(v) for v in by_head.values()], ddof=1))
     if n < MIN_CLUSTERS:
         return out
-    half = t975(n - 1) * effect.std(ddof=1) / math.sqrt(n)
-    out["effect_low"], out["effect_high"] = out["effect"] - half, out["effect"] + half
+    out["effect_low"], out["effect_high"] = t_interval(out["effect"], effect.std(ddof=1), n)
     if not has_baseline:
         return out
-    out["p"] = p_greater(effect - baseline)
+    out["p"] = t_test_above(effect - baseline)
     out["tested"] = True
     return out
-
-
-def p_greater(difference: np.ndarray) -> float:
-    """One-sided p-value of a one-sample t-test that the mean of ``difference`` is above 0;
-    where it does not vary, 0 if it is above 0 and 1 otherwise."""
-    from scipy.special import stdtr  # Student's t CDF (scipy.stats's import costs about 0.4 s)
-
-    mean, sd = float(difference.mean()), float(difference.std(ddof=1))
-    if not sd > 0:
-        return 0.0 if mean > 0 else 1.0
-    return float(stdtr(len(difference) - 1, -mean / (sd / math.sqrt(len(difference)))))
 
 
 def claim_name(row) -> str:

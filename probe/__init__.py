@@ -28,8 +28,8 @@ _EXPORTS = {
     "spectra": "probe.weights.spectra",
     "composition_scores": "probe.weights.composition",
     "copying_scores": "probe.weights.copying",
-    "circuit": "probe.interventions.edges",
-    "edges": "probe.interventions.edges",
+    "circuit": "probe.interventions.circuit",
+    "edges": "probe.interventions.edge_scores",
     "ProbeError": "probe.errors",
     "HeadId": "probe.heads",
     "head_types": "probe.patterns.headtypes",
@@ -97,7 +97,8 @@ if TYPE_CHECKING:
     from probe.heads import HeadId
     from probe.interventions.ablation import ablate, head_means
     from probe.interventions.attribution import attribute
-    from probe.interventions.edges import circuit, edges
+    from probe.interventions.circuit import circuit
+    from probe.interventions.edge_scores import edges
     from probe.interventions.patching import patch
     from probe.patterns.headtypes import head_types
     from probe.patterns.long_context import attention_rows, head_statistics

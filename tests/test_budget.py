@@ -12,7 +12,8 @@ from induction import MODEL
 from test_patching import pairs
 
 import probe
-from probe.interventions.edges import graph, patch_edges
+from probe.interventions.edge_patching import patch_edges
+from probe.interventions.graph import graph
 from probe.interventions.guard import HOOK_DICTS
 
 N = 6  # the copy length: 13 positions

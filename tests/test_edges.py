@@ -9,7 +9,8 @@ from models import small_model
 from test_patching import pairs, repeats_metric
 
 import probe
-from probe.interventions.edges import graph, patch_edges
+from probe.interventions.edge_patching import patch_edges
+from probe.interventions.graph import graph
 
 N = 20  # the copy length the induction model's constants were measured at
 
@@ -196,7 +197,7 @@ def test_scores_do_not_depend_on_the_budget(kind, method, monkeypatch):
     whole pairs; the scores and their intervals agree to float rounding. (The runs' own share
     is left out here, as a model of Llama-3-8B's width has it: each pair's scores then need
     more than its runs; tests/test_budget.py chunks the runs.)"""
-    from probe.interventions import edges as module
+    from probe.interventions import edge_scores as module
 
     monkeypatch.setattr(module, "run_bytes", lambda *args, **kwargs: 0)
     # In float64: a budget that splits the pairs also runs the model on fewer of them at a time,

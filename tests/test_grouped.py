@@ -9,7 +9,8 @@ from twins import causal_lm, ungrouped_twin
 
 import probe
 from probe.capture.mirror import ungrouped
-from probe.interventions.edges import graph, patch_edges
+from probe.interventions.edge_patching import patch_edges
+from probe.interventions.graph import graph
 
 KINDS = ["llama", "qwen3", "gemma2", "gemma3_text"]  # 4 query heads, 2 key/value heads
 

@@ -1,6 +1,7 @@
 """probe.inference against independent computations: Wilson's interval against SciPy's, the
 Benjamini–Hochberg procedure against its definition checked rank by rank, the bootstrap p-value
-against the normal curve, and intervals withheld below the minimum of clusters."""
+against the normal curve, intervals withheld below the minimum of clusters, and the t-interval and
+one-sided t-test against SciPy's t distribution on hand-worked examples."""
 
 import numpy as np
 import pytest
@@ -63,3 +64,50 @@ def test_bootstrap_p_value_reads_the_normal_curve():
     assert p[1] == 1.0  # replicates that do not vary, at 0: nothing to tell from chance
     assert p[2] > 0.99
     assert I.p_above(np.full((10, 1), 0.3))[0] == 0  # above 0 in every replicate
+
+
+def test_t_interval_by_hand_and_against_scipy():
+    """2, 4, 4, 4, 5, 5, 7, 9: mean 5, squared deviations summing to 32, so sd = √(32/7) =
+    2.1381 and the standard error 2.1381 / √8 = 0.75593; t(7) at 97.5% is 2.3646, so the
+    half-width is 1.7875 and the interval 3.2125 to 6.7875."""
+    values = np.array([2, 4, 4, 4, 5, 5, 7, 9], float)
+    low, high = I.t_interval(values.mean(), values.std(ddof=1), len(values))
+    assert (low, high) == pytest.approx((3.2125, 6.7875), abs=1e-4)
+    expected = stats.t.interval(0.95, 7, loc=5, scale=stats.sem(values))
+    assert (low, high) == pytest.approx(expected, rel=1e-12)
+    # Another quantile (the experiment's table), and n below two refused.
+    assert I.t_interval(5.0, 2.0, 4, quantile=lambda df: 3.0) == (2.0, 8.0)
+    with pytest.raises(ValueError, match="at least two"):
+        I.t_interval(5.0, 0.0, 1)
+
+
+def test_t_interval_of_tensors_is_the_formula_bit_for_bit():
+    """Means and standard deviations of many rows at once, numpy or torch: each bit for bit the
+    half-width t975(n − 1) · sd / √n that the callers computed before it was here."""
+    import math
+
+    import torch
+
+    values = torch.from_numpy(np.random.default_rng(0).normal(size=(6, 13)))
+    mean, sd = values.mean(-1), values.std(-1)
+    low, high = I.t_interval(mean, sd, 13)
+    half = I.t975(12) * sd / math.sqrt(13)
+    assert torch.equal(low, mean - half) and torch.equal(high, mean + half)
+    low, high = I.t_interval(mean.numpy(), sd.numpy(), 13)
+    np.testing.assert_array_equal(high, (mean + half).numpy())
+    for row in range(6):
+        expected = stats.t.interval(0.95, 12, loc=float(mean[row]), scale=float(sd[row]) / 13**0.5)
+        assert (low[row], high[row]) == pytest.approx(expected, rel=1e-12)
+
+
+def test_one_sided_t_test_by_hand_and_against_scipy():
+    """0.5, 1.5, −0.5, 2, 1: mean 0.9, squared deviations summing to 3.7, sd = √(3.7/4) =
+    0.96177, standard error 0.43012, t = 2.0925 on 4 degrees of freedom: p = P(T ≥ t) = 0.0523."""
+    difference = np.array([0.5, 1.5, -0.5, 2.0, 1.0])
+    p = I.t_test_above(difference)
+    assert p == pytest.approx(0.0523, abs=1e-4)
+    assert p == pytest.approx(stats.ttest_1samp(difference, 0, alternative="greater").pvalue)
+    assert I.t_test_above(-difference) == pytest.approx(1 - p, rel=1e-12)
+    # Differences that do not vary: 0 where above 0, else 1.
+    assert I.t_test_above(np.full(5, 0.2)) == 0.0
+    assert I.t_test_above(np.zeros(5)) == 1.0

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from transformers import GPT2Config, GPT2LMHeadModel
 
 import probe
-from probe.interventions.edges import graph, patch_edges
+from probe.interventions.edge_patching import patch_edges
+from probe.interventions.graph import graph
 from probe.interventions.guard import HOOK_DICTS
 
 PAIRS, LENGTH, VOCAB = 3, 6, 50

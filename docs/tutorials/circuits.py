@@ -106,7 +106,7 @@ assert (both.query("layer == 1").effect_low > 0).all()  # each one's interval ab
 # from a sender's output (the embeddings, a head, an MLP) into a receiver's input (a head's
 # query, key or value, an MLP, the logits) by edge attribution: the estimated change of the
 # metric when that edge alone is restored to its clean value in the corrupted run. Its methods,
-# and which it takes by default, are in [its reference](../../reference/api/#probe.interventions.edges.edges).
+# and which it takes by default, are in [its reference](../../reference/api/#probe.interventions.edge_scores.edges).
 
 # %%
 scores = probe.edges(model, clean, corrupted, metric)

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from probe.inference import t_interval
+
 SOLVED = 0.99  # held-out accuracy at which a task counts as solved
 PLATEAU = 0.10  # a loss falling by less than this share over the last quarter has stopped
 SAME_WITHIN = 0.02  # differences of accuracy under two points are not called
@@ -91,8 +93,7 @@ def paired(per_seed: np.ndarray, converged: bool, same_within: float = SAME_WITH
     n, mean = len(per_seed), float(np.mean(per_seed))
     low = high = math.nan
     if n >= 2:
-        half = t975(n - 1) * float(np.std(per_seed, ddof=1)) / math.sqrt(n)
-        low, high = mean - half, mean + half
+        low, high = t_interval(mean, float(np.std(per_seed, ddof=1)), n, quantile=t975)
     if not converged:
         verdict = "not converged"
     elif n < 2:

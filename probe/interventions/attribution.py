@@ -27,7 +27,13 @@ from torch import nn
 from probe.capture.hookpoints import hook_points, trace
 from probe.capture.names import point_of
 from probe.errors import ProbeError
-from probe.interventions.gradients import clean_start, memory_budget, run, run_bytes, start_point
+from probe.interventions.gradients import (
+    clean_start,
+    memory_budget,
+    metric_gradients,
+    run_bytes,
+    start_point,
+)
 from probe.interventions.guard import keeps_model
 from probe.interventions.pairs import (
     PER_PAIR,
@@ -226,11 +232,12 @@ class _Plan:
 
 
 def _mean_over_steps(model, corrupted, metric, pairs, points, start, alphas, keep, rows):
-    """``run``'s values and kept activations, with the gradients at ``points`` averaged over
-    the steps ``alphas``, one run at a time (the memory of one forward and backward pass)."""
+    """``metric_gradients``'s values and kept activations, with the gradients at ``points``
+    averaged over the steps ``alphas``, one run at a time (the memory of one forward and backward
+    pass)."""
     grads: dict[str, torch.Tensor] = {}
     for alpha in alphas:
-        values, found, kept = run(
+        values, found, kept = metric_gradients(
             model,
             corrupted,
             metric,

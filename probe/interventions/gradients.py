@@ -152,12 +152,12 @@ def _with_clean_copy(
 
 def _objective(values: list[torch.Tensor], pairs: int) -> torch.Tensor:
     """What the gradient is taken of: the copies' metrics summed over pairs and copies, a scalar
-    metric's times ``pairs`` (see ``run``)."""
+    metric's times ``pairs`` (see ``metric_gradients``)."""
     total = torch.stack(values).sum()
     return total * pairs if same_form(values, pairs) == SCALAR else total
 
 
-def run(
+def metric_gradients(
     model: nn.Module,
     corrupted: Mapping[str, Any],
     metric: Metric,

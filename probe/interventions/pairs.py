@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from probe.errors import ProbeError
-from probe.inference import t975
+from probe.inference import t_interval
 
 Metric = Callable[[Any], torch.Tensor | float]
 Batch = Mapping[str, Any] | torch.Tensor
@@ -269,17 +269,6 @@ def per_pair(value: Any, pairs: int, *, differentiable: bool = False) -> torch.T
     return value
 
 
-def mean_interval(values: torch.Tensor) -> tuple[float, float, float]:
-    """Mean over the last dimension and its 95% t-interval (NaN for one value)."""
-    values = values.double()
-    n = values.shape[-1]
-    mean = float(values.mean())
-    if n < 2:
-        return mean, math.nan, math.nan
-    half = t975(n - 1) * float(values.std()) / math.sqrt(n)
-    return mean, mean - half, mean + half
-
-
 def mean_intervals(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Means over the last dimension of ``[..., pairs]`` with their 95% t-intervals."""
     values = values.double()
@@ -288,8 +277,7 @@ def mean_intervals(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, to
     if n < 2:
         nan = torch.full_like(mean, math.nan)
         return mean, nan, nan
-    half = t975(n - 1) * values.std(-1) / math.sqrt(n)
-    return mean, mean - half, mean + half
+    return mean, *t_interval(mean, values.std(-1), n)
 
 
 def rows_of(inputs: Mapping[str, Any], rows: slice, pairs: int) -> dict[str, Any]:
@@ -383,8 +371,8 @@ class Moments:
         if self.n < 2:
             nan = torch.full_like(self.mean, math.nan)
             return self.mean, nan, nan
-        half = t975(self.n - 1) * (self.spread / (self.n - 1)).sqrt() / math.sqrt(self.n)
-        return self.mean, self.mean - half, self.mean + half
+        sd = (self.spread / (self.n - 1)).sqrt()
+        return self.mean, *t_interval(self.mean, sd, self.n)
 
 
 @functools.cache
