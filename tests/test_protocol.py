@@ -553,13 +553,13 @@ def test_two_analyses_adding_the_same_head_column_fail_before_any_compute():
 
 @pytest.mark.slow
 def test_the_python_api_runs_the_default_analyses_and_leaves_the_collector_alone(tmp_path):
-    """probe.app.run.analyze with the default Settings leaves out what does not apply to the
+    """probe.app.analyze.analyze with the default Settings leaves out what does not apply to the
     model (cross-attention, on BERT) without complaint, and hands the garbage collector back
     as it found it."""
     import gc
 
-    from probe.app.run import Settings
-    from probe.app.run import analyze as run_analyze
+    from probe.app.analyze import analyze as run_analyze
+    from probe.app.plan import Settings
 
     folder = saved_bert(tmp_path / "bert")
     before = gc.isenabled(), gc.get_freeze_count()
