@@ -1,6 +1,6 @@
 """A run's report, published: the analyses finished into tables (``publish``), the tables of
 heads joined into ``heads.csv`` with their roles (``join_heads``), and the tables, examples,
-page and ``plan.json`` written into the staging folder that takes the output's place at once
+page and ``run.json`` written into the staging folder that takes the output's place at once
 (``probe.app.output.reserved``).
 """
 
@@ -24,7 +24,7 @@ from probe.run import helper
 
 def publish(plan: Plan, outcome: Outcome, folder: Path, status: Callable[[str], None]) -> None:
     """Finish the analyses into tables, and write them, the examples, the report and
-    ``plan.json`` into ``folder`` (the staging folder that ``reserved`` moves into place)."""
+    ``run.json`` into ``folder`` (the staging folder that ``reserved`` moves into place)."""
     from probe.app.page import compile_templates
 
     clock = Clock()
@@ -83,7 +83,7 @@ def publish(plan: Plan, outcome: Outcome, folder: Path, status: Callable[[str], 
     clock.lap("render")
     card.timings_s["render"] = clock.timings["render"]
     card.timings_s["total"] = round(sum(v for k, v in card.timings_s.items() if k != "total"), 3)
-    write_file(folder / "plan.json", json.dumps(card.as_dict(), indent=2))
+    write_file(folder / "run.json", json.dumps(card.as_dict(), indent=2))
 
 
 def _check_written(folder: Path, tables: dict) -> None:
