@@ -525,7 +525,7 @@ def test_the_library_knows_no_analysis_and_no_app():
 def test_the_import_check_sees_imports(tmp_path):
     """The check above finds what it looks for: the app's imports of analyses, and a relative,
     a nested, a ``from probe import app`` and a dynamic import in a module written here."""
-    assert "analyses" in imports_of(ROOT / "probe" / "app" / "run.py", "analyses")
+    assert "analyses" in imports_of(ROOT / "probe" / "app" / "plan.py", "analyses")
     module = tmp_path / "probe" / "sneaky.py"
     module.parent.mkdir()
     module.write_text(
