@@ -62,6 +62,8 @@ def test_bad_options(tmp_path, minilm, options, message):
          {"device_map": "auto", "max_memory": {"gpu": "1GiB"}}),
         (["--device-map", "auto", "--max-memory", "0=lots"],
          {"device_map": "auto", "max_memory": {0: "lots"}}),
+        (["--device-map", "auto", "--max-memory", "0=lots"],
+         {"device_map": "auto", "max_memory": "0=lots"}),  # as the flag gives it
     ],
 )  # fmt: skip
 def test_settings_made_in_python_are_checked_as_flags_are(tmp_path, options, given):

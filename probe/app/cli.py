@@ -25,7 +25,7 @@ from analyses import REGISTRY, ContractError, defaults
 from analyses.vocabulary import Thresholds
 from probe.app.analyze import analyze as analyze_run
 from probe.app.console import bars, fail, link, make_console, run_progress, summary
-from probe.app.plan import Settings, parse_memory, plan
+from probe.app.plan import Settings, plan
 from probe.app.signals import TerminatedError, catch_hangups, exit_status, hand_over, signal_name
 from probe.distributed import Ranks
 from probe.errors import ProbeError
@@ -234,7 +234,7 @@ def analyze(
             device=device,
             dtype=dtype,
             device_map=device_map,
-            max_memory=parse_memory(max_memory) if max_memory else None,
+            max_memory=max_memory,
             offload_folder=offload_folder,
             analyses=chosen,
             seed=seed,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,8 @@ class Settings:
     device: str = "cpu"
     dtype: str | None = None
     device_map: str | None = None  # accelerate places the model: auto, balanced, sequential
-    max_memory: dict[int | str, str] | None = None  # with device_map: {0: "70GiB", "cpu": …}
+    # With device_map: {0: "70GiB", "cpu": …}, or as --max-memory gives it, "0=70GiB,cpu=200GiB"
+    max_memory: dict[int | str, str] | str | None = None
     offload_folder: Path | None = None
     analyses: Sequence[str] | None = None  # None: each analysis that runs by default
     seed: int = 0
@@ -168,7 +169,7 @@ def plan(settings: Settings) -> Plan:
     analyses.ContractError
         For an analysis that breaks its contract (a programming error), naming it.
     """
-    _check_loading(settings)
+    settings = _check_loading(settings)
     _check_values(settings)
     chosen = settings.analyses
     names = list(analyses.defaults() if chosen is None else chosen)
@@ -294,9 +295,10 @@ def _check_memory(item: str, key: int | str, size: str) -> None:
         raise ProbeError(f"--max-memory {item!r}: give a size such as 70GiB or 512MB")
 
 
-def _check_loading(settings: Settings) -> None:
+def _check_loading(settings: Settings) -> Settings:
     """How the model is to be loaded and placed: its dtype, accelerate's placement, and the
-    memory per device, which load would reject only after torch is imported (or not at all)."""
+    memory per device, which load would reject only after torch is imported (or not at all).
+    Returns ``settings`` with the memory per device as a dict (``parse_memory``)."""
     if settings.dtype not in (None, *DTYPES):
         raise ProbeError(f"unknown --dtype {settings.dtype!r}; use float32, float16 or bfloat16")
     if settings.device_map not in (None, *DEVICE_MAPS):
@@ -307,8 +309,12 @@ def _check_loading(settings: Settings) -> None:
         raise ProbeError(
             "--max-memory and --offload-folder place a model with --device-map; add it"
         )
-    for key, size in (settings.max_memory or {}).items():
+    memory = settings.max_memory
+    if isinstance(memory, str):
+        return replace(settings, max_memory=parse_memory(memory) if memory else None)
+    for key, size in (memory or {}).items():
         _check_memory(f"{key}={size}", key, size)
+    return settings
 
 
 DEVICE = re.compile(r"auto|cpu|(cuda|mps|xpu)(:\d+)?")
