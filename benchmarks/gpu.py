@@ -47,7 +47,8 @@ import torch
 from _common import ewt_dev
 
 import probe
-from probe.app.run import Settings, analyze
+from probe.app.analyze import analyze
+from probe.app.plan import Settings
 
 SIZES = {
     "1b": {"layers": 16, "d_model": 2048, "heads": 32, "kv_heads": 8, "ffn": 8192},

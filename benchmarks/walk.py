@@ -54,7 +54,8 @@ def calls(analyses: list[str] | None) -> list[tuple[str, str, str, int]]:
     modules of ours during one run, in this thread."""
     import threading
 
-    from probe.app.run import Settings, analyze
+    from probe.app.analyze import analyze
+    from probe.app.plan import Settings
 
     out = Path(tempfile.mkdtemp()) / "report"
     settings = Settings("minilm", treebank=["sample"], out=out, analyses=analyses)

@@ -5,6 +5,7 @@ import json
 import shutil
 import types
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +13,8 @@ from typer.testing import CliRunner
 
 import probe
 from probe.app.cli import app
+from probe.app.plan import Settings, plan
+from probe.errors import ProbeError
 from probe.inputs.corpus import UNKNOWN_MAX_TOKENS, max_tokens
 from probe.inputs.treebank import SAMPLE, read_conllu
 
@@ -46,6 +49,33 @@ def test_bad_options(tmp_path, minilm, options, message):
         ["analyze", "-m", "minilm", "-a", "spectra", "-o", str(tmp_path / "r"), *options], message
     )
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(
+    ("options", "given"),
+    [
+        (["--dtype", "float8"], {"dtype": "float8"}),
+        (["--device-map", "everywhere"], {"device_map": "everywhere"}),
+        (["--max-memory", "cpu=1GiB"], {"max_memory": {"cpu": "1GiB"}}),
+        (["--offload-folder", "off"], {"offload_folder": Path("off")}),
+        (["--device-map", "auto", "--max-memory", "gpu=1GiB"],
+         {"device_map": "auto", "max_memory": {"gpu": "1GiB"}}),
+        (["--device-map", "auto", "--max-memory", "0=lots"],
+         {"device_map": "auto", "max_memory": {0: "lots"}}),
+        (["--device-map", "auto", "--max-memory", "0=lots"],
+         {"device_map": "auto", "max_memory": "0=lots"}),  # as the flag gives it
+    ],
+)  # fmt: skip
+def test_settings_made_in_python_are_checked_as_flags_are(tmp_path, options, given):
+    """Settings built in Python (``probe.app.plan.plan``) get the checks and the one-line
+    error that the same values get as flags."""
+    out = tmp_path / "r"
+    result = runner.invoke(app, ["analyze", "-m", "minilm", "-o", str(out), *options])
+    assert result.exit_code == 1, result.output
+    with pytest.raises(ProbeError) as raised:
+        plan(Settings("minilm", out=out, **given))
+    assert result.output == f"error: {raised.value}\n"
+    assert not out.exists()
 
 
 @pytest.mark.parametrize(

@@ -188,11 +188,11 @@ def test_a_checkpoint_without_a_head_is_refused_before_it_loads(tmp_path, base_o
 
 PLANNED = """
 import sys
-from probe.app.run import Settings, check
+from probe.app.plan import Settings, plan
 from probe.errors import ProbeError
 for model, lm_head in (({model!r}, True), ({good!r}, False)):
     try:
-        check(Settings(model, treebank=["sample"], analyses=["circuit"], lm_head=lm_head,
+        plan(Settings(model, treebank=["sample"], analyses=["circuit"], lm_head=lm_head,
                        out={out!r}))
     except ProbeError as e:
         print(e)

@@ -255,7 +255,8 @@ def ewt_batches(tokenizer, n: int, batch_size: int):
 @pytest.mark.slow
 @needs_ewt()
 def test_minilms_strongest_syntactic_head_is_confirmed_and_its_decoy_is_not(minilm, tmp_path):
-    from probe.app.run import Settings, analyze
+    from probe.app.analyze import analyze
+    from probe.app.plan import Settings
 
     model, tokenizer = minilm
     out = tmp_path / "r"
@@ -614,7 +615,8 @@ def test_a_decoders_run_tests_its_retrieval_claims_on_needle_trials(minilm, tmp_
     retrieval threshold (so that some head holds the role): each retrieval head's claim is tested
     on needle trials in the treebank's first sentences, the haystack capped by the context (256
     positions, 64 kept free) and recorded."""
-    from probe.app.run import Settings, analyze
+    from probe.app.analyze import analyze
+    from probe.app.plan import Settings
 
     _, tokenizer = minilm
     torch.manual_seed(0)
@@ -646,7 +648,7 @@ def test_a_decoders_run_tests_its_retrieval_claims_on_needle_trials(minilm, tmp_
 def test_the_claims_read_coreference_windows_only_beside_coref(tmp_path):
     """Coreference claims come from the coref analysis: a run without it streams no windows for
     the claims (on GUM, a second forward pass over its documents)."""
-    from probe.app.run import Settings, plan
+    from probe.app.plan import Settings, plan
 
     gum = [str(GUM / "en_gum-ud-dev.conllu")]
     alone = plan(Settings(model="minilm", treebank=gum, out=tmp_path / "a",
@@ -659,7 +661,7 @@ def test_the_claims_read_coreference_windows_only_beside_coref(tmp_path):
 
 
 def test_a_window_option_without_coref_is_refused_though_claims_run():
-    from probe.app.run import Settings, plan
+    from probe.app.plan import Settings, plan
     from probe.errors import ProbeError
 
     with pytest.raises(ProbeError, match="--coref-window says how to read the coreference "

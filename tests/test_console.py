@@ -16,7 +16,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LINE = " ".join(f"word{i}" for i in range(40))  # 269 characters
-PRINT = f"from probe.app.cli import make_console; make_console().print({LINE!r}, highlight=False)"
+PRINT = (
+    f"from probe.app.console import make_console; make_console().print({LINE!r}, highlight=False)"
+)
 
 
 def environment() -> dict[str, str]:

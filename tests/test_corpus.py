@@ -247,13 +247,13 @@ def test_a_corpus_is_checked_before_torch(tmp_path):
     without importing torch."""
     corpus = write(tmp_path, "jsonl", column="body")
     code = (
-        "import sys\nfrom probe.app.run import Settings, check\n"
+        "import sys\nfrom probe.app.plan import Settings, plan\n"
         "from probe.errors import ProbeError\n"
-        f"check(Settings('minilm', analyses=['roles'], corpus={str(corpus)!r}, "
+        f"plan(Settings('minilm', analyses=['roles'], corpus={str(corpus)!r}, "
         f"text_column='body', out={str(tmp_path / 'r')!r}))\n"
-        f"try:\n    check(Settings('minilm', analyses=['roles'], corpus={str(corpus)!r}, "
+        f"try:\n    plan(Settings('minilm', analyses=['roles'], corpus={str(corpus)!r}, "
         f"out={str(tmp_path / 'r')!r}))\nexcept ProbeError as e:\n    print(e)\n"
-        "try:\n    check(Settings('minilm', analyses=['roles'], corpus='hf:no-such/corpus', "
+        "try:\n    plan(Settings('minilm', analyses=['roles'], corpus='hf:no-such/corpus', "
         f"out={str(tmp_path / 'r')!r}))\nexcept ProbeError as e:\n    print(e)\n"
         "print('torch' in sys.modules)"
     )

@@ -82,7 +82,8 @@ def test_a_parquet_folder_is_counted_from_its_metadata(tmp_path, tokenizer):  # 
 @pytest.mark.slow
 def test_the_run_gives_the_corpus_bar_its_texts(minilm, tmp_path):
     """``probe analyze --corpus``: the bar's total is the texts, and it ends there."""
-    from probe.app.run import Settings, analyze
+    from probe.app.analyze import analyze
+    from probe.app.plan import Settings
 
     seen = {}
 

@@ -192,7 +192,7 @@ def test_runs_that_differ_in_input_or_analyses_get_their_own_folders(minilm, tmp
     again = CliRunner().invoke(app, ["figures", str(report), "--format", "svg"])
     assert again.exit_code == 1 and "already exists" in again.output
     # named default analyses are the default folder's
-    from probe.app.run import Settings
+    from probe.app.plan import Settings
 
     named = Settings("minilm", treebank=["sample"], analyses=["syntax", "roles"])
     assert Settings("minilm", treebank=["sample"]).output.name == "minilm-sample"

@@ -14,10 +14,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PLAN = textwrap.dedent("""
     import json, sys
-    from probe.app.run import Settings, check, torch_build
+    from probe.app.plan import Settings, plan, torch_build
     from probe.errors import ProbeError
     try:
-        check(Settings("minilm", treebank=["sample"], device=sys.argv[1], out=sys.argv[2]))
+        plan(Settings("minilm", treebank=["sample"], device=sys.argv[1], out=sys.argv[2]))
         refused = None
     except ProbeError as e:
         refused = str(e)
@@ -77,7 +77,7 @@ def test_the_installed_build_is_read_as_torch_itself_says():
     """The reading of this machine's torch/version.py agrees with the imported torch."""
     import torch
 
-    from probe.app.run import torch_build
+    from probe.app.plan import torch_build
 
     gpu = torch.version.cuda is not None or torch.version.hip is not None
     assert torch_build() == (torch.__version__, gpu)
@@ -100,12 +100,12 @@ def test_the_command_refuses_in_one_line_without_importing_torch(tmp_path):
 
 
 def test_mps_is_refused_off_macos(monkeypatch):
-    from probe.app import run
+    from probe.app import plan
     from probe.errors import ProbeError
 
     monkeypatch.setattr(sys, "platform", "linux")
     with pytest.raises(ProbeError, match=r"^--device mps is Apple's GPU, which this machine"):
-        run._check_build("mps")
+        plan._check_build("mps")
     monkeypatch.setattr(sys, "platform", "darwin")
-    run._check_build("mps")  # torch says, once loaded, whether this Mac has it
-    run._check_build("cpu")
+    plan._check_build("mps")  # torch says, once loaded, whether this Mac has it
+    plan._check_build("cpu")

@@ -639,8 +639,8 @@ def test_a_closed_terminal_leaves_no_staging_folder_or_lock(tiny_model, tmp_path
 
 SWALLOWING_LIBRARY = """
 import os, signal, time
-from probe.app.cli import TerminatedError, _catch_hangups
-_catch_hangups()
+from probe.app.signals import TerminatedError, catch_hangups
+catch_hangups()
 signal.signal(signal.SIGALRM, lambda *_: os.kill(os.getpid(), signal.SIGHUP))
 signal.alarm(1)  # a second from now, the terminal closes
 deadline = time.monotonic() + 30

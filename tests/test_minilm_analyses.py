@@ -9,7 +9,7 @@ from analyses.probing import AttentionProbe
 from analyses.roles import Roles
 from analyses.syntax import Syntax
 from analyses.vocabulary import Thresholds
-from probe.app.run import join_heads
+from probe.app.publish import join_heads
 from probe.inputs.corpus import Corpus, max_tokens
 from probe.inputs.treebank import read_conllu
 from probe.run.runner import stream

@@ -29,8 +29,8 @@ def test_the_full_contract_check_imports_no_heavy_module():
 
 PLAN_OF_A_RUN = """
 import sys
-from probe.app.run import Settings, check
-check(Settings("minilm", treebank=["sample"], out={out!r}))
+from probe.app.plan import Settings, plan
+plan(Settings("minilm", treebank=["sample"], out={out!r}))
 heavy = sorted({{m.partition(".")[0] for m in sys.modules}} & {{"pandas", "sklearn", "torch"}})
 assert not heavy, heavy
 """

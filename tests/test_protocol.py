@@ -525,7 +525,7 @@ def test_the_library_knows_no_analysis_and_no_app():
 def test_the_import_check_sees_imports(tmp_path):
     """The check above finds what it looks for: the app's imports of analyses, and a relative,
     a nested, a ``from probe import app`` and a dynamic import in a module written here."""
-    assert "analyses" in imports_of(ROOT / "probe" / "app" / "run.py", "analyses")
+    assert "analyses" in imports_of(ROOT / "probe" / "app" / "plan.py", "analyses")
     module = tmp_path / "probe" / "sneaky.py"
     module.parent.mkdir()
     module.write_text(
@@ -553,13 +553,13 @@ def test_two_analyses_adding_the_same_head_column_fail_before_any_compute():
 
 @pytest.mark.slow
 def test_the_python_api_runs_the_default_analyses_and_leaves_the_collector_alone(tmp_path):
-    """probe.app.run.analyze with the default Settings leaves out what does not apply to the
+    """probe.app.analyze.analyze with the default Settings leaves out what does not apply to the
     model (cross-attention, on BERT) without complaint, and hands the garbage collector back
     as it found it."""
     import gc
 
-    from probe.app.run import Settings
-    from probe.app.run import analyze as run_analyze
+    from probe.app.analyze import analyze as run_analyze
+    from probe.app.plan import Settings
 
     folder = saved_bert(tmp_path / "bert")
     before = gc.isenabled(), gc.get_freeze_count()

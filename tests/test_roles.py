@@ -13,7 +13,7 @@ from tokenizers_util import wordpiece
 import probe
 from analyses.roles import Roles
 from analyses.vocabulary import Thresholds
-from probe.app.run import join_heads
+from probe.app.publish import join_heads
 from probe.inputs.corpus import Corpus
 from probe.inputs.treebank import Sentence
 from probe.run.runner import stream

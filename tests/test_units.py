@@ -87,7 +87,8 @@ def test_quiet_still_says_where_the_report_is(minilm, tmp_path):
 def test_progress_bars_get_each_units_total(minilm, tmp_path):
     """The run gives each unit's bar the total it knows (sentences: counted before reading)
     and sees that many items go by."""
-    from probe.app.run import Settings, analyze
+    from probe.app.analyze import analyze
+    from probe.app.plan import Settings
 
     seen = {}
 

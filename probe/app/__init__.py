@@ -1,5 +1,7 @@
-"""The app: the ``probe`` command (``cli``), a run of the analyses from plan to report (``run``),
-the report folder, its page and tables (``output``, ``folder``, ``tables``, ``report``, ``page``,
+"""The app: the ``probe`` command (``start``, its answers to signals ``signals``, its commands
+``cli``, what they print ``console``), a run of the analyses from plan to report (``analyze``:
+its settings and checks ``plan``, ``execute``, its run card ``card``, ``publish``), the report
+folder, its page and tables (``output``, ``folder``, ``tables``, ``report``, ``page``,
 ``examples``, ``findings``), ``probe compare``, ``probe figures``, and ``probe experiment``
 (``experiment``, ``training``, ``answers``). The notebook figures, ``probe.plot``, belong to the
 app too; they live at ``probe/plot.py`` so that ``from probe import plot`` finds them.

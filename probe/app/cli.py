@@ -1,4 +1,8 @@
-"""The ``probe`` command: ``probe analyze`` and ``probe report``."""
+"""The ``probe`` command's commands: ``probe analyze``, ``probe report``, ``probe compare``,
+``probe figures`` and ``probe experiment``, each answering a user's mistake and a signal in one
+line (``answered``); the console they print to is ``probe.app.console``, their answers to
+signals ``probe.app.signals``.
+"""
 
 from __future__ import annotations
 
@@ -10,31 +14,19 @@ import inspect
 import json
 import logging
 import os
-import re
-import signal
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
-from rich.style import Style
-from rich.text import Text
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from analyses import REGISTRY, ContractError, defaults
 from analyses.vocabulary import Thresholds
-from probe.app.run import Settings, check
-from probe.app.run import analyze as analyze_run
-from probe.app.start import hand_over
+from probe.app.analyze import analyze as analyze_run
+from probe.app.console import bars, fail, link, make_console, run_progress, summary
+from probe.app.plan import Settings, plan
+from probe.app.signals import TerminatedError, catch_hangups, exit_status, hand_over, signal_name
 from probe.distributed import Ranks
 from probe.errors import ProbeError
 from probe.inputs.hub import bound_waits
@@ -49,18 +41,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,  # click's help: flags as flags, defaults in full
 )
-
-
-def make_console(*, stderr: bool = True, quiet: bool = False) -> Console:
-    """A console that wraps to the terminal's width, at spaces, and where its output is not a
-    terminal (a file, a pipe, a CI log), not at all: a line stays one line, whatever its length
-    (rich would cut it at 80 columns, mid-phrase)."""
-    console = Console(stderr=stderr, quiet=quiet)
-    console.soft_wrap = not console.is_terminal
-    return console
-
-
-err = make_console()  # an error is one line even on a terminal (_fail): whole when copied
 
 
 def _version(value: bool) -> None:
@@ -89,11 +69,29 @@ def _quiet_libraries() -> None:
     transformers.logging.disable_progress_bar()
 
 
-def _fail(message: str, status: int = 1) -> None:
-    for stop in (signal.SIGTERM, signal.SIGHUP):  # the error is printed whole, then we exit
-        signal.signal(stop, signal.SIG_IGN)
-    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
-    raise typer.Exit(status)
+@contextlib.contextmanager
+def answered(
+    left: str,
+    errors: tuple[type[BaseException], ...] = (ProbeError,),
+    *,
+    interrupted: str = "stopped by SIGINT (Ctrl-C)",
+    why: str = "",
+    ranked: bool = False,
+) -> Iterator[None]:
+    """A command's work, answered in one line (``probe.app.console.fail``): SIGTERM and SIGHUP
+    unwind it as Ctrl-C does (``catch_hangups``); a user's mistake (``errors``) says what it
+    is; a signal says which, ``why`` it may have come, and what it ``left`` ("no report was
+    written"), with the shell's exit status. ``ranked``: the message names its process under
+    torchrun (``_who``)."""
+    catch_hangups()
+    try:
+        yield
+    except errors as e:
+        fail(_who(ranked) + str(e))
+    except KeyboardInterrupt as e:
+        fail(f"{_who(ranked)}{interrupted}; {left}", exit_status(e))
+    except TerminatedError as e:
+        fail(f"{_who(ranked)}stopped by {e}{why}; {left}", exit_status(e))
 
 
 def _answers_signals(command: Callable) -> Callable:
@@ -101,14 +99,22 @@ def _answers_signals(command: Callable) -> Callable:
     what it needs, or prints its summary) answered in one line too."""
 
     @functools.wraps(command)
-    def answered(*args, **kwargs):
+    def answered_outside(*args, **kwargs):
         try:
-            hand_over(_terminated)  # from the start's answers (probe.app.start) to these
+            hand_over()  # from the start's answers (probe.app.start) to these
             return command(*args, **kwargs)
         except (KeyboardInterrupt, TerminatedError) as e:
-            _fail(_who() + f"stopped by {_signal(e)}", _status(e))
+            fail(_who() + f"stopped by {signal_name(e)}", exit_status(e))
 
-    return answered
+    return answered_outside
+
+
+def _who(ranked: bool = True) -> str:
+    """``rank 1: `` before a message, under torchrun (every process reports its own)."""
+    if not ranked:
+        return ""
+    ranks = Ranks.from_environment()
+    return f"rank {ranks.rank}: " if ranks.size > 1 else ""
 
 
 def analyze(
@@ -210,57 +216,47 @@ def analyze(
     **options,
 ) -> None:
     """Run every analysis of every head over a treebank and write an HTML report."""
-    if dtype not in (None, "float32", "float16", "bfloat16"):
-        _fail(f"unknown --dtype {dtype!r}; use float32, float16 or bfloat16")
-    if device_map not in (None, "auto", "balanced", "sequential"):
-        _fail(f"unknown --device-map {device_map!r}; use auto, balanced or sequential")
-    if (max_memory or offload_folder) and not device_map:
-        _fail("--max-memory and --offload-folder place a model with --device-map; add it")
     thresholds = {}
     for item in threshold or []:
         name, _, value = item.partition("=")
         try:
             thresholds[name.strip().replace("-", "_")] = float(value)
         except ValueError:
-            _fail(f"--threshold {item!r} is not NAME=NUMBER (e.g. sink=0.5)")
+            fail(f"--threshold {item!r} is not NAME=NUMBER (e.g. sink=0.5)")
     chosen = [a.strip() for a in analyses.split(",") if a.strip()] if analyses is not None else None
-    settings = Settings(
-        model=model,
-        treebank=treebank or None,
-        out=out,
-        max_sentences=max_sentences,
-        batch_size=batch_size,
-        device=device,
-        dtype=dtype,
-        device_map=device_map,
-        max_memory=_memory(max_memory) if max_memory else None,
-        offload_folder=offload_folder,
-        analyses=chosen,
-        seed=seed,
-        lm_head=lm_head,
-        overwrite=overwrite,
-        revision=revision,
-        trust_remote_code=trust_remote_code,
-        thresholds=thresholds,
-        options={name: value for name, value in options.items() if value is not None},
-        attention_budget=attention_budget,
-        corpus=corpus,
-        text_column=text_column,
-        max_texts=max_texts,
-        context=context,
-    )
-    _catch_hangups()
-    try:
-        run = check(settings)  # before torch is imported: a mistake is answered at once
-    except (ProbeError, ContractError) as e:
-        _fail(str(e))
-    except (KeyboardInterrupt, TerminatedError) as e:  # while a pipe given as --treebank is read
-        stopped = "interrupted" if isinstance(e, KeyboardInterrupt) else f"stopped by {e}"
-        _fail(f"{stopped}; no report was written", _status(e))
+    with answered("no report was written", (ProbeError, ContractError), interrupted="interrupted"):
+        settings = Settings(
+            model=model,
+            treebank=treebank or None,
+            out=out,
+            max_sentences=max_sentences,
+            batch_size=batch_size,
+            device=device,
+            dtype=dtype,
+            device_map=device_map,
+            max_memory=max_memory,
+            offload_folder=offload_folder,
+            analyses=chosen,
+            seed=seed,
+            lm_head=lm_head,
+            overwrite=overwrite,
+            revision=revision,
+            trust_remote_code=trust_remote_code,
+            thresholds=thresholds,
+            options={name: value for name, value in options.items() if value is not None},
+            attention_budget=attention_budget,
+            corpus=corpus,
+            text_column=text_column,
+            max_texts=max_texts,
+            context=context,
+        )
+        # before torch is imported: a mistake is answered at once; a pipe given as --treebank
+        # is read here, and may be interrupted
+        planned = plan(settings)
     threads.settle(context if corpus else None)  # before torch, and before the helper starts
     leader = Ranks.from_environment().leader  # under torchrun, rank 0 speaks and finishes
     if leader:  # while this process imports torch, a helper warms up for the run's end
-        helper.start(warmups(run.classes))
+        helper.start(warmups(planned.classes))
     _run(settings, quiet or not leader)
 
 
@@ -274,7 +270,7 @@ def _with_declared_options(command: Callable) -> Callable:
     """``command`` with one keyword option per option the analyses and units declare
     (``probe.options.Option``), shown in their help with type, range and default."""
     from analyses import ContractError
-    from probe.app.run import declared_options
+    from probe.app.plan import declared_options
 
     signature = inspect.signature(command)
     core = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
@@ -315,49 +311,21 @@ def _run(settings: Settings, quiet: bool) -> None:
     """Run the analyses with progress bars (none with ``quiet``), answer a user's mistake, an
     interrupt or SIGTERM in one line, and say where the report is."""
     console = make_console(quiet=quiet)
-    progress = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("eta"),
-        TimeRemainingColumn(),
-        console=console,
-        transient=True,
-        disable=quiet or not console.is_terminal,
-    )
-
-    def bar(description: str, total: int | None):
-        def wrap(batches: Iterable) -> Iterator:
-            task = progress.add_task(description, total=total)
-            for batch in batches:
-                yield batch
-                progress.advance(task, len(batch) if batch.progress is None else batch.progress)
-
-        return wrap
-
-    _catch_hangups()
-    gc.disable()  # until the model is loaded: see probe.app.run._freeze
+    progress = run_progress(console, quiet)
+    gc.disable()  # until the model is loaded: see probe.app.execute._freeze
+    why = (" (the job was cancelled, the terminal closed, or another process of the run failed: "
+           "see its error)")  # fmt: skip
     try:
-        bound_waits()  # before the hub client is imported: it reads them once
-        _quiet_libraries()  # imports transformers: an interrupt here is answered as any other
-        with progress:
-            status_task = progress.add_task("starting", total=None)
-            path = analyze_run(
-                settings,
-                progress=bar,
-                status=lambda message: progress.update(status_task, description=message),
-            )
-    except ProbeError as e:
-        _fail(_who() + str(e))
-    except KeyboardInterrupt as e:
-        _fail(_who() + "interrupted; no report was written", _status(e))
-    except TerminatedError as e:
-        _fail(
-            _who() + f"stopped by {e} (the job was cancelled, the terminal closed, or another "
-            "process of the run failed: see its error); no report was written",
-            _status(e),
-        )
+        with answered("no report was written", interrupted="interrupted", why=why, ranked=True):
+            bound_waits()  # before the hub client is imported: it reads them once
+            _quiet_libraries()  # imports transformers: an interrupt here is answered as any other
+            with progress:
+                status_task = progress.add_task("starting", total=None)
+                path = analyze_run(
+                    settings,
+                    progress=bars(progress),
+                    status=lambda message: progress.update(status_task, description=message),
+                )
     finally:
         gc.enable()
     if path is None:
@@ -367,89 +335,7 @@ def _run(settings: Settings, quiet: bool) -> None:
     if quiet:
         typer.echo(f"report: {path / 'index.html'}")
     else:
-        _summary(console, path)
-
-
-class TerminatedError(BaseException):
-    """SIGTERM arrived (a cancelled job, or torchrun stopping the run after a process failed):
-    raised so that the run unwinds and leaves no half-written report behind. Not an
-    ``Exception``, as ``KeyboardInterrupt`` is not: a library's ``except Exception`` around the
-    line it arrives on (transformers has many) would swallow it, and the run would go on."""
-
-
-def _terminated(signum, frame) -> None:
-    raise TerminatedError(signal.Signals(signum).name)
-
-
-def _signal(stop: BaseException) -> str:
-    """The signal that stopped a command, for its message: ``SIGINT (Ctrl-C)``, ``SIGTERM``…"""
-    return "SIGINT (Ctrl-C)" if isinstance(stop, KeyboardInterrupt) else str(stop)
-
-
-def _status(stop: BaseException) -> int:
-    """The exit status of a command a signal stopped, as a shell gives it: 128 + the signal's
-    number (Ctrl-C 130, SIGTERM 143, SIGHUP 129)."""
-    if isinstance(stop, KeyboardInterrupt):
-        return 128 + signal.SIGINT
-    return 128 + signal.Signals[str(stop)]
-
-
-def _catch_hangups() -> None:
-    """SIGTERM and SIGHUP (a closed terminal, a dropped ssh) unwind the command like an error,
-    so that no staging folder or lock is left beside the output."""
-    signal.signal(signal.SIGTERM, _terminated)
-    signal.signal(signal.SIGHUP, _terminated)
-
-
-def _who() -> str:
-    """``rank 1: `` before a message, under torchrun (every process reports its own)."""
-    ranks = Ranks.from_environment()
-    return f"rank {ranks.rank}: " if ranks.size > 1 else ""
-
-
-MEMORY = re.compile(r"^(\d+(\.\d+)?)\s*([KMGT]i?B|B)?$", re.IGNORECASE)
-
-
-def _memory(text: str) -> dict[int | str, str]:
-    """``0=70GiB,cpu=200GiB`` -> ``{0: "70GiB", "cpu": "200GiB"}`` (for accelerate)."""
-    limits: dict[int | str, str] = {}
-    for item in text.split(","):
-        where, _, size = (part.strip() for part in item.partition("="))
-        key: int | str = int(where) if where.isascii() and where.isdigit() else where.lower()
-        if key not in ("cpu", "mps", "xpu", "npu", "disk") and not isinstance(key, int):
-            _fail(f"--max-memory {item!r}: the device is a GPU index, cpu or disk")
-        if not MEMORY.match(size):
-            _fail(f"--max-memory {item!r}: give a size such as 70GiB or 512MB")
-        limits[key] = size.replace(" ", "")
-    return limits
-
-
-def _summary(console: Console, path: Path) -> None:
-    """What the run found, as each analysis summarises its tables; then the report's path."""
-    import analyses
-    from probe.app.report import read_report
-
-    run, tables, _ = read_report(path)
-    windows = run.get("inputs", {}).get("text", {}).get("windows", 0)
-    console.print(
-        f"[bold]{escape(run['model'])}[/]: {run['sentences_analysed']} sentences, "
-        + (f"{windows} corpus windows, " if run.get("corpus") else "")
-        + f"{run['layers']} layers x {run['heads']} heads, {run['timings_s']['total']:.1f} s"
-    )
-    for name in run["analyses"]:
-        cls = analyses.get(name)
-        answer = cls.answer(tables, run)
-        if answer is not None:  # what the page opens with, first
-            heads = ", ".join(f"{layer}-{head}" for layer, head in answer.heads)
-            console.print(f"{name}: {answer.text}" + (f" {heads}" if heads else ""),
-                          highlight=False, markup=False)  # fmt: skip
-        for line in cls.summary(tables):
-            console.print(f"{name}: {line}", highlight=False, markup=False)
-    counts = tables["heads"].roles.str.split(";").explode().loc[lambda r: r != ""].value_counts()
-    if len(counts):
-        console.print("roles: " + ", ".join(f"{n} {role}" for role, n in counts.items()))
-    index = path / "index.html"  # a path is text, never markup
-    console.print(Text.assemble("report: ", (str(index), Style(link=index.resolve().as_uri()))))
+        summary(console, path)
 
 
 @app.command()
@@ -460,13 +346,8 @@ def report(
     """Re-render index.html from the tables of an earlier run (no model needed)."""
     from probe.app.report import render
 
-    _catch_hangups()
-    try:
+    with answered("index.html is as it was"):
         path = render(folder)
-    except ProbeError as e:
-        _fail(str(e))
-    except (KeyboardInterrupt, TerminatedError) as e:
-        _fail(f"stopped by {_signal(e)}; index.html is as it was", _status(e))
     typer.echo(f"report: {path}")
 
 
@@ -492,8 +373,7 @@ def experiment_heads(
     transformers built from probe's attention, trained on synthetic tasks (a few minutes)."""
     from probe.app.output import check_free
 
-    _catch_hangups()
-    try:
+    with answered("no report was written"):
         check_free(out, overwrite, kind="experiment")  # before any training
         from probe.app.experiment import run
         from probe.app.training import TASKS, VARIANTS
@@ -508,15 +388,8 @@ def experiment_heads(
                 progress.update(bar, advance=1, description=f"{done.task} · {done.variant}")
 
             path = run(out, steps, list(range(seed, seed + seeds)), overwrite, advance)
-    except ProbeError as e:
-        _fail(str(e))
-    except (KeyboardInterrupt, TerminatedError) as e:
-        _fail(f"stopped by {_signal(e)}; no report was written", _status(e))
     if not quiet:
-        index = path / "index.html"
-        make_console(stderr=False).print(
-            Text.assemble("report: ", (str(index), Style(link=index.resolve().as_uri())))
-        )
+        make_console(stderr=False).print(link("report: ", path / "index.html"))
 
 
 @app.command("compare")
@@ -532,13 +405,8 @@ def compare_command(
     from probe.app.compare import compare
 
     out = out or Path("reports") / f"{a.name}-vs-{b.name}"
-    _catch_hangups()
-    try:
+    with answered("no comparison was written"):
         path = compare(a, b, out, overwrite)
-    except ProbeError as e:
-        _fail(str(e))
-    except (KeyboardInterrupt, TerminatedError) as e:
-        _fail(f"stopped by {_signal(e)}; no comparison was written", _status(e))
     typer.echo(f"comparison: {path / 'index.html'}")
 
 
@@ -558,13 +426,8 @@ def figures_command(
     sized for a paper's column or page, one file each."""
     from probe.app.figures import write
 
-    _catch_hangups()  # a signal unwinds: no staging folder or lock is left behind
-    try:
+    with answered("no figures were written"):  # a signal unwinds: no staging folder or lock left
         path, names = write(folder, out, format.lower(), overwrite)
-    except ProbeError as e:
-        _fail(str(e))
-    except (KeyboardInterrupt, TerminatedError) as e:
-        _fail(f"stopped by {_signal(e)}; no figures were written", _status(e))
     typer.echo(f"figures: {path} ({len(names)} files)")
 
 

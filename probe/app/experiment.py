@@ -16,10 +16,10 @@ from analyses import svg
 from analyses.figures import Figure
 from probe.app import training as science
 from probe.app.answers import PLATEAU, SAME_WITHIN, SOLVED, convergence
+from probe.app.card import package_versions
 from probe.app.output import reserved, write_file
 from probe.app.page import environment
 from probe.app.report import embed
-from probe.app.run import package_versions
 
 COLOURS = {"narrow": "#2f5fd0", "wide": "#c2410c", "bilinear": "#15803d", "shared": "#9333ea"}
 

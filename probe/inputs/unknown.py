@@ -6,7 +6,7 @@ into the unknown token: "The cat sat" is four of them with the BOS. An analysis 
 would measure where the heads look among copies of one token, whatever the words were, so the
 run measures the share on the input's first ``SAMPLE_WORDS`` words before it streams, records it
 in ``run.json``, and skips the analyses of that input where more than ``MOSTLY_UNKNOWN`` of them
-are unknown (``probe.app.run``).
+are unknown (``probe.app.execute``).
 """
 
 from __future__ import annotations

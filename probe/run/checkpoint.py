@@ -1,6 +1,6 @@
 """What a checkpoint says of itself before it is loaded: the name it is given by, and its
 ``config.json``, read without importing torch or transformers, so that a run can be checked when
-it is planned (``probe.app.run.plan``).
+it is planned (``probe.app.plan.plan``).
 
 A model is named as ``probe.load`` takes it: an alias (``ALIASES``; ``minilm`` is the offline demo
 model's folder where its package is installed), a local folder, or a hub id, whose config is read

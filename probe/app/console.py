@@ -1,0 +1,109 @@
+"""What the ``probe`` command prints: its consoles (``make_console``), the one-line error that
+ends a command (``fail``), the progress bars of ``probe analyze`` (``run_progress``,
+``bars``), the summary of what a run found (``summary``), and a path as a link (``link``).
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import NoReturn
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.style import Style
+from rich.text import Text
+
+
+def make_console(*, stderr: bool = True, quiet: bool = False) -> Console:
+    """A console that wraps to the terminal's width, at spaces, and where its output is not a
+    terminal (a file, a pipe, a CI log), not at all: a line stays one line, whatever its length
+    (rich would cut it at 80 columns, mid-phrase)."""
+    console = Console(stderr=stderr, quiet=quiet)
+    console.soft_wrap = not console.is_terminal
+    return console
+
+
+err = make_console()  # an error is one line even on a terminal (fail): whole when copied
+
+
+def fail(message: str, status: int = 1) -> NoReturn:
+    """End the command with ``message``, one line on stderr, and exit status ``status``."""
+    for stop in (signal.SIGTERM, signal.SIGHUP):  # the error is printed whole, then we exit
+        signal.signal(stop, signal.SIG_IGN)
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(status)
+
+
+def run_progress(console: Console, quiet: bool) -> Progress:
+    """The progress bars of ``probe analyze``, drawn only on a terminal and without ``quiet``."""
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+        disable=quiet or not console.is_terminal,
+    )
+
+
+def bars(progress: Progress) -> Callable[[str, int | None], Callable[[Iterable], Iterator]]:
+    """``progress``, as the run shows progress (``probe.app.execute.Progress``): a bar per unit
+    streamed, advanced by each batch's size (or by the count the batch gives)."""
+
+    def bar(description: str, total: int | None):
+        def wrap(batches: Iterable) -> Iterator:
+            task = progress.add_task(description, total=total)
+            for batch in batches:
+                yield batch
+                progress.advance(task, len(batch) if batch.progress is None else batch.progress)
+
+        return wrap
+
+    return bar
+
+
+def link(label: str, path: Path) -> Text:
+    """``label`` and ``path``, which a terminal that can opens on a click (a path is text, never
+    markup)."""
+    return Text.assemble(label, (str(path), Style(link=path.resolve().as_uri())))
+
+
+def summary(console: Console, path: Path) -> None:
+    """What the run found, as each analysis summarises its tables; then the report's path."""
+    import analyses
+    from probe.app.report import read_report
+
+    run, tables, _ = read_report(path)
+    windows = run.get("inputs", {}).get("text", {}).get("windows", 0)
+    console.print(
+        f"[bold]{escape(run['model'])}[/]: {run['sentences_analysed']} sentences, "
+        + (f"{windows} corpus windows, " if run.get("corpus") else "")
+        + f"{run['layers']} layers x {run['heads']} heads, {run['timings_s']['total']:.1f} s"
+    )
+    for name in run["analyses"]:
+        cls = analyses.get(name)
+        answer = cls.answer(tables, run)
+        if answer is not None:  # what the page opens with, first
+            heads = ", ".join(f"{layer}-{head}" for layer, head in answer.heads)
+            console.print(f"{name}: {answer.text}" + (f" {heads}" if heads else ""),
+                          highlight=False, markup=False)  # fmt: skip
+        for line in cls.summary(tables):
+            console.print(f"{name}: {line}", highlight=False, markup=False)
+    counts = tables["heads"].roles.str.split(";").explode().loc[lambda r: r != ""].value_counts()
+    if len(counts):
+        console.print("roles: " + ", ".join(f"{n} {role}" for role, n in counts.items()))
+    console.print(link("report: ", path / "index.html"))
