@@ -8,7 +8,9 @@ This package's ``__init__`` holds the registry: ``REGISTRY``, the lookups (``get
 ``defaults``, ``shipped``) and ``check_analysis``; it re-exports the protocol's names and the
 contract's. Its other modules: ``protocol`` (``Analysis``, ``Context``, ``Measure``, ``Answer``,
 the column types), ``contract`` (the checks every analysis passes), ``vocabulary`` (roles and
-thresholds), ``figures``, ``svg`` and ``paper`` (the figures), and one module per analysis.
+thresholds), ``figures``, ``svg`` and ``paper`` (the figures), ``head_map`` (the roles' map of
+heads by similarity), and one module per analysis; an analysis with parts of its own is a package
+whose ``__init__`` is the analysis (``claims``, ``circuit``).
 
 This module imports nothing heavy: the command line reads the registry before loading torch.
 """

@@ -93,7 +93,7 @@ def halves(seed: int, index: int, vocabulary: np.ndarray, n: int) -> tuple[list[
 def specials(tokenizer) -> tuple[list[int], list[int]]:
     """The special tokens the tokenizer puts before and after a sequence, with a BOS first even
     where it adds none (GPT-2): the token every query can attend to at position 0."""
-    from probe.inputs.texts import special_tokens
+    from probe.inputs.windowing import special_tokens
 
     before, after = special_tokens(tokenizer)
     if not before:
