@@ -1,8 +1,10 @@
-"""The analyses: one module each, with one ``Analysis`` subclass, listed in ``REGISTRY``.
+"""The analyses: one module each (a package where it has parts of its own), with one
+``Analysis`` subclass, listed in ``REGISTRY``.
 
-An analysis follows one life cycle, like a scikit-learn estimator: created with its ``Context``,
-fed every batch layer by layer, merged with other processes' shares, finished once into typed
-tables, from which alone it shows its heads, figures and report section (``analyses.protocol``).
+An analysis follows one life cycle, like a scikit-learn estimator (``analyses.protocol``):
+created with its ``Context``, fed every batch layer by layer, merged with other processes'
+shares, finished once into typed tables, from which alone it shows its heads, figures and
+report section.
 
 This package's ``__init__`` holds the registry: ``REGISTRY``, the lookups (``get``,
 ``defaults``, ``shipped``) and ``check_analysis``; it re-exports the protocol's names and the
