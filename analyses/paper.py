@@ -322,7 +322,7 @@ def circuit_graph(tables: dict[str, pd.DataFrame], ax: Axes | None = None) -> Ax
     input it enters, wider for a larger |score|."""
     import seaborn as sns
 
-    from analyses.circuit import drawn_edges, place
+    from analyses.circuit.figures import drawn_edges, place
 
     heads = tables["circuit_heads"]
     n_layers, n_heads = int(heads.layer.max()) + 1, int(heads["head"].max()) + 1

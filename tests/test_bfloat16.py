@@ -15,7 +15,7 @@ from induction import INDUCTION, MODEL
 from models import SMALL
 
 import probe
-from analyses.circuit import repeats_task
+from analyses.circuit.task import repeats_task
 
 pytestmark = pytest.mark.slow  # float32 and bfloat16 runs of every intervention
 

@@ -14,7 +14,8 @@ import torch
 from induction import INDUCTION, MODEL, PREVIOUS_TOKEN
 from typer.testing import CliRunner
 
-from analyses.circuit import Circuit, file_task, repeats_task
+from analyses.circuit import Circuit
+from analyses.circuit.task import file_task, repeats_task
 from probe.app.cli import app
 
 runner = CliRunner()
@@ -276,7 +277,7 @@ def test_probe_figures_and_probe_plot_draw_the_graph_and_the_curve(report, tmp_p
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from analyses.circuit import DRAWN_EDGES, place
+    from analyses.circuit.figures import DRAWN_EDGES, place
     from probe import plot
 
     result = runner.invoke(app, ["figures", str(report), "-f", "svg", "-o", str(tmp_path / "f")])
@@ -336,7 +337,7 @@ def test_the_page_opens_with_the_circuit(report):
 
 
 def test_a_task_file_with_a_byte_order_mark_or_windows_lines_is_read(tmp_path):
-    from analyses.circuit import read_task
+    from analyses.circuit.task import read_task
 
     path = tmp_path / "task.jsonl"
     path.write_bytes('\ufeff{"clean": "a", "corrupted": "b", "answer": "c"}\r\n\r\n'.encode())

@@ -673,7 +673,7 @@ def test_a_window_option_without_coref_is_refused_though_claims_run():
 def test_a_smaller_token_budget_a_pass_changes_nothing_but_the_passes(induction_model, monkeypatch):
     """``MAX_TOKENS`` bounds an ablated pass's memory: with a budget of one token, every pass
     holds its group's own rows and one more, and the tables are the same."""
-    import analyses.claims as claims
+    import analyses.claims.ablation_test as claims
 
     model, tokenizer = induction_model
     heads = heads_table(2, 4, INDUCTION_ROLES)

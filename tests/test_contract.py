@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 import analyses
+import analyses.contract
 from analyses import Analysis, ContractError, Measure, Schema, check_analysis
 from analyses.figures import Figure
 from probe.app.cli import app
@@ -161,8 +162,10 @@ def test_looking_up_a_shipped_analysis_leaves_its_template_to_this_file(monkeypa
     here (``test_every_registered_analysis_keeps_the_contract``), not there; a plugin's still
     is, and a broken one is still refused at lookup."""
     parsed = []
-    real = analyses._macros.__wrapped__
-    monkeypatch.setattr(analyses, "_macros", lambda source: parsed.append(source) or real(source))
+    real = analyses.contract._macros.__wrapped__
+    monkeypatch.setattr(
+        analyses.contract, "_macros", lambda source: parsed.append(source) or real(source)
+    )
     monkeypatch.setattr(analyses, "_PASSED", set())
     for name in analyses.REGISTRY:
         analyses.get(name)

@@ -27,9 +27,10 @@ import probe
 from analyses.roles import Roles
 from probe.app.cli import app
 from probe.errors import ProbeError
-from probe.inputs.texts import TEXTS_PER_MAP, corpus_spec, windows
+from probe.inputs.texts import corpus_spec, windows
 from probe.inputs.units import Source
 from probe.inputs.units.texts import Texts
+from probe.inputs.windowing import TEXTS_PER_MAP
 from probe.run.runner import stream
 
 TEXTS = [

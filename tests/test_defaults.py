@@ -100,13 +100,13 @@ def test_a_checkpoint_without_unembedding_says_so_and_gives_no_copying_role(mini
 
 
 def test_special_tokens_come_from_the_tokenizers_own_account():
-    from probe.inputs.texts import special_tokens
-    from probe.inputs.units.repeats import _specials
+    from probe.inputs.units.repeats import specials
+    from probe.inputs.windowing import special_tokens
 
     tokenizer = no_a_tokenizer()
     assert tokenizer("a")["input_ids"] == [0, 0]  # the BOS, then "a" unknown: the BOS again
     assert special_tokens(tokenizer) == ([0], [])
-    assert _specials(tokenizer) == ([0], [])
+    assert specials(tokenizer) == ([0], [])
 
 
 def test_windows_and_repeats_start_with_the_bos_and_sink_alpha_is_gu_et_als(untied_llama, tmp_path):

@@ -14,8 +14,8 @@ from streams import context, feed
 from threadpoolctl import threadpool_limits
 from tokenizers_util import wordpiece
 
+from analyses.head_map import embed, head_distances, stress
 from analyses.probing import TOLERANCE, WARM_MIN_PAIRS, AttentionProbe, C, fit_logistic
-from analyses.roles import embed, head_distances, stress
 from probe.inputs.corpus import Corpus
 from probe.inputs.treebank import Sentence
 from probe.keys import keys
@@ -189,22 +189,22 @@ def test_the_map_started_by_the_tables_is_the_map_the_heads_get(monkeypatch):
     """``Roles._tables`` starts the head map (in the helper process, while the run finishes the
     other analyses); ``heads`` on the same similarity takes that map, and on another similarity
     makes its own: the same points either way."""
-    from analyses import roles
+    from analyses import head_map
 
     g = np.random.default_rng(5)
     js = pairwise_js(torch.from_numpy(g.dirichlet(np.ones(8), size=12))[:, None]).numpy()
     table, other = pd.DataFrame({"js_divergence": js.ravel()}), table_of(np.ones((12, 12)))
     made = []
-    real = roles.mds_points
-    monkeypatch.setattr(roles, "mds_points", lambda d: made.append(d) or real(d))
-    roles._start_map(table, 12)
+    real = head_map.mds_points
+    monkeypatch.setattr(head_map, "mds_points", lambda d: made.append(d) or real(d))
+    head_map.start_map(table, 12)
     started = embed(table, 12)
-    assert len(made) == 1 and not roles._STARTED
-    roles._start_map(table, 12)
+    assert len(made) == 1 and not head_map._STARTED
+    head_map.start_map(table, 12)
     assert len(made) == 1  # started, not yet made: the helper would be making it meanwhile
     np.testing.assert_array_equal(embed(other, 12), real(head_distances(other, 12)))
-    assert len(made) == 2 and roles._STARTED  # another similarity: its own map
-    roles._STARTED.clear()
+    assert len(made) == 2 and head_map._STARTED  # another similarity: its own map
+    head_map._STARTED.clear()
     np.testing.assert_array_equal(started, embed(table, 12))
     assert len(made) == 3
 

@@ -56,9 +56,9 @@ def test_the_helper_does_the_work_and_gives_what_the_run_would_have():
         def imported(name):
             return name in sys.modules
 
-        started = helper.start(["analyses.probing:warm_up", "analyses.roles:warm_up"])
+        started = helper.start(["analyses.probing:warm_up", "analyses.head_map:warm_up"])
         from analyses.probing import fit_coefficients, fit_in_order
-        from analyses.roles import mds_points
+        from analyses.head_map import mds_points
 
         # answered once the warm-ups are done: what they import is there when the work comes
         warmed = [helper.call(imported, "sklearn.manifold"), imported("sklearn.manifold")]

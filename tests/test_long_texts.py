@@ -20,7 +20,8 @@ from tokenizers_util import FAMILIES
 
 from probe.inputs import pieces
 from probe.inputs.pieces import INSIDE_A_WORD, PIECE_CHARS, UNSPACED_CHARS, tokens_in_pieces
-from probe.inputs.texts import Cutter, _txt_pieces, corpus_spec, special_tokens, windows
+from probe.inputs.texts import _txt_pieces, corpus_spec, windows
+from probe.inputs.windowing import Cutter, special_tokens
 
 WORDS = ["the", "cat", "sat", "on", "mat", "Unbelievably", "strangers", "«they»", "$5",
          "tax,", "naïve", "東京", "don't", "x" * 150, "...", "(a)", "e\u0301", "\t",
@@ -82,7 +83,7 @@ def test_pieces_give_the_tokens_of_the_whole_text(family, monkeypatch):
 
 
 def _tokenize_whole(tok, text):
-    from probe.inputs.texts import tokenize
+    from probe.inputs.windowing import tokenize
 
     return tokenize(tok, [text])
 

@@ -122,9 +122,9 @@ def needle_trials(
     The needle is put at the token boundary ``round(depth · L)`` of the haystack's first L
     tokens; a BOS (or [CLS]) starts the input where the tokenizer has one.
     """
-    from probe.inputs.units.repeats import _specials
+    from probe.inputs.units.repeats import specials
 
-    first, _ = _specials(tokenizer)
+    first, _ = specials(tokenizer)
     encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     question = encode(QUESTION)
     trials = []

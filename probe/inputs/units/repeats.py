@@ -41,7 +41,7 @@ class RepeatedSequences(Unit):
         self.n = self.settings["repeat_length"]
         self.sequences = self.settings["repeat_sequences"]
         self.vocabulary = ordinary_tokens(self.tokenizer)
-        self.first, self.last = _specials(self.tokenizer)
+        self.first, self.last = specials(self.tokenizer)
         self.length = length = len(self.first) + 2 * self.n + len(self.last)
         if length > self.limit:
             raise ProbeError(
@@ -56,9 +56,7 @@ class RepeatedSequences(Unit):
 
     def pair(self, index: int) -> tuple[list[int], list[int]]:
         """Sequence ``index``'s repeat and null, as token ids with the special tokens."""
-        rng = np.random.default_rng([self.source.seed, index])
-        first, fresh = rng.choice(self.vocabulary, size=(2, self.n))
-        first, fresh = first.tolist(), fresh.tolist()
+        first, fresh = halves(self.source.seed, index, self.vocabulary, self.n)
         return [*self.first, *first, *first, *self.last], [*self.first, *first, *fresh, *self.last]
 
     def batches(self, batch_size: int) -> Iterator[Batch]:
@@ -83,10 +81,19 @@ def ordinary_tokens(tokenizer) -> np.ndarray:
     return np.array([i for i in range(len(tokenizer)) if i not in special])
 
 
-def _specials(tokenizer) -> tuple[list[int], list[int]]:
+def halves(seed: int, index: int, vocabulary: np.ndarray, n: int) -> tuple[list[int], list[int]]:
+    """Sequence ``index``'s random tokens: its first half (the repeat's both halves) and its
+    null's fresh second half, ``n`` token ids each drawn from ``vocabulary`` (``[vocab]``) by a
+    generator keyed to ``seed`` and ``index``."""
+    rng = np.random.default_rng([seed, index])
+    first, fresh = rng.choice(vocabulary, size=(2, n))
+    return first.tolist(), fresh.tolist()
+
+
+def specials(tokenizer) -> tuple[list[int], list[int]]:
     """The special tokens the tokenizer puts before and after a sequence, with a BOS first even
     where it adds none (GPT-2): the token every query can attend to at position 0."""
-    from probe.inputs.texts import special_tokens
+    from probe.inputs.windowing import special_tokens
 
     before, after = special_tokens(tokenizer)
     if not before:

@@ -61,7 +61,8 @@ class Texts(Unit):
         """Batches of windows of similar length, in an order fixed by the corpus; the first
         batch of each chunk of windows moves the progress bar by the texts cut for the chunk."""
         from probe.inputs.corpus import _groups
-        from probe.inputs.texts import special_tokens, windows
+        from probe.inputs.texts import windows
+        from probe.inputs.windowing import special_tokens
 
         self.texts = self.windows = self.tokens = self.empty = 0
         self.inexact = {}

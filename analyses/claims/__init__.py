@@ -37,17 +37,31 @@ haystack, a decoder's first sentences' text); the ablated passes run when the an
 a row per (head, input) pair a claim reads stacked after the inputs' own, and nothing else
 (``probe.interventions.ablation.ablation_effects``), in fixed groups of inputs, so that
 ``--batch-size`` changes nothing, ``MAX_TOKENS`` tokens a pass at most.
+
+The analysis is this module: its options, the sampling during the stream, and the tables and
+page. Its package holds the rest: ``inputs`` (which claims each kind of input tests, and the
+model inputs made from what was kept) and ``ablation_test`` (``AblationTest``: the ablations, the
+baselines and each claim's statistics).
 """
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, ClassVar
 
 from analyses import Analysis, Context, Measure, Schema
+from analyses.claims import inputs as claim_inputs
+from analyses.claims.ablation_test import AblationTest
+from analyses.claims.inputs import (
+    CLAIMS,
+    ON_NEEDLES,
+    ON_REPEATS,
+    ON_SENTENCES,
+    ON_WINDOWS,
+    RELATION,
+)
 from analyses.figures import Plot
 from analyses.vocabulary import DESCRIBED_FIRST, Role, Thresholds
-from probe.inference import FDR, MIN_CLUSTERS, benjamini_hochberg, t_interval, t_test_above
+from probe.inference import FDR, MIN_CLUSTERS, benjamini_hochberg
 from probe.inputs.treebank import RELATIONS
 from probe.keys import uniform
 from probe.lazy import lazy
@@ -82,19 +96,6 @@ NEIGHBOURS = Option("claims_baseline_heads", 2,
 ABLATIONS = ("mean", "zero", "resample")
 ABLATION = Option("claims_ablation", ABLATIONS[0], "How the claims' ablations remove a head.",
                   choices=ABLATIONS)  # fmt: skip
-GROUP = 4  # inputs per group of ablated passes, by length: fixed, whatever --batch-size
-# Tokens (rows × padded length) in one ablated forward pass: what bounds its memory, whatever
-# the inputs' lengths (a sentence's rows, a window's); a pass holds at least its group's own rows
-# and one more.
-MAX_TOKENS = 16_384
-
-RELATION = "relation"  # a best relation named on a head card without the syntactic role
-# The claims tested, and the inputs each is tested on.
-ON_SENTENCES = (str(Role.SYNTACTIC), RELATION)
-ON_REPEATS = (str(Role.PREVIOUS_TOKEN), str(Role.DUPLICATE_TOKEN), str(Role.INDUCTION))
-ON_WINDOWS = (str(Role.COREFERENCE),)
-ON_NEEDLES = (str(Role.RETRIEVAL),)
-CLAIMS = (*ON_SENTENCES, *ON_REPEATS, *ON_WINDOWS, *ON_NEEDLES)
 ORDER = {str(role): i for i, role in enumerate(DESCRIBED_FIRST)} | {RELATION: -1}
 
 
@@ -268,6 +269,8 @@ class Claims(Analysis):
         model = self.context.model
         lm = model.get_output_embeddings() is not None
         measure = "loss rise" if lm else "relative change of the last hidden state"
+        test = AblationTest(model, self.context.n_layers, self.context.n_heads, self.context.seed,
+                            self.ablation, self.n_neighbours, lm)  # fmt: skip
         rows, runs = [], []
         for inputs, kinds in (("sentences", ON_SENTENCES), ("repeats", ON_REPEATS),
                               ("windows", ON_WINDOWS), ("needles", ON_NEEDLES)):  # fmt: skip
@@ -284,17 +287,14 @@ class Claims(Analysis):
             else:
                 (groups, used), samples = self._needles(), None
             if groups:
-                tested, heads_ablated, count, positions, ran = self._test(
-                    mine, groups, samples, claims, lm, inputs
-                )
+                tested = test.run(mine, claims, inputs, groups, samples)
             else:  # nothing to test them on: each claim says so (too few inputs)
-                tested, heads_ablated, count, positions, ran = (
-                    self._none(mine, inputs, lm), 0, 0, 0, 0)  # fmt: skip
-            rows.append(tested)
-            runs.append({"inputs": inputs, "count": count, "positions": positions,
+                tested = test.untested(mine, inputs)
+            rows.append(tested.table)
+            runs.append({"inputs": inputs, "count": tested.count, "positions": tested.positions,
                          "measure": measure, "ablation": self.ablation,
-                         "heads_ablated": heads_ablated, "ablated_rows": ran,
-                         **used})  # fmt: skip
+                         "heads_ablated": tested.heads_ablated,
+                         "ablated_rows": tested.ablated_rows, **used})  # fmt: skip
         table = pd.concat(rows, ignore_index=True)
         tested = table.tested.astype(bool) & table.p.notna()
         called = benjamini_hochberg(np.where(tested, table.p, np.nan), FDR)
@@ -304,243 +304,42 @@ class Claims(Analysis):
         runs["haystack_tokens"] = runs.haystack_tokens.astype("Int64")  # only the needles'
         return {"claims": table[list(self.tables["claims"])], "claims_run": runs}
 
+    # -- the inputs, made from what was kept (``analyses.claims.inputs``) ---------------
+
     def _sentences(self, relations: set[str]) -> tuple[list, dict[str, set[int]]]:
-        """Groups of the kept sentences of the claimed ``relations``, by length (model inputs,
-        each token's relation ``[batch, pos]``, -1 for none, and the sentences' indices), and
-        each relation's sample: its first ``n_sentences`` sentences by key."""
-        from probe.run.loading import main_device
-
-        device = main_device(self.context.model)
-        # In key order, each sentence that holds a claimed relation not yet in n_sentences of
-        # those chosen: each relation's first n_sentences, few sentences in all.
-        need = {RELATIONS.index(r): self.n_sentences for r in relations}
-        chosen = []
-        for i in sorted(self.kept, key=lambda i: (self.kept[i][0], i)):
-            helps = [r for r in set(self.kept[i][2]) if need.get(r, 0) > 0]
-            if helps:
-                chosen.append(i)
-                for r in helps:
-                    need[r] -= 1
-        samples = {r: {i for i in chosen if RELATIONS.index(r) in self.kept[i][2]}
-                   for r in relations}  # fmt: skip
-        samples = {r: set(sorted(own, key=lambda i: (self.kept[i][0], i))[: self.n_sentences])
-                   for r, own in samples.items()}  # fmt: skip
-        # by length, so that a group pads little (ties by position: the same groups always)
-        order = sorted(chosen, key=lambda i: (len(self.kept[i][1]), i))
-        groups = []
-        for start, stop in groups_of(len(order)):
-            chosen = order[start:stop]
-            rows = [self.kept[i] for i in chosen]
-            width = max(len(ids) for _, ids, _ in rows)
-            ids = torch.zeros(len(rows), width, dtype=torch.long)
-            relation = torch.full((len(rows), width), -1, dtype=torch.long)
-            mask = torch.zeros(len(rows), width, dtype=torch.long)
-            for r, (_, token_ids, relations) in enumerate(rows):
-                ids[r, : len(token_ids)] = torch.tensor(token_ids)
-                relation[r, : len(relations)] = torch.tensor(relations)
-                mask[r, : len(token_ids)] = 1
-            inputs = {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
-            groups.append((inputs, relation, np.array(chosen)))
-        return groups, samples
-
-    def _repeats(self) -> list[tuple[dict, torch.Tensor, np.ndarray]]:
-        """Groups of repeated random sequences (the taxonomy's repeats 0, 1, …: BOS, n random
-        tokens, the same n again): model inputs, a ``[batch, pos]`` tensor that is 0 on the
-        second copy and -1 elsewhere, and the sequences' indices."""
-        from probe.inputs.units.repeats import _specials, ordinary_tokens
-        from probe.run.loading import main_device
-
-        tokenizer, n = self.context.tokenizer, self.length
-        vocabulary = ordinary_tokens(tokenizer)
-        first, last = _specials(tokenizer)
-        device = main_device(self.context.model)
-        groups = []
-        for start, stop in groups_of(self.n_sequences):
-            chosen = list(range(start, stop))
-            rows = []
-            for index in chosen:  # as RepeatedSequences.pair(2 · index) draws it
-                rng = np.random.default_rng([self.context.seed, 2 * index])
-                drawn = rng.choice(vocabulary, size=(2, n))[0].tolist()
-                rows.append([*first, *drawn, *drawn, *last])
-            ids = torch.tensor(rows)
-            second = torch.full(ids.shape, -1, dtype=torch.long)
-            second[:, len(first) + n : len(first) + 2 * n] = 0
-            inputs = {
-                "input_ids": ids.to(device),
-                "attention_mask": torch.ones_like(ids).to(device),
-            }
-            groups.append((inputs, second, np.array(chosen)))
-        return groups
-
-    def _windows(self) -> list[tuple[dict, torch.Tensor, np.ndarray]]:
-        """Groups of the kept coreference windows, by length: model inputs, a ``[batch, pos]``
-        tensor that is 0 at the scored mentions' head words' tokens and -1 elsewhere, and the
-        windows' ranks in key order."""
-        order = sorted(self.windows, key=lambda w: (self.windows[w][0], w))
-        rows = [(self.windows[w][1], self.windows[w][2]) for w in order]
-        return packed(rows, self.context.model)
-
-    def _trials(self) -> tuple[list, dict]:
-        """The retrieval claims' needle trials (the needle present), in a haystack of the kept
-        first sentences, at ``n_needles`` evenly spaced depths; and what was used."""
-        from probe.inputs.corpus import max_tokens
-        from probe.patterns.retrieval import haystack, needle_trials
-
-        tokenizer = self.context.tokenizer
-        room = max_tokens(self.context.model.config, tokenizer) - 64  # retrieval's OVERHEAD
-        texts = (self.texts[i][0] for i in sorted(self.texts))
-        hay = haystack(tokenizer, texts, min(self.haystack, room))
-        if not hay:
-            return [], {"haystack_tokens": 0}
-        depths = [k / max(self.n_needles - 1, 1) for k in range(self.n_needles)]
-        trials = [t for t in needle_trials(tokenizer, hay, [len(hay)], depths,
-                                           seed=self.context.seed) if t.needle]  # fmt: skip
-        return trials, {"haystack_tokens": len(hay)}
-
-    def _needles(self) -> tuple[list[tuple[dict, torch.Tensor, np.ndarray]], dict]:
-        """Groups of the needle trials (``_trials``): model inputs, a ``[batch, pos]`` tensor
-        that is 0 at the positions that predict the answer's tokens and -1 elsewhere, and the
-        trials' numbers; and what was used."""
-        trials, used = self._trials()
-        rows = []
-        for trial in trials:
-            tags = [-1] * len(trial.ids)
-            for t in trial.answer:  # the answer's token t is predicted at t - 1
-                tags[t - 1] = 0
-            rows.append((list(trial.ids), tags))
-        return packed(rows, self.context.model), used
-
-    def _none(self, mine: pd.DataFrame, inputs: str, lm: bool) -> pd.DataFrame:
-        """``mine``'s claims with no input to test them on: untested, with no effect."""
-        return pd.DataFrame([claim._asdict() | statistics([]) | {
-            "inputs": inputs, "measure": "loss rise" if lm else "relative change",
-            "positions": 0, "baseline_heads": 0, "baseline_from": "none",
-        } for claim in mine.itertuples(index=False)])  # fmt: skip
-
-    def _test(self, mine: pd.DataFrame, groups, samples, claims: pd.DataFrame, lm: bool,
-              inputs: str):  # fmt: skip
-        """Each claim of ``mine`` measured on its ``inputs`` of ``groups`` (its relation's sample
-        of ``samples``; every input where that is None), beside its layer's unclaimed heads."""
-        from probe.interventions.ablation import (
-            difference,
-            hidden_state,
-            next_token_loss,
-            relative_change,
+        """Groups of the kept sentences of the claimed ``relations`` and each relation's
+        sample (``inputs.sentence_groups``)."""
+        return claim_inputs.sentence_groups(
+            self.kept, relations, self.n_sentences, self.context.model
         )
 
-        pools = self._baselines(mine, claims)
-        draw = self._draws(pools, inputs)
-        ablated = sorted(set(zip(mine.layer, mine["head"], strict=True))
-                         | {h for pool, _ in pools.values() for h in pool})  # fmt: skip
-        readout, change = (next_token_loss, difference) if lm else (hidden_state, relative_change)
-        effects = self._effects(mine, groups, samples, draw, ablated, readout, change)
-        slot = {h: i for i, h in enumerate(ablated)}
-        rows, positions_total = [], 0
-        for claim in mine.itertuples(index=False):
-            per_input, positions = self._per_input(claim, groups, samples, effects, draw, slot,
-                                                   lm)  # fmt: skip
-            positions_total += positions
-            rows.append(claim._asdict() | statistics(per_input) | {
-                "inputs": inputs,
-                "measure": "loss rise" if lm else "relative change", "positions": positions,
-                "baseline_from": pools[claim.layer][1],
-            })  # fmt: skip
-        count = sum(len(indices) for *_, indices in groups)
-        ran = sum((~e[:, :, 0].isnan()).sum(1) for e in effects)  # [heads]: rows ablated
-        return pd.DataFrame(rows), int((ran > 0).sum()), count, positions_total, int(ran.sum())
+    def _repeats(self) -> list[claim_inputs.Group]:
+        """Groups of repeated random sequences (``inputs.repeat_groups``)."""
+        context = self.context
+        return claim_inputs.repeat_groups(
+            context.tokenizer, context.seed, self.n_sequences, self.length, context.model
+        )
 
-    def _baselines(self, mine: pd.DataFrame, claims: pd.DataFrame) -> dict:
-        """Per layer of ``mine``'s claims, the heads its baselines are drawn from and where they
-        come from: the layer's unclaimed heads, or the nearest layers' where it has none."""
-        H, L = self.context.n_heads, self.context.n_layers
-        claimed = set(zip(claims.layer, claims["head"], strict=True))
-        unclaimed = {layer: [(layer, h) for h in range(H) if (layer, h) not in claimed]
-                     for layer in range(L)}  # fmt: skip
-        pools = {}
-        for layer in sorted(set(mine.layer)):
-            pool, kind = unclaimed[layer], "unclaimed"
-            if not pool:  # every head of the layer holds a claim: the nearest layers' unclaimed
-                near = [k for k in range(L) if unclaimed[k]]
-                nearest = min((abs(k - layer) for k in near), default=None)
-                pool = [h for k in near if abs(k - layer) == nearest for h in unclaimed[k]]
-                kind = "nearest layers' unclaimed" if pool else "none"
-            pools[layer] = (pool, kind)
-        return pools
+    def _windows(self) -> list[claim_inputs.Group]:
+        """Groups of the kept coreference windows (``inputs.window_groups``)."""
+        return claim_inputs.window_groups(self.windows, self.context.model)
 
-    def _draws(self, pools: dict, inputs: str):
-        """``draw(layer, index)``: the baseline's heads on input ``index``: ``n_neighbours`` of
-        the layer's pool drawn afresh for each input by a key of the seed, the head and the
-        input (every head of the pool for 0, or where it holds no more), so that over the inputs
-        the baseline is the pool's heads, each as likely as the others, not a chosen few."""
-        cache: dict[tuple[int, int], list[tuple[int, int]]] = {}
-        seed, n = self.context.seed, self.n_neighbours
+    def _trials(self) -> tuple[list, dict]:
+        """The retrieval claims' needle trials and what was used (``inputs.retrieval_trials``)."""
+        context = self.context
+        return claim_inputs.retrieval_trials(
+            self.texts,
+            context.tokenizer,
+            context.model,
+            self.haystack,
+            self.n_needles,
+            context.seed,
+        )
 
-        def draw(layer: int, index: int) -> list[tuple[int, int]]:
-            if (layer, index) not in cache:
-                pool = pools[layer][0]
-                chosen = pool
-                if n and len(pool) > n:
-                    at = [np.array([k for k, _ in pool]), np.array([h for _, h in pool])]
-                    drawn = uniform(seed, f"claims-baseline-{inputs}", *at,
-                                    np.full(len(pool), index))  # fmt: skip
-                    chosen = sorted(pool[i] for i in np.argsort(drawn, kind="stable")[:n])
-                cache[(layer, index)] = chosen
-            return cache[(layer, index)]
-
-        return draw
-
-    def _effects(self, mine, groups, samples, draw, ablated, readout, change) -> list:
-        """Per group of inputs, every ablated head's change ``[heads, batch, pos]``, run only on
-        the inputs a claim reads it on (NaN elsewhere, never read): a claimed head on its claim's
-        inputs, a baseline head on the inputs of its layer's claims it was drawn for."""
-        from probe.interventions.ablation import ablation_effects, head_means
-        from probe.run import helper
-
-        model, slot = self.context.model, {h: i for i, h in enumerate(ablated)}
-        effects = []
-        with torch.no_grad():
-            means = None
-            if self.ablation != "zero":  # resample takes the mean where its source is padded
-                means = head_means(model, [inputs for inputs, *_ in groups])
-            for inputs, tags, indices in groups:
-                helper.poll()  # the helper done writing the others' tables: both cores here
-                needed = torch.zeros(len(ablated), len(indices), dtype=torch.bool)
-                for claim in mine.itertuples(index=False):
-                    for b, i in enumerate(indices.tolist()):
-                        if reads(claim, i, samples):
-                            for h in [(claim.layer, claim.head), *draw(claim.layer, i)]:
-                                needed[slot[h], b] = True
-                effect = torch.full((len(ablated), *tags.shape), math.nan, dtype=torch.float64)
-                if needed.any():
-                    found = ablation_effects(model, inputs, ablated, readout, change,
-                                             mode=self.ablation, means=means, needed=needed,
-                                             max_rows=max_rows(tuple(tags.shape)))  # fmt: skip
-                    effect = found.cpu().double()
-                effects.append(effect)
-        return effects
-
-    @staticmethod
-    def _per_input(claim, groups, samples, effects, draw, slot, lm: bool):
-        """Per input (the cluster) of the claim's that holds its tokens, the claimed head's mean
-        change there and each of its baseline heads' (by head); and the positions read."""
-        target = RELATIONS.index(claim.relation) if claim.claim in ON_SENTENCES else 0
-        per_input, positions = [], 0
-        for (inputs, tags, indices), effect in zip(groups, effects, strict=True):
-            read = torch.tensor([reads(claim, i, samples) for i in indices.tolist()])
-            where = (tags == target).to(effect.device) & inputs["attention_mask"].bool().cpu()
-            where &= read[:, None]
-            if lm:  # the loss read at t is of token t + 1, which must be real
-                where[:, -1] = False
-                where[:, :-1] &= inputs["attention_mask"][:, 1:].bool().cpu()
-                if claim.claim in ON_REPEATS:  # the second copy's tokens after its first
-                    where &= torch.roll(tags == target, 1, dims=1)
-            count = where.sum(1)
-            positions += int(count.sum())
-            at = torch.where(where, effect, 0.0).sum(-1) / count.clamp(min=1)  # [heads, batch]
-            for b in torch.nonzero(count).flatten().tolist():
-                others = {h: float(at[slot[h], b]) for h in draw(claim.layer, int(indices[b]))}
-                per_input.append((float(at[slot[(claim.layer, claim.head)], b]), others))
-        return per_input, positions
+    def _needles(self) -> tuple[list[claim_inputs.Group], dict]:
+        """Groups of the needle trials (``_trials``) and what was used."""
+        trials, used = self._trials()
+        return claim_inputs.needle_groups(trials, self.context.model), used
 
     # -- what the report shows -----------------------------------------------------------
 
@@ -592,53 +391,6 @@ class Claims(Analysis):
         }
 
 
-def max_rows(shape: tuple[int, int]) -> int:
-    """The rows of one ablated pass over a group of ``shape`` ``[inputs, pos]``: ``MAX_TOKENS``
-    of its tokens, and at least the group's own rows and one more."""
-    inputs, width = shape
-    return max(inputs + 1, MAX_TOKENS // max(1, width))
-
-
-def reads(claim, index: int, samples: dict[str, set[int]] | None) -> bool:
-    """Whether ``claim`` is measured on input ``index``: a syntactic claim on its relation's
-    sample of sentences, the others on every input of theirs."""
-    return samples is None or index in samples[claim.relation]
-
-
-def groups_of(n: int) -> list[tuple[int, int]]:
-    """(start, stop) of groups of ``GROUP`` of ``n`` inputs, a last group of one joined to the
-    one before it (resample ablation takes each input's z from another of its group)."""
-    bounds = [(start, min(start + GROUP, n)) for start in range(0, n, GROUP)]
-    if len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] == 1:
-        bounds[-2:] = [(bounds[-2][0], n)]
-    return bounds
-
-
-def packed(rows: list[tuple[list[int], list[int]]], model) -> list:
-    """Inputs of token ids and tags (``rows``, numbered in order) in groups by length (ties by
-    number: the same groups always), right-padded: each group's model inputs, tags
-    ``[batch, pos]`` (-1 on padding) and numbers."""
-    from probe.run.loading import main_device
-
-    device = main_device(model)
-    order = sorted(range(len(rows)), key=lambda i: (len(rows[i][0]), i))
-    groups = []
-    for start, stop in groups_of(len(order)):
-        chosen = order[start:stop]
-        width = max(len(rows[i][0]) for i in chosen)
-        ids = torch.zeros(len(chosen), width, dtype=torch.long)
-        tags = torch.full((len(chosen), width), -1, dtype=torch.long)
-        mask = torch.zeros(len(chosen), width, dtype=torch.long)
-        for r, i in enumerate(chosen):
-            token_ids, tagged = rows[i]
-            ids[r, : len(token_ids)] = torch.tensor(token_ids)
-            tags[r, : len(tagged)] = torch.tensor(tagged)
-            mask[r, : len(token_ids)] = 1
-        inputs = {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
-        groups.append((inputs, tags, np.array(chosen)))
-    return groups
-
-
 def listed_claims(heads: pd.DataFrame | None) -> pd.DataFrame:
     """One row per claim the page makes about a head: ``layer``, ``head``, ``claim`` (a role of
     ``CLAIMS``, or ``relation`` for a best relation named without the syntactic role) and
@@ -658,40 +410,6 @@ def listed_claims(heads: pd.DataFrame | None) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["layer", "head", "claim", "relation"]).astype(
         {"layer": "int64", "head": "int64", "claim": "object", "relation": "object"}
     )
-
-
-def statistics(per_input: list[tuple[float, dict]]) -> dict:
-    """The claimed head's mean effect over inputs with its 95% t-interval; the baseline (the mean
-    over inputs of its heads' mean effect there), the heads it drew on and the spread of their
-    own means; and the one-sided p-value of the paired difference (head − baseline) being above
-    0. No interval or p-value on fewer than ``MIN_CLUSTERS`` inputs or without a baseline head."""
-    n = len(per_input)
-    nan = math.nan
-    out = {"clusters": n, "effect": nan, "effect_low": nan, "effect_high": nan, "baseline": nan,
-           "baseline_spread": nan, "baseline_heads": 0, "p": nan, "tested": False}  # fmt: skip
-    if not n:
-        return out
-    effect = np.array([e for e, _ in per_input])
-    out["effect"] = float(effect.mean())
-    has_baseline = all(others for _, others in per_input)
-    if has_baseline:
-        baseline = np.array([np.mean(list(others.values())) for _, others in per_input])
-        out["baseline"] = float(baseline.mean())
-        by_head: dict = {}
-        for _, others in per_input:
-            for head, value in others.items():
-                by_head.setdefault(head, []).append(value)
-        out["baseline_heads"] = len(by_head)
-        if len(by_head) > 1:
-            out["baseline_spread"] = float(np.std([np.mean(v) for v in by_head.values()], ddof=1))
-    if n < MIN_CLUSTERS:
-        return out
-    out["effect_low"], out["effect_high"] = t_interval(out["effect"], effect.std(ddof=1), n)
-    if not has_baseline:
-        return out
-    out["p"] = t_test_above(effect - baseline)
-    out["tested"] = True
-    return out
 
 
 def claim_name(row) -> str:
