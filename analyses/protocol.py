@@ -212,7 +212,7 @@ class Analysis:
 
     def take_heads(self, heads: pd.DataFrame) -> None:
         """Called before ``finish`` on an analysis that ``reads_heads``, with the heads the
-        other analyses of the run give (``probe.app.run.join_heads``: ``roles`` and their
+        other analyses of the run give (``probe.app.publish.join_heads``: ``roles`` and their
         ``head_columns``)."""
 
     def merge(self, other: Self) -> None:

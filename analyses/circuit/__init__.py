@@ -147,7 +147,7 @@ class Circuit(Analysis):
                     f"{saved}); give a checkpoint saved with its head")  # fmt: skip
         if not describe(model).causal:
             return "the circuit's tasks predict the next token: it needs a causal language model"
-        from probe.interventions.edges import graph
+        from probe.interventions.graph import graph
 
         try:
             graph(model)
