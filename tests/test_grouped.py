@@ -8,7 +8,7 @@ import torch
 from twins import causal_lm, ungrouped_twin
 
 import probe
-from probe.capture.mirror import ungrouped
+from probe.capture.modes import ungrouped
 from probe.interventions.edges import graph, patch_edges
 
 KINDS = ["llama", "qwen3", "gemma2", "gemma3_text"]  # 4 query heads, 2 key/value heads
