@@ -267,7 +267,7 @@ class HookSites:
 
     def _model_points(self) -> None:
         """hook_embed, hook_pos_embed, the embeddings' and the final norms' points and
-        hook_unembed, where the model has them (``probe.capture.architectures.MODEL_PARTS``)."""
+        hook_unembed, where the model has them (``probe.capture.architectures.ModelType.parts``)."""
         model = self.model
         modules = {EMBED: model_part(model, "embed"), POS_EMBED: model_part(model, "pos_embed")}
         modules[UNEMBED] = model.get_output_embeddings()
