@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
+from torch.utils.hooks import RemovableHandle
 from transformers import PreTrainedModel
 
 from probe.capture.attention_function import (
@@ -287,54 +288,14 @@ class Mirror(HookSites):
 
     @contextmanager
     def attached(self) -> Iterator[None]:
+        """Within the block, the hooks are on the model's modules and the model runs probe's
+        attention function; after it, both are as they were."""
         model = self.model
         previous = model.config._attn_implementation
         if previous == IMPLEMENTATION:  # a model sharing this config is mirrored: its previous
             previous = previous_implementation(model.config)
         self.previous = previous or "eager"
-        handles = [model.base_model.register_forward_pre_hook(self._start_forward)]
-        # hook_result's replacement first, so that hook_attn_out sees the edited output.
-        handles += [
-            o.register_forward_hook(self._replace_output)
-            for o in self.modules(HookKind.RESULT.at())
-        ]
-        handles += [
-            b.register_forward_pre_hook(self._resid_pre, with_kwargs=True)
-            for b in self.modules(HookKind.RESID_PRE.at())
-        ]
-        # The inputs' recomputed projections first, so that hook_q and hook_k see them.
-        for part in "qkv":
-            hook = self._input_hook(part)
-            modules = self.modules(HookKind.HEAD_INPUTS.at(part))
-            handles += [m.register_forward_hook(hook) for m in modules]
-        fused = self.modules(HookKind.HEAD_INPUTS.at("qkv"))
-        handles += [m.register_forward_hook(self._fused_input_hook) for m in fused]
-        handles += [
-            m.register_forward_hook(self._projection_hook(part))
-            for part in ("q", "k", "qkv")
-            for m in self.modules(HookKind.PROJECTION.at(part))
-        ]
-        # A norm's edits first, so that an output hook on the same module (Gemma's attn_out)
-        # sees them.
-        for part in (*NORMS, *MODEL_NORMS, *QK_NORMS):
-            site = HookKind.NORM.at(part)
-            handles += [m.register_forward_hook(self._norm_hook(site)) for m in self.modules(site)]
-        attn_out = self.modules(HookKind.ATTN_OUT.at())
-        handles += [m.register_forward_hook(self._attn_out) for m in attn_out]
-        fused_mlp = self.modules(HookKind.FUSED_MLP.at())
-        handles += [m.register_forward_hook(self._fused_mlp) for m in fused_mlp]
-        for site in self.sites_of(HookKind.INPUTS):
-            hook = self._inputs_hook(site)
-            handles += [m.register_forward_pre_hook(hook) for m in self.modules(site)]
-        # The outputs in this order, then the MLP's points (the order of hooks on one module).
-        first = ("hook_cross_attn_out", "hook_mlp_out", "hook_resid_post", EMBED, POS_EMBED)
-        first += (UNEMBED, *QK_NORM_POINTS)
-        outputs = [*first, *(s.name for s in self.sites_of(HookKind.OUTPUT) if s.name not in first)]
-        for suffix in outputs:
-            hook = self._output_hook(suffix)
-            handles += [
-                m.register_forward_hook(hook) for m in self.modules(HookKind.OUTPUT.at(suffix))
-            ]
+        handles = self._hooked()
         attention = [id(m) for m in self.modules(HookKind.ATTENTION.at())]
         # A config is a plain attribute, in the module's __dict__ (hasattr would raise and catch
         # an AttributeError on every module without one).
@@ -348,6 +309,42 @@ class Mirror(HookSites):
             model.set_attn_implementation(previous)
             for h in handles:
                 h.remove()
+
+    def _hooked(self) -> list[RemovableHandle]:
+        """Every hook put on the model's modules, in the order that hooks on one module run."""
+        handles = [self.model.base_model.register_forward_pre_hook(self._start_forward)]
+
+        def after(site: Site, hook: Callable) -> None:  # a forward hook on the site's modules
+            handles.extend(m.register_forward_hook(hook) for m in self.modules(site))
+
+        # hook_result's replacement first, so that hook_attn_out sees the edited output.
+        after(HookKind.RESULT.at(), self._replace_output)
+        handles += [
+            b.register_forward_pre_hook(self._resid_pre, with_kwargs=True)
+            for b in self.modules(HookKind.RESID_PRE.at())
+        ]
+        # The inputs' recomputed projections first, so that hook_q and hook_k see them.
+        for part in "qkv":
+            after(HookKind.HEAD_INPUTS.at(part), self._input_hook(part))
+        after(HookKind.HEAD_INPUTS.at("qkv"), self._fused_input_hook)
+        for part in ("q", "k", "qkv"):
+            after(HookKind.PROJECTION.at(part), self._projection_hook(part))
+        # A norm's edits first, so that an output hook on the same module (Gemma's attn_out)
+        # sees them.
+        for part in (*NORMS, *MODEL_NORMS, *QK_NORMS):
+            after(HookKind.NORM.at(part), self._norm_hook(HookKind.NORM.at(part)))
+        after(HookKind.ATTN_OUT.at(), self._attn_out)
+        after(HookKind.FUSED_MLP.at(), self._fused_mlp)
+        for site in self.sites_of(HookKind.INPUTS):
+            hook = self._inputs_hook(site)
+            handles += [m.register_forward_pre_hook(hook) for m in self.modules(site)]
+        # The outputs in this order, then the MLP's points (the order of hooks on one module).
+        first = ("hook_cross_attn_out", "hook_mlp_out", "hook_resid_post", EMBED, POS_EMBED)
+        first += (UNEMBED, *QK_NORM_POINTS)
+        outputs = [*first, *(s.name for s in self.sites_of(HookKind.OUTPUT) if s.name not in first)]
+        for suffix in outputs:
+            after(HookKind.OUTPUT.at(suffix), self._output_hook(suffix))
+        return handles
 
 
 def _with_heads(
