@@ -102,7 +102,7 @@ class CrossAttention(Analysis):
 
     def _tables(self) -> dict[str, pd.DataFrame]:
         """``cross_attention``: one row per decoder (layer, head), means over real positions."""
-        from probe.capture.architectures import iter_head_weights
+        from probe.capture.head_weights import iter_head_weights
         from probe.weights.spectra import spectra
 
         L, H = self.n_layers, self.n_heads

@@ -43,7 +43,7 @@ class Spectra(Analysis):
         """``spectra``: one row per (layer, head, circuit); singular values space-separated."""
         # The heads of the run's grid: an encoder-decoder model's encoder (cross-attention's
         # circuits are in the cross analysis).
-        from probe.capture.architectures import iter_head_weights
+        from probe.capture.head_weights import iter_head_weights
         from probe.weights.spectra import spectra
 
         table = spectra(iter_head_weights(self.context.model))

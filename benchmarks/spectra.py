@@ -15,7 +15,7 @@ import time
 import numpy as np
 import torch
 
-from probe.capture.architectures import HeadWeights
+from probe.capture.head_weights import HeadWeights
 from probe.weights.spectra import _layer_rows
 
 

@@ -59,7 +59,7 @@ def facts() -> dict[str, str]:
     from analyses import REGISTRY, get
     from analyses.circuit import EDGE_METHOD
     from probe.app import examples
-    from probe.capture.architectures import ARCHITECTURES, ENCODER_DECODER
+    from probe.capture.architectures import MODEL_TYPES
     from probe.inputs import download
     from probe.inputs import units as units_module
     from probe.inputs.treebank import EWT_DEV, SAMPLE, UD_TREEBANKS
@@ -82,8 +82,9 @@ def facts() -> dict[str, str]:
     found["http.timeout"] = f"{download.TIMEOUT_S:g}"
     found["http.deadline"] = f"{download.DEADLINE_S:g}"
     found["http.min_rate"] = f"{download.MIN_RATE:g}"
-    found["architectures"] = ", ".join(sorted(ARCHITECTURES))
-    found["architectures.encoder_decoder"] = ", ".join(sorted(ENCODER_DECODER))
+    encoder_decoder = {kind for kind, row in MODEL_TYPES.items() if row.encoder_decoder}
+    found["architectures"] = ", ".join(sorted(MODEL_TYPES.keys() - encoder_decoder))
+    found["architectures.encoder_decoder"] = ", ".join(sorted(encoder_decoder))
     found["analyses"] = ", ".join(f"`{n}`" for n in REGISTRY)
     found["analyses.default"] = ",".join(n for n in REGISTRY if get(n).default)
     found["circuit.edge_method"] = EDGE_METHOD
@@ -253,7 +254,7 @@ def points_by_architecture() -> dict[str, set[str]]:
     sys.path.insert(0, str(ROOT / "tests"))
     from models import CONFIGS, ENCODERS, SEQ2SEQ
 
-    from probe.capture.architectures import CAUSAL
+    from probe.capture.architectures import MODEL_TYPES
     from probe.capture.hookpoints import hook_points
     from probe.capture.names import point_of
 
@@ -265,7 +266,7 @@ def points_by_architecture() -> dict[str, set[str]]:
         elif kind in ENCODERS:
             auto = tf.AutoModelForMaskedLM
         else:
-            auto = tf.AutoModelForCausalLM if kind in CAUSAL else tf.AutoModel
+            auto = tf.AutoModelForCausalLM if MODEL_TYPES[kind].causal else tf.AutoModel
         model = auto.from_config(config()).eval()
         with hook_points(model) as points:
             for name in points:

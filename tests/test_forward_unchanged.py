@@ -111,12 +111,12 @@ def test_an_eager_models_own_pattern_is_captured(kind, monkeypatch):
     """Under eager attention the pattern captured is the one the model's kernel computed (no
     second computation): equal, bit for bit, to what the untouched model returns as its
     attentions, and the output unchanged."""
-    from probe.capture import mirror
+    from probe.capture import attention_function
 
     def computed_again(*args):
         raise AssertionError("the pattern was computed beside the eager kernel")
 
-    monkeypatch.setattr(mirror, "_pattern_beside", computed_again)
+    monkeypatch.setattr(attention_function, "_pattern_beside", computed_again)
     model = small_model(kind, attn_implementation="eager")
     ids = torch.randint(3, 99, (2, 7), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
@@ -160,7 +160,7 @@ def test_the_streams_output_mixed_from_the_pattern_is_sdpas(kind, monkeypatch):
     (p·V) instead of running sdpa too: every real position's output is sdpa's, to float32
     rounding, on every architecture (padding, grouped-query attention, T5's position bias,
     encoder-decoder models' three attentions); a trace outside the stream keeps sdpa's bits."""
-    from probe.capture.mirror import mixed_from_the_pattern
+    from probe.capture.modes import mixed_from_the_pattern
 
     model = small_model(kind, attn_implementation="sdpa")
     ids = torch.randint(3, 99, (2, 7), generator=torch.Generator().manual_seed(0))

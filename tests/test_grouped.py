@@ -8,7 +8,7 @@ import torch
 from twins import causal_lm, ungrouped_twin
 
 import probe
-from probe.capture.mirror import ungrouped
+from probe.capture.modes import ungrouped
 from probe.interventions.edge_patching import patch_edges
 from probe.interventions.graph import graph
 

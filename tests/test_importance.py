@@ -247,7 +247,7 @@ def test_ablated_passes_run_the_models_sdpa_kernel(monkeypatch):
     attention gives."""
     from transformers import AttentionInterface
 
-    import probe.capture.mirror
+    import probe.capture.attention_function
 
     tokenizer = byte_level_bpe()
     model = gpt2_lm()
@@ -260,7 +260,7 @@ def test_ablated_passes_run_the_models_sdpa_kernel(monkeypatch):
     def no_pattern(*args):
         raise AssertionError("a pattern was computed")
 
-    monkeypatch.setattr(probe.capture.mirror, "_pattern_beside", no_pattern)
+    monkeypatch.setattr(probe.capture.attention_function, "_pattern_beside", no_pattern)
     fast = importance(model, tokenizer, "mean")[0].finish()
     # two layers of: the means, the reference, 8 heads, 9 shares of the curve, the gradient
     assert len(calls) == 2 * (1 + 1 + 8 + 9 + 1)

@@ -9,6 +9,7 @@ import transformers as tf
 from models import CONFIGS, ENCODERS, ROTARY, padded_batch, small_model
 
 import probe
+from probe.capture import attention_function
 from probe.capture.architectures import architecture, blocks, is_rotary
 from probe.capture.names import Attention, HookName, Stack, hook_name, parse
 
@@ -284,15 +285,21 @@ def probe_imports() -> dict[str, set[str]]:
 
 
 def test_the_library_core_imports_no_cycle():
-    """hookpoints imports mirror (for Hugging Face models), so mirror must not import
-    hookpoints; names and architectures sit below both."""
+    """hookpoints imports mirror (for Hugging Face models), so mirror (and its parts) must not
+    import hookpoints; names and architectures sit below both."""
     graph = probe_imports()
     assert "probe.capture.mirror" in graph["probe.capture.hookpoints"]
     for start in (
         "probe.capture.hookpoints",
         "probe.capture.mirror",
+        "probe.capture.sites",
+        "probe.capture.hooks",
+        "probe.capture.attention_function",
+        "probe.capture.norms",
+        "probe.capture.modes",
         "probe.capture.names",
         "probe.capture.architectures",
+        "probe.capture.head_weights",
     ):
         seen, todo = set(), [start]
         while todo:
@@ -418,8 +425,8 @@ def test_two_models_sharing_a_config_traced_at_once(kind):
     implementation = a.config._attn_implementation
     with probe.trace(a, "hook_pattern") as first, probe.trace(b, "hook_pattern") as second:
         traced = [m(**batch)[0] for m in (a, b)]
-        assert probe.capture.mirror._BY_CONFIG[id(a.config)] is not None
+        assert attention_function._BY_CONFIG[id(a.config)] is not None
     assert all(torch.equal(x, y) for x, y in zip(plain, traced, strict=True))
     assert not torch.equal(first["pattern", 0], second["pattern", 0])
     assert a.config._attn_implementation == implementation
-    assert not probe.capture.mirror._BY_CONFIG and not probe.capture.mirror._MIRRORS
+    assert not attention_function._BY_CONFIG and not attention_function._MIRRORS

@@ -28,7 +28,7 @@ _TEMPLATE = re.compile(
 _PARTS = {"blocks", "encoder", "decoder", "attn", "cross_attn"}
 # Splitting or joining on dots (hook names: probe.capture.names.parse and point_of).
 _DOTTED = {"split", "rsplit", "partition", "rpartition", "replace", "count"}
-# Model facts: probe.capture.architectures.is_encoder_decoder, is_causal, head_count.
+# Model facts: probe.capture.architectures.is_encoder_decoder, is_causal, head_dim.
 _FACTS = {"is_encoder_decoder", "is_decoder", "num_attention_heads"}
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from models import CONFIGS, ROTARY, SEQ2SEQ, small_model
 
-from probe.capture.architectures import iter_head_weights
+from probe.capture.head_weights import iter_head_weights
 from probe.capture.names import Attention
 from probe.capture.spec import describe
 
@@ -19,7 +19,9 @@ ROOT = Path(__file__).resolve().parent.parent
 # (and by loading, on a config, before the model it chooses the class of exists).
 DERIVATIONS = {"head_count", "head_dim", "is_causal", "is_encoder_decoder", "attentions",
                "max_positions", "is_rotary"}  # fmt: skip
-DERIVERS = {"probe/capture/architectures.py", "probe/capture/spec.py"}
+DERIVERS = {
+    "probe/capture/architectures.py", "probe/capture/head_weights.py", "probe/capture/spec.py"
+}  # fmt: skip
 ON_A_CONFIG = {("probe/run/loading.py", "is_causal")}
 
 

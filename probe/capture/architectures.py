@@ -1,11 +1,14 @@
-"""Where each supported Hugging Face architecture keeps its attention, and how its weights split
-into heads. The one place to add an architecture."""
+"""Every fact probe keeps about each supported Hugging Face architecture, one row per model type
+(``MODEL_TYPES``): where each attention, norm and MLP lives, the model's own modules, whether it
+is causal, its position table and its norms' gain. The one place to add an architecture: one
+entry there.
+
+How the attention weights split into heads is ``probe.capture.head_weights``'s.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
@@ -16,7 +19,8 @@ from probe.errors import ProbeError
 
 @dataclass(frozen=True)
 class Architecture:
-    """Where one architecture keeps its attention.
+    """Where one architecture keeps one of its attentions (and that attention's block's norms and
+    MLP): each attention of a ``ModelType`` row.
 
     ``blocks`` is relative to the model's ``base_model``; the others are relative to a block.
 
@@ -77,34 +81,17 @@ class Architecture:
 
 
 _BERT = Architecture(
-    "encoder.layer",
-    "attention.self",
-    "attention.self.query",
-    "attention.self.key",
-    "attention.self.value",
-    "attention.output.dense",
-    mlp="output.dense",
-    ln1="attention.output.LayerNorm",
-    ln2="output.LayerNorm",
-    mlp_pre="intermediate.dense",
-    mlp_post="output.dense",
-    post_ln=True,
-)
+    "encoder.layer", "attention.self", "attention.self.query", "attention.self.key",
+    "attention.self.value", "attention.output.dense", mlp="output.dense",
+    ln1="attention.output.LayerNorm", ln2="output.LayerNorm", mlp_pre="intermediate.dense",
+    mlp_post="output.dense", post_ln=True,
+)  # fmt: skip
 _LLAMA = Architecture(
-    "layers",
-    "self_attn",
-    "self_attn.q_proj",
-    "self_attn.k_proj",
-    "self_attn.v_proj",
-    "self_attn.o_proj",
-    mlp="mlp",
-    rotary=True,
-    ln1="input_layernorm",
-    ln2="post_attention_layernorm",
-    mlp_pre="mlp.gate_proj",
-    mlp_pre_linear="mlp.up_proj",
+    "layers", "self_attn", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+    "self_attn.o_proj", mlp="mlp", rotary=True, ln1="input_layernorm",
+    ln2="post_attention_layernorm", mlp_pre="mlp.gate_proj", mlp_pre_linear="mlp.up_proj",
     mlp_post="mlp.down_proj",
-)
+)  # fmt: skip
 # Gemma normalises the attention's and the MLP's outputs before adding them to the stream.
 _GEMMA = replace(
     _LLAMA,
@@ -115,80 +102,69 @@ _GEMMA = replace(
     ln2_post="post_feedforward_layernorm",
 )
 
-ARCHITECTURES: dict[str, Architecture] = {
-    "bert": _BERT,
-    "roberta": _BERT,
-    "electra": _BERT,
-    "distilbert": Architecture(
-        "transformer.layer",
-        "attention",
-        "attention.q_lin",
-        "attention.k_lin",
-        "attention.v_lin",
-        "attention.out_lin",
-        mlp="ffn",
-        ln1="sa_layer_norm", ln2="output_layer_norm", mlp_pre="ffn.lin1", mlp_post="ffn.lin2",
-        post_ln=True,
-    ),
-    "albert": Architecture(
-        "encoder.albert_layer_groups",
-        "attention",
-        "attention.query",
-        "attention.key",
-        "attention.value",
-        "attention.dense",
-        mlp="ffn_output",
-        ln1="attention.LayerNorm", ln2="full_layer_layer_norm", mlp_pre="ffn",
-        mlp_post="ffn_output", post_ln=True,
-    ),
-    "gpt2": Architecture(
-        "h", "attn", o="attn.c_proj", qkv="attn.c_attn", fused="gpt2", mlp="mlp", ln1="ln_1",
-        ln2="ln_2", mlp_pre="mlp.c_fc", mlp_post="mlp.c_proj",
-    ),
-    "gpt_neox": Architecture(
-        "layers",
-        "attention",
-        o="attention.dense",
-        qkv="attention.query_key_value",
-        fused="neox",
-        mlp="mlp",
-        rotary=True,
-        ln1="input_layernorm", ln2="post_attention_layernorm", mlp_pre="mlp.dense_h_to_4h",
-        mlp_post="mlp.dense_4h_to_h",
-    ),
-    "opt": Architecture(
-        "decoder.layers",
-        "self_attn",
-        "self_attn.q_proj",
-        "self_attn.k_proj",
-        "self_attn.v_proj",
-        "self_attn.out_proj",
-        mlp="fc2",
-        ln1="self_attn_layer_norm", ln2="final_layer_norm", mlp_pre="fc1", mlp_post="fc2",
-        q_scaled=True,
-    ),
-    "llama": _LLAMA,
-    "mistral": _LLAMA,
-    "qwen2": _LLAMA,
-    # Query and key RMSNorms sit between the projections and the rotary embedding: hook_q and
-    # hook_k are before both (as TransformerLens's), hook_rot_q and hook_rot_k after both.
-    "qwen3": replace(_LLAMA, q_norm="self_attn.q_norm", k_norm="self_attn.k_norm"),
-    # Logit soft-capping and sliding windows happen in the attention function (probe's too).
-    "gemma2": _GEMMA,
-    "gemma3_text": replace(
-        _GEMMA, q_norm="self_attn.q_norm", k_norm="self_attn.k_norm", qk_norm_heads_first=True
-    ),
-    "phi3": Architecture(
-        "layers", "self_attn", o="self_attn.o_proj", qkv="self_attn.qkv_proj", fused="linear",
-        mlp="mlp", rotary=True, ln1="input_layernorm", ln2="post_attention_layernorm",
-        mlp_pre_fused="mlp.gate_up_proj", mlp_post="mlp.down_proj",
-    ),
-    # Local (sliding-window) and global layers alternate; the mask tells them apart.
-    "modernbert": Architecture(
-        "layers", "attn", o="attn.Wo", qkv="attn.Wqkv", fused="linear", mlp="mlp", rotary=True,
-        ln1="attn_norm", ln2="mlp_norm", mlp_pre_fused="mlp.Wi", mlp_post="mlp.Wo",
-    ),
-}  # fmt: skip
+_DISTILBERT = Architecture(
+    "transformer.layer",
+    "attention",
+    "attention.q_lin",
+    "attention.k_lin",
+    "attention.v_lin",
+    "attention.out_lin",
+    mlp="ffn",
+    ln1="sa_layer_norm", ln2="output_layer_norm", mlp_pre="ffn.lin1", mlp_post="ffn.lin2",
+    post_ln=True,
+)  # fmt: skip
+_ALBERT = Architecture(
+    "encoder.albert_layer_groups",
+    "attention",
+    "attention.query",
+    "attention.key",
+    "attention.value",
+    "attention.dense",
+    mlp="ffn_output",
+    ln1="attention.LayerNorm", ln2="full_layer_layer_norm", mlp_pre="ffn",
+    mlp_post="ffn_output", post_ln=True,
+)  # fmt: skip
+_GPT2 = Architecture(
+    "h", "attn", o="attn.c_proj", qkv="attn.c_attn", fused="gpt2", mlp="mlp", ln1="ln_1",
+    ln2="ln_2", mlp_pre="mlp.c_fc", mlp_post="mlp.c_proj",
+)  # fmt: skip
+_GPT_NEOX = Architecture(
+    "layers",
+    "attention",
+    o="attention.dense",
+    qkv="attention.query_key_value",
+    fused="neox",
+    mlp="mlp",
+    rotary=True,
+    ln1="input_layernorm", ln2="post_attention_layernorm", mlp_pre="mlp.dense_h_to_4h",
+    mlp_post="mlp.dense_4h_to_h",
+)  # fmt: skip
+_OPT = Architecture(
+    "decoder.layers",
+    "self_attn",
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.out_proj",
+    mlp="fc2",
+    ln1="self_attn_layer_norm", ln2="final_layer_norm", mlp_pre="fc1", mlp_post="fc2",
+    q_scaled=True,
+)  # fmt: skip
+# Query and key RMSNorms sit between the projections and the rotary embedding: hook_q and
+# hook_k are before both (as TransformerLens's), hook_rot_q and hook_rot_k after both.
+_QWEN3 = replace(_LLAMA, q_norm="self_attn.q_norm", k_norm="self_attn.k_norm")
+_GEMMA3 = replace(
+    _GEMMA, q_norm="self_attn.q_norm", k_norm="self_attn.k_norm", qk_norm_heads_first=True
+)
+_PHI3 = Architecture(
+    "layers", "self_attn", o="self_attn.o_proj", qkv="self_attn.qkv_proj", fused="linear",
+    mlp="mlp", rotary=True, ln1="input_layernorm", ln2="post_attention_layernorm",
+    mlp_pre_fused="mlp.gate_up_proj", mlp_post="mlp.down_proj",
+)  # fmt: skip
+_MODERNBERT = Architecture(
+    "layers", "attn", o="attn.Wo", qkv="attn.Wqkv", fused="linear", mlp="mlp", rotary=True,
+    ln1="attn_norm", ln2="mlp_norm", mlp_pre_fused="mlp.Wi", mlp_post="mlp.Wo",
+)  # fmt: skip
 
 # Encoder-decoder models: each attention by its hook prefix without the layer. Cross-attention
 # reads queries from the decoder's stream and keys and values from the encoder's output.
@@ -256,16 +232,8 @@ _T5 = {
 }
 # mBART normalises before each sublayer, as decoders do.
 _MBART = {a: replace(arch, post_ln=False) for a, arch in _BART.items()}
-ENCODER_DECODER: dict[str, dict[Attention, Architecture]] = {
-    "bart": _BART,
-    "mbart": _MBART,
-    "marian": _BART,
-    "t5": _T5,  # and Flan-T5: relative position bias, no 1/√d_head scaling
-}  # fmt: skip
 
-# The model's own modules (paths from its base model, else from the model: an LM head's norm):
-# the token and position embeddings, the embeddings' norm and the final norm, by the name of
-# their points (an encoder-decoder model's hook_embed and hook_pos_embed are the encoder's).
+# The model's own modules shared by several rows (``ModelType.parts``).
 _BERT_MODEL = {
     "embed": "embeddings.word_embeddings", "pos_embed": "embeddings.position_embeddings",
     "embed_ln": "embeddings.LayerNorm",
@@ -275,42 +243,117 @@ _BART_MODEL = {
     "embed_ln": "encoder.layernorm_embedding", "decoder_embed_ln": "decoder.layernorm_embedding",
 }  # fmt: skip
 _DECODER_MODEL = {"embed": "embed_tokens", "ln_final": "norm"}
-MODEL_PARTS: dict[str, dict[str, str]] = {
-    "bert": _BERT_MODEL | {"ln_final": "cls.predictions.transform.LayerNorm"},
-    "roberta": _BERT_MODEL | {"ln_final": "lm_head.layer_norm"},
-    "electra": _BERT_MODEL,
-    "albert": _BERT_MODEL,
-    "distilbert": _BERT_MODEL | {"ln_final": "vocab_layer_norm"},
-    "bart": _BART_MODEL,
-    "mbart": _BART_MODEL | {
-        "encoder_ln_final": "encoder.layer_norm", "decoder_ln_final": "decoder.layer_norm",
-    },
-    "marian": {"embed": "encoder.embed_tokens", "pos_embed": "encoder.embed_positions"},
-    "t5": {  # its positions are a learned bias per head and relative distance (bucketed)
-        "embed": "encoder.embed_tokens",
-        "pos_embed": "encoder.block.0.layer.0.SelfAttention.relative_attention_bias",
-        "encoder_ln_final": "encoder.final_layer_norm",
-        "decoder_ln_final": "decoder.final_layer_norm",
-    },
-    "gpt2": {"embed": "wte", "pos_embed": "wpe", "ln_final": "ln_f"},
-    "gpt_neox": {"embed": "embed_in", "ln_final": "final_layer_norm"},
-    "opt": {
-        "embed": "decoder.embed_tokens", "pos_embed": "decoder.embed_positions",
-        "ln_final": "decoder.final_layer_norm",
-    },
-    "modernbert": {
-        "embed": "embeddings.tok_embeddings", "embed_ln": "embeddings.norm",
-        "ln_final": "final_norm",
-    },
+
+
+@dataclass(frozen=True)
+class ModelType:
+    """Every fact probe keeps about one model type (a config's ``model_type``): one row of
+    ``MODEL_TYPES``."""
+
+    attentions: dict[Attention, Architecture]
+    """Each attention by its hook prefix without the layer (``blocks.attn``; an encoder-decoder
+    model's ``encoder.attn``, ``decoder.attn`` and ``decoder.cross_attn``), where it lives."""
+    parts: dict[str, str] = field(default_factory=dict)
+    """The model's own modules (paths from its base model, else from the model: an LM head's
+    norm): the token and position embeddings, the embeddings' norm and the final norm, by the
+    name of their points (an encoder-decoder model's ``embed`` and ``pos_embed`` are the
+    encoder's)."""
+    causal: bool = False
+    """Each token attends only to itself and earlier tokens."""
+    position_offset: int | None = None
+    """Where the positions are a learned (or fixed) table of ``max_position_embeddings`` rows,
+    which an input longer than that runs past: the rows the table leaves to padding (RoBERTa
+    counts from its padding index + 1). None where the positions are rotary or relative, with
+    no such limit."""
+    norm_weight_offset: int = 0
+    """What the norms add to their weight to make their gain, the factor of the normalised input
+    (``norm_gain``): Gemma's scale by 1 + weight."""
+
+    @property
+    def encoder_decoder(self) -> bool:
+        """Whether the model has an encoder, a decoder and a cross-attention between them."""
+        return Attention.CROSS in self.attentions
+
+
+def _only(arch: Architecture) -> dict[Attention, Architecture]:
+    """An encoder-only or decoder-only model's one attention."""
+    return {Attention.BLOCKS: arch}
+
+
+MODEL_TYPES: dict[str, ModelType] = {
+    "bert": ModelType(
+        _only(_BERT), _BERT_MODEL | {"ln_final": "cls.predictions.transform.LayerNorm"},
+        position_offset=0,
+    ),
+    "roberta": ModelType(
+        _only(_BERT), _BERT_MODEL | {"ln_final": "lm_head.layer_norm"}, position_offset=2
+    ),
+    "electra": ModelType(_only(_BERT), _BERT_MODEL, position_offset=0),
+    "distilbert": ModelType(
+        _only(_DISTILBERT), _BERT_MODEL | {"ln_final": "vocab_layer_norm"}, position_offset=0
+    ),
+    "albert": ModelType(_only(_ALBERT), _BERT_MODEL, position_offset=0),
+    "gpt2": ModelType(
+        _only(_GPT2), {"embed": "wte", "pos_embed": "wpe", "ln_final": "ln_f"}, causal=True,
+        position_offset=0,
+    ),
+    "gpt_neox": ModelType(
+        _only(_GPT_NEOX), {"embed": "embed_in", "ln_final": "final_layer_norm"}, causal=True
+    ),
+    "opt": ModelType(
+        _only(_OPT),
+        {
+            "embed": "decoder.embed_tokens", "pos_embed": "decoder.embed_positions",
+            "ln_final": "decoder.final_layer_norm",
+        },
+        causal=True,
+        position_offset=0,
+    ),
+    "llama": ModelType(_only(_LLAMA), _DECODER_MODEL, causal=True),
+    "mistral": ModelType(_only(_LLAMA), _DECODER_MODEL, causal=True),
+    "qwen2": ModelType(_only(_LLAMA), _DECODER_MODEL, causal=True),
+    "qwen3": ModelType(_only(_QWEN3), _DECODER_MODEL, causal=True),
+    # Logit soft-capping and sliding windows happen in the attention function (probe's too).
+    "gemma2": ModelType(_only(_GEMMA), _DECODER_MODEL, causal=True, norm_weight_offset=1),
+    "gemma3_text": ModelType(_only(_GEMMA3), _DECODER_MODEL, causal=True, norm_weight_offset=1),
+    "phi3": ModelType(_only(_PHI3), _DECODER_MODEL, causal=True),
+    # Local (sliding-window) and global layers alternate; the mask tells them apart.
+    "modernbert": ModelType(
+        _only(_MODERNBERT),
+        {
+            "embed": "embeddings.tok_embeddings", "embed_ln": "embeddings.norm",
+            "ln_final": "final_norm",
+        },
+    ),
+    "bart": ModelType(_BART, _BART_MODEL, position_offset=0),
+    "mbart": ModelType(
+        _MBART,
+        _BART_MODEL | {
+            "encoder_ln_final": "encoder.layer_norm", "decoder_ln_final": "decoder.layer_norm",
+        },
+        position_offset=0,
+    ),
+    "marian": ModelType(
+        _BART, {"embed": "encoder.embed_tokens", "pos_embed": "encoder.embed_positions"},
+        position_offset=0,
+    ),
+    "t5": ModelType(  # and Flan-T5: relative position bias, no 1/√d_head scaling
+        _T5,
+        {  # its positions are a learned bias per head and relative distance (bucketed)
+            "embed": "encoder.embed_tokens",
+            "pos_embed": "encoder.block.0.layer.0.SelfAttention.relative_attention_bias",
+            "encoder_ln_final": "encoder.final_layer_norm",
+            "decoder_ln_final": "decoder.final_layer_norm",
+        },
+    ),
 }  # fmt: skip
-for _kind in ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3"):
-    MODEL_PARTS[_kind] = _DECODER_MODEL
 
 
 def model_part(model: nn.Module, part: str) -> nn.Module | None:
     """The model's module ``part`` (``"embed"``, ``"pos_embed"``, ``"ln_final"``; see
-    ``MODEL_PARTS``), or None where the model has none (a base model without its LM head)."""
-    path = MODEL_PARTS.get(model.config.model_type, {}).get(part)
+    ``ModelType.parts``), or None where the model has none (a base model without its LM head)."""
+    row = MODEL_TYPES.get(model.config.model_type)
+    path = None if row is None else row.parts.get(part)
     for root in (model.base_model, model):
         if path:
             try:
@@ -320,11 +363,7 @@ def model_part(model: nn.Module, part: str) -> nn.Module | None:
     return None
 
 
-SUPPORTED = ", ".join(sorted([*ARCHITECTURES, *ENCODER_DECODER]))
-CAUSAL = {
-    "gpt2", "gpt_neox", "opt", "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text",
-    "phi3",
-}  # fmt: skip
+SUPPORTED = ", ".join(sorted(MODEL_TYPES))
 
 
 class UnsupportedModelError(ProbeError, ValueError):
@@ -339,16 +378,14 @@ def attentions(model: nn.Module) -> dict[Attention, Architecture]:
     """
     config = model.config
     kind = getattr(config, "model_type", type(model).__name__)
-    if kind in ENCODER_DECODER:
-        return ENCODER_DECODER[kind]
-    if kind not in ARCHITECTURES:
+    if kind not in MODEL_TYPES:
         raise UnsupportedModelError(
             f"architecture {kind!r} is not supported (its attention is not mirrored by probe); "
             f"supported: {SUPPORTED}"
         )
     if kind == "albert" and config.inner_group_num != 1:
         raise UnsupportedModelError("ALBERT with inner_group_num > 1 is not supported")
-    return {Attention.BLOCKS: ARCHITECTURES[kind]}
+    return dict(MODEL_TYPES[kind].attentions)
 
 
 def architecture(model: nn.Module, attention: str | None = None) -> Architecture:
@@ -364,17 +401,23 @@ def architecture(model: nn.Module, attention: str | None = None) -> Architecture
     return every[attention]
 
 
+def _row(model_or_config) -> ModelType | None:
+    """The row of the model (or of a model with this config), or None where it is unsupported."""
+    return MODEL_TYPES.get(_config(model_or_config).model_type)
+
+
 def is_encoder_decoder(model) -> bool:
     """Whether the model (or its config) is a supported encoder-decoder model, whose attentions
     are ``encoder.attn``, ``decoder.attn`` and ``decoder.cross_attn``."""
-    return _config(model).model_type in ENCODER_DECODER
+    row = _row(model)
+    return row is not None and row.encoder_decoder
 
 
 def is_causal(model) -> bool:
     """Whether each token of the model (or of a model with this config) attends only to itself
     and earlier tokens (an encoder-decoder model's encoder does not)."""
-    config = _config(model)
-    return config.model_type in CAUSAL or bool(getattr(config, "is_decoder", False))
+    row = _row(model)
+    return (row is not None and row.causal) or bool(getattr(_config(model), "is_decoder", False))
 
 
 def is_rotary(model: nn.Module, attention: str | None = None) -> bool:
@@ -384,20 +427,23 @@ def is_rotary(model: nn.Module, attention: str | None = None) -> bool:
     return architecture(model, attention).rotary
 
 
-# Architectures whose positions are a learned (or fixed) table of ``max_position_embeddings``
-# rows, which an input longer than that runs past: tokens each table leaves to padding (RoBERTa
-# counts from its padding index + 1). Rotary and relative positions have no such limit.
-POSITION_TABLES = {"bert": 0, "roberta": 2, "distilbert": 0, "electra": 0, "albert": 0, "gpt2": 0,
-                   "opt": 0, "bart": 0, "mbart": 0, "marian": 0}  # fmt: skip
+def norm_gain(model, weight: torch.Tensor) -> torch.Tensor:
+    """What a norm of the model (or of a model with this config) multiplies its normalised input
+    by, from the norm's ``weight``: the weight itself, or Gemma's 1 + weight
+    (``ModelType.norm_weight_offset``)."""
+    row = _row(model)
+    offset = 0 if row is None else row.norm_weight_offset
+    return weight + offset if offset else weight
 
 
 def max_positions(model) -> int | None:
     """The longest input the model (or a model with this config) takes, special tokens included:
     the rows of its position table; None where its positions are rotary or relative."""
     config = _config(model)
-    if getattr(config, "model_type", None) not in POSITION_TABLES:
+    row = MODEL_TYPES.get(getattr(config, "model_type", None))
+    if row is None or row.position_offset is None:
         return None
-    return int(config.max_position_embeddings) - POSITION_TABLES[config.model_type]
+    return int(config.max_position_embeddings) - row.position_offset
 
 
 def check_length(model, length: int) -> None:
@@ -419,102 +465,6 @@ def check_length(model, length: int) -> None:
         )
 
 
-def _config(model_or_config):
-    return getattr(model_or_config, "config", model_or_config)
-
-
-def blocks(model: nn.Module, attention: str | None = None) -> list[nn.Module]:
-    """One block per layer, in order (ALBERT's shared blocks repeat), of the stack that holds
-    ``attention`` (see ``architecture``)."""
-    arch = architecture(model, attention)
-    stack = model.base_model.get_submodule(arch.blocks)
-    config = model.config
-    if config.model_type == "albert":
-        n, groups = config.num_hidden_layers, config.num_hidden_groups
-        return [stack[int(i / (n / groups))].albert_layers[0] for i in range(n)]
-    return list(stack)
-
-
-@dataclass
-class HeadWeights:
-    """One layer's attention weights split into heads, in the paper's orientation.
-
-    ``W_Q`` ``[n_heads, d_model, d_head]``; ``W_K``, ``W_V`` ``[n_kv_heads, d_model, d_head]``;
-    ``W_O`` ``[n_heads, d_head, d_model]``; biases ``[n_heads or n_kv_heads, d_head]`` and
-    ``b_O`` ``[d_model]`` (zeros where the model has none). Query head i reads key/value head
-    ``kv_head[i]`` (grouped-query attention; the identity otherwise).
-    """
-
-    W_Q: torch.Tensor
-    W_K: torch.Tensor
-    W_V: torch.Tensor
-    W_O: torch.Tensor
-    b_Q: torch.Tensor
-    b_K: torch.Tensor
-    b_V: torch.Tensor
-    b_O: torch.Tensor
-    kv_head: torch.Tensor
-
-    @property
-    def n_heads(self) -> int:
-        return self.W_Q.shape[0]
-
-
-def split_fused(
-    x: torch.Tensor, fused: str, n_heads: int, d_head: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Split the output of a fused Q/K/V projection into per-head queries, keys and values.
-
-    Parameters
-    ----------
-    x : torch.Tensor
-        ``[..., out]``: the projection's output, or its weight as ``[d_model, out]``.
-    fused : str
-        The layout, ``Architecture.fused``: ``"gpt2"`` and ``"linear"`` [Q | K | V] (K and V
-        may have fewer heads), ``"neox"`` per head [q_i | k_i | v_i].
-    n_heads, d_head : int
-        Query heads and their width.
-
-    Returns
-    -------
-    tuple of torch.Tensor
-        Views of ``x``: q ``[..., n_heads, d_head]``, k and v ``[..., n_kv_heads, d_head]``,
-        so that writing into them writes into ``x``.
-    """
-    if fused == "neox":
-        return x.unflatten(-1, (n_heads, 3 * d_head)).split(d_head, dim=-1)
-    q_width = n_heads * d_head
-    kv_width = (x.shape[-1] - q_width) // 2
-    q, k, v = x.split([q_width, kv_width, kv_width], dim=-1)
-    return tuple(t.unflatten(-1, (-1, d_head)) for t in (q, k, v))
-
-
-def _split_in(weight: torch.Tensor, bias: torch.Tensor | None, d_head: int):
-    """Split a Linear ``y = x Wᵀ + b`` with n·d_head outputs into n heads.
-
-    Returns W ``[n, d_model, d_head]`` and b ``[n, d_head]``.
-    """
-    n = weight.shape[0] // d_head
-    W = weight.T.reshape(weight.shape[1], n, d_head).transpose(0, 1)
-    b = torch.zeros(n, d_head, dtype=weight.dtype) if bias is None else bias.view(n, d_head)
-    return W, b
-
-
-def output_weights(o: nn.Module, d_head: int) -> torch.Tensor:
-    """W_O ``[n_heads, d_head, d_model]`` of an output projection (Linear, or GPT-2's Conv1D)."""
-    if type(o).__name__ == "Conv1D":  # y = x W + b with W [in, out]
-        return o.weight.reshape(-1, d_head, o.weight.shape[1])
-    return o.weight.T.reshape(-1, d_head, o.weight.shape[0])
-
-
-def head_count(model: nn.Module, attention: str | None = None) -> int:
-    """Query heads per layer of one attention (see ``architecture``)."""
-    arch = architecture(model, attention)
-    o = blocks(model, attention)[0].get_submodule(arch.o)
-    with materialized(o):
-        return output_weights(o, head_dim(model, attention)).shape[0]
-
-
 def head_dim(model: nn.Module, attention: str | None = None) -> int:
     """The width of each head of one attention (see ``architecture``): the attention module's
     own, where it states it (an encoder-decoder model's decoder may have other heads than its
@@ -529,88 +479,17 @@ def head_dim(model: nn.Module, attention: str | None = None) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
-@contextmanager
-def materialized(module: nn.Module) -> Iterator[bool]:
-    """Within the block, the weights of ``module`` that accelerate offloaded (``device_map``
-    with CPU or disk offload, where they otherwise sit on the meta device) are loaded where the
-    module computes; yields whether any were."""
-    offloaded = [m for m in module.modules() if getattr(getattr(m, "_hf_hook", None), "offload", 0)]
-    if not offloaded:
-        yield False
-        return
-    from accelerate.utils import align_module_device
-
-    with ExitStack() as stack:
-        for m in offloaded:
-            stack.enter_context(align_module_device(m))
-        yield True
+def _config(model_or_config):
+    return getattr(model_or_config, "config", model_or_config)
 
 
-def head_weights(model: nn.Module, attention: str | None = None) -> list[HeadWeights]:
-    """Every layer's per-head attention weights, in the layout of ``probe.MultiHeadAttention``.
-
-    Parameters
-    ----------
-    model : transformers.PreTrainedModel
-        A supported architecture (see ``probe.capture.architectures.SUPPORTED``).
-    attention : str, optional
-        Which attention of an encoder-decoder model: ``"encoder.attn"`` (the default),
-        ``"decoder.attn"`` or ``"decoder.cross_attn"``, whose W_Q reads the decoder's stream
-        and W_K, W_V the encoder's output.
-
-    Returns
-    -------
-    list of HeadWeights
-        One per layer, detached views of the model's parameters (copies, for layers that
-        accelerate offloaded; ``iter_head_weights`` holds one layer at a time).
-    """
-    return list(iter_head_weights(model, attention))
-
-
-@torch.no_grad()
-def iter_head_weights(model: nn.Module, attention: str | None = None) -> Iterator[HeadWeights]:
-    """``head_weights`` one layer at a time."""
+def blocks(model: nn.Module, attention: str | None = None) -> list[nn.Module]:
+    """One block per layer, in order (ALBERT's shared blocks repeat), of the stack that holds
+    ``attention`` (see ``architecture``)."""
     arch = architecture(model, attention)
-    d_head = head_dim(model, attention)
-    for block in blocks(model, attention):
-        with materialized(block) as copy:
-            weights = _block_weights(block, arch, d_head)
-        if copy:  # the offloaded originals go back to the meta device
-            weights = HeadWeights(
-                **{f.name: getattr(weights, f.name).clone() for f in fields(weights)}
-            )
-        yield weights
-
-
-def _block_weights(block: nn.Module, arch: Architecture, d_head: int) -> HeadWeights:
-    o = block.get_submodule(arch.o)
-    if arch.fused:
-        qkv = block.get_submodule(arch.qkv)
-        # The weight as [d_model, out] (GPT-2's Conv1D already is), split as the output is.
-        w = qkv.weight if arch.fused == "gpt2" else qkv.weight.T
-        b = (
-            torch.zeros(w.shape[1], dtype=w.dtype, device=w.device)
-            if qkv.bias is None
-            else qkv.bias
-        )
-        n_heads = output_weights(o, d_head).shape[0]
-        W_Q, W_K, W_V = (W.transpose(0, 1) for W in split_fused(w, arch.fused, n_heads, d_head))
-        b_Q, b_K, b_V = split_fused(b, arch.fused, n_heads, d_head)
-    else:
-        (W_Q, b_Q), (W_K, b_K), (W_V, b_V) = (
-            _split_in(p.weight, p.bias, d_head)
-            for p in (block.get_submodule(n) for n in (arch.q, arch.k, arch.v))
-        )
-    n_heads, n_kv = W_Q.shape[0], W_K.shape[0]
-    W_O = output_weights(o, d_head)
-    return HeadWeights(
-        W_Q=W_Q.detach(),
-        W_K=W_K.detach(),
-        W_V=W_V.detach(),
-        W_O=W_O.detach(),
-        b_Q=b_Q.detach(),
-        b_K=b_K.detach(),
-        b_V=b_V.detach(),
-        b_O=torch.zeros(W_O.shape[-1], dtype=W_O.dtype) if o.bias is None else o.bias.detach(),
-        kv_head=torch.arange(n_heads) // (n_heads // n_kv),
-    )
+    stack = model.base_model.get_submodule(arch.blocks)
+    config = model.config
+    if config.model_type == "albert":
+        n, groups = config.num_hidden_layers, config.num_hidden_groups
+        return [stack[int(i / (n / groups))].albert_layers[0] for i in range(n)]
+    return list(stack)

@@ -303,9 +303,10 @@ class Cache(dict):
             residual_stack = sliced(residual_stack, batch_slice, dim=1)
         norm = self._norm(None if final else layer, mlp_input)
         if recompute and final:
-            from probe.capture.mirror import normalise
+            from probe.capture.norms import normalise
 
-            return torch.stack([normalise(norm, x, affine=True) for x in residual_stack])
+            model = self._traced()
+            return torch.stack([normalise(model, norm, x) for x in residual_stack])
         if isinstance(norm, nn.LayerNorm):
             residual_stack = residual_stack - residual_stack.mean(-1, keepdim=True)
         key = ("scale",) if final else ("scale", layer, "ln2" if mlp_input else "ln1")

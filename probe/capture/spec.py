@@ -16,6 +16,7 @@ from typing import Any
 from torch import nn
 
 from probe.capture import architectures as arch
+from probe.capture.head_weights import iter_head_weights
 from probe.capture.names import Attention
 from probe.errors import ProbeError
 
@@ -136,7 +137,7 @@ def _derive(model: nn.Module) -> ModelSpec:
 
 
 def _attention(model: nn.Module, name: Attention) -> AttentionSpec:
-    first = next(arch.iter_head_weights(model, name))  # layer 0's, split into heads
+    first = next(iter_head_weights(model, name))  # layer 0's, split into heads
     return AttentionSpec(
         name=str(name),
         n_layers=len(arch.blocks(model, name)),

@@ -14,9 +14,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from probe.capture.architectures import head_weights
+from probe.capture.head_weights import head_weights
 from probe.capture.hookpoints import Hook, hook_points, hooks, trace
-from probe.capture.mirror import ungrouped
+from probe.capture.modes import ungrouped
 from probe.capture.spec import describe
 from probe.errors import ProbeError
 from probe.interventions.gradients import memory_budget, run_bytes

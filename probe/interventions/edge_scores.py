@@ -17,9 +17,9 @@ import pandas as pd
 import torch
 from torch import nn
 
-from probe.capture.architectures import head_weights
+from probe.capture.head_weights import head_weights
 from probe.capture.hookpoints import hook_points, trace
-from probe.capture.mirror import ungrouped
+from probe.capture.modes import ungrouped
 from probe.capture.names import hook_name
 from probe.capture.spec import describe
 from probe.errors import ProbeError

@@ -11,7 +11,7 @@ final norm). Receivers: a head through its query, key or value input (``hook_q_i
 attention every query head receives its own key and value inputs, as on the model's ungrouped
 twin (its key and value weights repeated per query head): edge scoring (``edge_scores``) and
 edge patching (``edge_patching``) run in TransformerLens's ungrouped view
-(``probe.capture.mirror.ungrouped``).
+(``probe.capture.modes.ungrouped``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from torch import nn
 
 from probe.capture.architectures import architecture
 from probe.capture.hookpoints import hook_points
-from probe.capture.mirror import ungroupable
+from probe.capture.modes import ungroupable
 from probe.capture.names import NORM_POINTS, hook_name
 from probe.capture.spec import describe
 from probe.errors import ProbeError
@@ -55,11 +55,11 @@ def graph(model: nn.Module) -> Graph:
         For a model whose components do not read one residual stream as a plain sum: an
         encoder-decoder, a post-LayerNorm (BERT) or a parallel-attention model, or a module that
         is not a Hugging Face model; and for grouped-query attention that probe cannot take
-        apart per query head (``probe.capture.mirror.ungroupable``).
+        apart per query head (``probe.capture.modes.ungroupable``).
 
     Under grouped-query attention every query head is a receiver with its own query, key and
     value inputs, as on the model's ungrouped twin (TransformerLens's ungrouped view,
-    ``probe.capture.mirror.ungrouped``, in which ``edges`` and ``patch_edges`` run the model):
+    ``probe.capture.modes.ungrouped``, in which ``edges`` and ``patch_edges`` run the model):
     an edge into a head's key input changes the keys that head reads, and no other head's.
     """
     if getattr(model, "config", None) is None or describe(model).encoder_decoder:

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from probe.capture.architectures import architecture, blocks, head_weights
+from probe.capture.architectures import architecture, blocks, norm_gain
+from probe.capture.head_weights import head_weights
 from probe.capture.names import hook_name
 from probe.interventions.graph import LN1_POINTS
 
@@ -57,7 +58,7 @@ def head_inputs(model: nn.Module) -> dict[str, HeadInput]:
     for layer, (weights, block) in enumerate(zip(head_weights(model), blocks(model), strict=True)):
         norm = block.get_submodule(arch.ln1)
         gain = 1.0 if norm.weight is None else norm.weight.detach().float()
-        gain = gain + 1 if "Gemma" in type(norm).__name__ else gain  # Gemma's 1 + weight
+        gain = norm_gain(model, gain)  # Gemma's 1 + weight
         for part, W in zip("qkv", (weights.W_Q, weights.W_K, weights.W_V), strict=True):
             # Grouped keys and values, ungrouped (``ungrouped``): one per query head.
             kv_head = weights.kv_head if len(W) != len(weights.W_Q) else None

@@ -18,7 +18,7 @@ import torch
 from transformers import PreTrainedModel
 
 from probe.capture.hookpoints import hooks
-from probe.capture.mirror import mixed_from_the_pattern
+from probe.capture.modes import mixed_from_the_pattern
 from probe.capture.names import hook_name, parse
 from probe.capture.spec import describe
 from probe.errors import ProbeError

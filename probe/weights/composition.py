@@ -21,7 +21,8 @@ import pandas as pd
 import torch
 from torch import nn
 
-from probe.capture.architectures import HeadWeights, architecture, blocks, head_weights
+from probe.capture.architectures import architecture, blocks, norm_gain
+from probe.capture.head_weights import HeadWeights, head_weights
 from probe.errors import ProbeError
 
 KINDS = ("Q", "K", "V")
@@ -100,7 +101,7 @@ def _weights(model, fold_ln: bool) -> tuple[list[HeadWeights], bool]:
     folded = []
     for w, block in zip(weights, blocks(model), strict=True):
         norm = block.get_submodule(arch.ln1)
-        gain = norm.weight.detach() + (1 if "Gemma" in type(norm).__name__ else 0)
+        gain = norm_gain(model, norm.weight.detach())
         W_Q, W_K, W_V = (W * gain[:, None] for W in (w.W_Q, w.W_K, w.W_V))
         W_O = w.W_O
         if isinstance(norm, nn.LayerNorm):  # it reads x - mean(x): only centred parts count

@@ -33,7 +33,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from probe.capture.architectures import iter_head_weights, materialized
+from probe.capture.head_weights import iter_head_weights, materialized
 from probe.capture.names import Attention, Stack
 from probe.capture.spec import describe
 from probe.errors import ProbeError

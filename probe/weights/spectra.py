@@ -17,10 +17,7 @@ import torch
 from torch import nn
 
 from probe.attention import MultiHeadAttention
-from probe.capture.architectures import (
-    HeadWeights,
-    iter_head_weights,
-)
+from probe.capture.head_weights import HeadWeights, iter_head_weights
 from probe.capture.names import Attention, Stack
 from probe.capture.spec import describe
 
