@@ -1,5 +1,5 @@
-"""``probe analyze -a circuit`` on the induction model (tests/induction.py): the induction heads
-rank high by attribution and by exact patching, the previous-token head feeds their keys and
+"""``probe analyze -a circuit`` on the induction model (tests/support/induction.py): the induction
+heads rank high by attribution and by exact patching, the previous-token head feeds their keys and
 composes with them most, a quarter of the edges keep 80% of the behaviour; a task file's metric
 against one computed here; and the one-line errors."""
 
@@ -18,7 +18,8 @@ from analyses.circuit import Circuit, file_task, repeats_task
 from probe.app.cli import app
 
 runner = CliRunner()
-INDUCTION_HEADS = {(1, h) for h in range(4)}  # all four layer-1 heads do it (tests/induction.py)
+# all four layer-1 heads do it (tests/support/induction.py)
+INDUCTION_HEADS = {(1, h) for h in range(4)}
 MISSING = "/nonexistent/model-folder"  # a check after loading would report this instead
 
 
@@ -358,7 +359,7 @@ def test_a_task_that_is_not_a_file_is_one_line_and_does_not_wait(tmp_path, kind)
 
 def test_too_few_pairs_is_one_line_before_the_model_loads(tmp_path):
     """No most: the runs take the pairs a chunk at a time within probe's budget
-    (tests/test_budget.py); fewer than two pairs give no interval."""
+    (tests/interventions/test_budget.py); fewer than two pairs give no interval."""
     result = analyze("--model", MISSING, "-a", "circuit", "--lm-head", "--circuit-pairs",
                      "1", "--out", str(tmp_path / "r"))  # fmt: skip
     assert result.exit_code != 0

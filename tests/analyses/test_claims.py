@@ -14,9 +14,9 @@ import pandas as pd
 import pytest
 import torch
 import transformers as tf
-from conftest import EWT, GUM, needs_ewt, needs_gum
 from induction import INDUCTION, MODEL, PREVIOUS_TOKEN
 from models import CONFIGS, SMALL, padded_batch, small_model
+from treebanks import EWT, GUM, needs_ewt, needs_gum
 
 from analyses import Context
 from analyses.claims import Claims, listed_claims

@@ -8,9 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import GUM, needs_gum
 from streams import context, feed
 from tokenizers_util import FAMILIES
+from treebanks import GUM, needs_gum
 from typer.testing import CliRunner
 
 from analyses.coreference import Coreference

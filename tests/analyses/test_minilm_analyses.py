@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import EWT, needs_ewt
+from treebanks import EWT, needs_ewt
 
 from analyses import Context
 from analyses.probing import AttentionProbe
@@ -38,7 +38,7 @@ def test_det_best_head_beats_its_best_offset(results):
 
 def test_every_head_has_its_interval(results):
     """syntax.csv's intervals, one per head and relation, widen as the relation's words get
-    fewer (tests/test_alignment.py recomputes them by hand)."""
+    fewer (tests/inputs/test_alignment.py recomputes them by hand)."""
     syntax = results["syntax"]["syntax"]
     few = syntax.sentences < 10  # too few sentences for an interval: none is drawn
     assert syntax[few].ci_low.isna().all() and syntax[few].ci_high.isna().all()

@@ -39,7 +39,7 @@ assert not heavy, heavy
 def test_a_run_of_probes_own_analyses_is_planned_without_pandas(tmp_path):
     """The run needs pandas only once its batches are done, while its helper process fits:
     planning it imports none (probe's own analyses pass the full check in
-    tests/test_contract.py, which a run of them skips)."""
+    tests/analyses/test_contract.py, which a run of them skips)."""
     code = PLAN_OF_A_RUN.format(out=str(tmp_path / "r"))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)  # fmt: skip

@@ -33,7 +33,7 @@ from probe.inputs.corpus import Corpus
 from probe.inputs.treebank import SAMPLE, Sentence, read_conllu
 from probe.run.runner import stream
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 N_LAYERS, N_HEADS = SMALL["num_hidden_layers"], SMALL["num_attention_heads"]
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 import transformers as tf
+from by_hand import set_patterns
 from scipy.spatial.distance import jensenshannon
 from streams import context, feed
 from tokenizers_util import wordpiece
@@ -29,21 +30,6 @@ def sentence(words):
     n = len(words)
     return Sentence(words, [-1] + [0] * (n - 1), ["root"] + ["dep"] * (n - 1),
                     ["PUNCT" if w in ".," else "X" for w in words])  # fmt: skip
-
-
-def set_patterns(p, name):
-    """Layer 0: head 0 previous token, head 1 on [CLS], head 2 uniform; head 3 untouched."""
-    real = p > 0  # masked keys get exactly zero weight
-    out = p.clone()
-    T = p.shape[-1]
-    previous = torch.zeros(T, T)
-    previous[0, 0] = 1
-    previous[torch.arange(1, T), torch.arange(T - 1)] = 1
-    out[:, 0] = previous
-    out[:, 1] = 0
-    out[:, 1, :, 0] = 1
-    out[:, 2] = real[:, 2] / real[:, 2].sum(-1, keepdim=True)
-    return out
 
 
 @pytest.fixture(scope="module")

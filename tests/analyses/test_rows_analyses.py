@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 import torch
 import transformers as tf
-from conftest import EWT, needs_ewt
 from streams import context
+from treebanks import EWT, needs_ewt
 
 import analyses
 from analyses.roles import Roles

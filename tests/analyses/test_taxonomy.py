@@ -276,8 +276,8 @@ def test_the_command_writes_the_table_the_roles_and_the_cards(minilm, tmp_path):
 @pytest.mark.slow
 def test_probe_finds_the_known_heads_of_a_trained_model(tmp_path):
     """``probe analyze -a taxonomy`` on the tiny GPT-2 trained on repeated sequences
-    (tests/make_induction_model.py): its induction head is found, holds the role, and lies far
-    above its null; its previous-token head scores highest on that score."""
+    (tests/support/make_induction_model.py): its induction head is found, holds the role, and lies
+    far above its null; its previous-token head scores highest on that score."""
     from induction import INDUCTION, MODEL, PREVIOUS_TOKEN
 
     out = tmp_path / "r"

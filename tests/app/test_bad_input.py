@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from commands import fails_in_one_line
 from typer.testing import CliRunner
 
 import probe
@@ -16,13 +17,6 @@ from probe.inputs.corpus import UNKNOWN_MAX_TOKENS, max_tokens
 from probe.inputs.treebank import SAMPLE, read_conllu
 
 runner = CliRunner()
-
-
-def fails_in_one_line(args: list[str], message: str) -> None:
-    result = runner.invoke(app, args)
-    assert result.exit_code == 1, result.output
-    assert result.output.startswith("error:") and message in result.output, result.output
-    assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit)
 
 
 @pytest.mark.parametrize(

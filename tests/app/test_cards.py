@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from test_cli import chromium, console_messages, needs_chromium
+from browser import chromium, console_messages, needs_chromium
 
 import probe
 from probe.app import examples as examples_io

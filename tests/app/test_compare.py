@@ -8,9 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from browser import check_html, chromium, console_messages, needs_chromium
 from matplotlib import image as plt_image
 from models import saved_bert
-from test_cli import check_html, chromium, console_messages, needs_chromium
 from typer.testing import CliRunner
 
 from probe.app import examples as examples_io

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LINE = " ".join(f"word{i}" for i in range(40))  # 269 characters
 PRINT = f"from probe.app.cli import make_console; make_console().print({LINE!r}, highlight=False)"
 

@@ -5,7 +5,7 @@ import json
 import pandas as pd
 import pytest
 import torch
-from test_cli import check_html
+from browser import check_html
 from typer.testing import CliRunner
 
 from probe.app import answers as A

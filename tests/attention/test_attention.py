@@ -247,7 +247,7 @@ def test_variants_parameter_counts(variant):
 def test_variants_spectra_hooks_and_ranks(variant):
     """Every variant has the same hook points; its QK spectrum equals a dense SVD of
     W_i^Q W_i^Kᵀ; a factored product has rank at most d_head, a bilinear W_i up to d_model."""
-    from test_circuits import dense
+    from references import dense
 
     d_head, qk = VARIANTS[variant]
     torch.manual_seed(0)

@@ -11,7 +11,7 @@ import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from models import small_model
-from test_long_context import expected_statistics, whole
+from references import expected_statistics, whole
 
 import probe
 from probe.patterns.headtypes import offset_scores

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 from models import SEQ2SEQ, seq2seq_batch, small_model
-from test_circuits import assert_spectrum, dense
+from references import assert_spectrum, dense
 
 import probe
 from probe.capture.architectures import architecture, blocks
@@ -340,8 +340,8 @@ def shifted_identity(n_layers: int, T: int, shift: int) -> torch.Tensor:
 def test_cross_statistics_by_hand():
     """Head 0 reads the diagonal (t), head 1 the token just read (t - 1), head 2 is uniform:
     the statistics are worked out by hand."""
+    from by_hand import hand_batch
     from streams import context, feed
-    from test_alignment import hand_batch
 
     from analyses.cross import CrossAttention
 

@@ -13,7 +13,7 @@ from models import small_model
 
 import probe
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NAMES = ROOT / "probe" / "capture" / "names.py"
 ARCHITECTURES = ROOT / "probe" / "capture" / "architectures.py"
 SPEC = ROOT / "probe" / "capture" / "spec.py"  # the model's description: derived from them

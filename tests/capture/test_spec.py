@@ -14,7 +14,7 @@ from probe.capture.architectures import iter_head_weights
 from probe.capture.names import Attention
 from probe.capture.spec import describe
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # The functions that derive a fact from the Hugging Face model: called by the description alone
 # (and by loading, on a config, before the model it chooses the class of exists).
 DERIVATIONS = {"head_count", "head_dim", "is_causal", "is_encoder_decoder", "attentions",

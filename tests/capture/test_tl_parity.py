@@ -8,7 +8,7 @@ Where the bridge departs from what TransformerLens documents (and from its own H
 and HookedEncoder), probe keeps the documented meaning; ``BRIDGE_DEPARTS`` says what the bridge's
 tensor is instead, and the test checks that too. Run as a script to print the table:
 
-    PYTHONPATH=.:tests python tests/test_tl_parity.py
+    PYTHONPATH=.:tests/support python tests/capture/test_tl_parity.py
 """
 
 import copy

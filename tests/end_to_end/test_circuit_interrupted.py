@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from induction import MODEL
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 PAIRS = 48
 

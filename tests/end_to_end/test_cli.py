@@ -2,17 +2,16 @@
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
-from html.parser import HTMLParser
 from pathlib import Path
 
 import matplotlib.image as plt_image
 import pandas as pd
 import pytest
-from conftest import EWT, needs_ewt
+from browser import check_html, chromium, console_messages, needs_chromium
+from treebanks import EWT, needs_ewt
 from typer.testing import CliRunner
 
 from probe.app.cli import app
@@ -31,53 +30,6 @@ def analyze(*args: str):
     """``probe analyze`` on MiniLM, on the hand-written sample unless a treebank is given."""
     sample = [] if {"-t", "--treebank"} & set(args) else ["-t", "sample"]
     return runner.invoke(app, ["analyze", "--model", "minilm", "-q", *sample, *args])
-
-
-class Checker(HTMLParser):
-    """Collects tags, external references and unbalanced elements."""
-
-    VOID = frozenset(
-        {"meta", "img", "br", "hr", "input", "link", "line", "path", "use", "rect", "circle"}
-    )
-
-    def __init__(self):
-        super().__init__()
-        self.stack, self.errors, self.references, self.scripts = [], [], [], 0
-
-    def handle_starttag(self, tag, attrs):
-        self.scripts += tag == "script" and dict(attrs).get("type") != "application/json"
-        for key, value in attrs:
-            if key in ("src", "href", "xlink:href", "action", "data") and value:
-                self.references.append(value)
-        if tag not in self.VOID:
-            self.stack.append(tag)
-
-    def handle_startendtag(self, tag, attrs):
-        self.handle_starttag(tag, attrs)
-        if tag not in self.VOID:
-            self.stack.pop()
-
-    def handle_endtag(self, tag):
-        if tag in self.VOID:
-            return
-        if not self.stack or self.stack[-1] != tag:
-            self.errors.append(f"unexpected </{tag}> (open: {self.stack[-3:]})")
-        else:
-            self.stack.pop()
-
-
-def check_html(path: Path) -> Checker:
-    html = path.read_text(encoding="utf-8")
-    checker = Checker()
-    checker.feed(html)
-    checker.close()
-    assert not checker.errors, checker.errors[:5]
-    assert checker.stack == [], checker.stack
-    for ref in checker.references:
-        assert ref.startswith(("#", "data:")), f"external reference {ref[:80]}"
-    assert not re.search(r"url\(\s*['\"]?(?!#|data:)", html), "CSS url() pointing outside"
-    assert "@import" not in html
-    return checker
 
 
 def test_default_sample_writes_every_file(sample_report):
@@ -279,7 +231,7 @@ def test_malformed_conllu_names_file_and_line(tmp_path, minilm):
 
 def test_existing_output_folder(tmp_path, minilm):
     """An existing folder is refused; --overwrite replaces a probe report, never anything else
-    (tests/test_output.py has the rest)."""
+    (tests/app/test_output.py has the rest)."""
     out = tmp_path / "taken"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
@@ -327,31 +279,6 @@ def test_the_console_script_ends_with_its_output_and_its_helper(tmp_path):
         os.killpg(child.pid, 0)
     again = subprocess.run(command, capture_output=True, text=True)
     assert again.returncode == 1 and "already exists" in again.stderr and not again.stdout
-
-
-CHROMIUM = next(
-    (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None
-)
-needs_chromium = pytest.mark.skipif(
-    CHROMIUM is None, reason="headless Chromium not installed (apt-get install chromium)"
-)
-
-
-def chromium(url: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    """Headless Chromium with its network chatter off, logging console messages to stderr."""
-    flags = [
-        "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0",
-        "--window-size=1280,2000", "--virtual-time-budget=3000",
-    ]  # fmt: skip
-    return subprocess.run(
-        [CHROMIUM, *flags, *args, url], capture_output=True, text=True, timeout=120
-    )
-
-
-def console_messages(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if ":CONSOLE" in line]
 
 
 @needs_chromium

@@ -20,7 +20,7 @@ from probe.inputs.treebank import SAMPLE, read_conllu
 
 pytestmark = pytest.mark.slow  # runs real models or the whole command line
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "extending.md"
 N_SENTENCES = 12
 
 

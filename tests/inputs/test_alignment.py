@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+from by_hand import WORD_OF_TOKEN, hand_batch
 from streams import context, feed
 from tokenizers_util import FAMILIES, TEXT
 
@@ -76,7 +77,6 @@ TOKEN_ATTENTION = torch.tensor(
         [0.2, 0.2, 0.2, 0.2, 0.1, 0.1],  # [SEP] (dropped)
     ]
 )
-WORD_OF_TOKEN = torch.tensor([[-1, 0, 1, 1, 2, -1]])
 
 
 def test_word_level_attention_by_hand():
@@ -89,23 +89,6 @@ def test_word_level_attention_by_hand():
         ]
     )
     torch.testing.assert_close(words, expected)
-
-
-def hand_batch(index: int = 0):
-    from probe.inputs.corpus import Batch
-    from probe.inputs.treebank import RELATIONS
-
-    rel = RELATIONS.index
-    return Batch(
-        input_ids=torch.zeros(1, 6, dtype=torch.long),
-        attention_mask=torch.ones(1, 6, dtype=torch.long),
-        word_of_token=WORD_OF_TOKEN,
-        heads=torch.tensor([[1, 2, -1]]),
-        relations=torch.tensor([[rel("det"), rel("nsubj"), rel("root")]]),
-        punct=torch.zeros(1, 3, dtype=torch.bool),
-        n_words=torch.tensor([3]),
-        index=torch.tensor([index]),
-    )
 
 
 def test_bootstrap_intervals_are_seeded():

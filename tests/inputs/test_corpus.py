@@ -16,10 +16,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import transformers as tf
+from by_hand import set_patterns
+from commands import fails_in_one_line, probe_analyze
 from streams import context
-from test_bad_input import fails_in_one_line
-from test_roles import set_patterns
-from test_scaling import probe_analyze
 from tokenizers_util import wordpiece
 from typer.testing import CliRunner
 
@@ -257,7 +256,7 @@ def test_a_corpus_is_checked_before_torch(tmp_path):
         f"out={str(tmp_path / 'r')!r}))\nexcept ProbeError as e:\n    print(e)\n"
         "print('torch' in sys.modules)"
     )
-    env = os.environ | {"PYTHONPATH": str(Path(__file__).parents[1]), "HF_HUB_OFFLINE": "1"}
+    env = os.environ | {"PYTHONPATH": str(Path(__file__).parents[2]), "HF_HUB_OFFLINE": "1"}
     env |= {"HF_DATASETS_CACHE": str(tmp_path / "cache"), "HF_HOME": str(tmp_path / "home")}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr

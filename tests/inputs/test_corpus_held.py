@@ -17,7 +17,7 @@ from probe.errors import ProbeError
 from probe.inputs import texts
 from probe.inputs.texts import corpus_spec, count_texts, windows
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TEXTS = [f"the cat number {i} sat on the mat, and the dog lay by the door." for i in range(40)]
 
 

@@ -172,7 +172,7 @@ def one_line(tmp_path_factory) -> Path:
 
 
 def _environment() -> dict[str, str]:
-    return os.environ | {"PYTHONPATH": str(Path(__file__).parents[1]), "HF_HUB_OFFLINE": "1",
+    return os.environ | {"PYTHONPATH": str(Path(__file__).parents[2]), "HF_HUB_OFFLINE": "1",
                          "OMP_NUM_THREADS": "1"}  # fmt: skip
 
 

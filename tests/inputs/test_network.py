@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 import transformers as tf
-from conftest import EWT, GUM, needs_ewt, needs_gum
 from models import SMALL
 from tokenizers_util import byte_level_bpe, wordpiece
+from treebanks import EWT, GUM, needs_ewt, needs_gum
 
 from probe.errors import ProbeError
 from probe.inputs.download import fetch
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow  # runs real models or the whole command line
 
 COMMIT = "0" * 40
 # The page of the docs that gives the commands to run with network access.
-COMMANDS = Path(__file__).resolve().parents[1] / "docs" / "guide" / "command-line.md"
+COMMANDS = Path(__file__).resolve().parents[2] / "docs" / "guide" / "command-line.md"
 
 
 class Handler(http.server.BaseHTTPRequestHandler):

@@ -102,7 +102,7 @@ def test_bundled_treebanks():
     # It is the dev split of the release probe pins for ud:en_ewt, which the docs name.
     digest = hashlib.sha256(gzip.decompress(EWT_DEV.read_bytes())).hexdigest()
     assert digest == UD_TREEBANKS["en_ewt"].sha256["dev"]
-    shared = Path(__file__).resolve().parents[2] / "shared/data/ud-english-ewt/en_ewt-ud-dev.conllu"
+    shared = Path(__file__).resolve().parents[3] / "shared/data/ud-english-ewt/en_ewt-ud-dev.conllu"
     if shared.exists():
         same = lambda sentences: [replace(s, source="") for s in sentences]  # noqa: E731
         assert same(read_conllu(shared)) == same(ewt)

@@ -6,8 +6,8 @@ import gzip
 import re
 
 import pytest
-from conftest import GUM, needs_gum
 from tokenizers_util import wordpiece
+from treebanks import GUM, needs_gum
 from typer.testing import CliRunner
 
 from probe.app.cli import app

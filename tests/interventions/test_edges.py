@@ -195,7 +195,7 @@ def test_scores_do_not_depend_on_the_budget(kind, method, monkeypatch):
     the error for a smaller one) takes positions a few at a time, and a budget between them
     whole pairs; the scores and their intervals agree to float rounding. (The runs' own share
     is left out here, as a model of Llama-3-8B's width has it: each pair's scores then need
-    more than its runs; tests/test_budget.py chunks the runs.)"""
+    more than its runs; tests/interventions/test_budget.py chunks the runs.)"""
     from probe.interventions import edges as module
 
     monkeypatch.setattr(module, "run_bytes", lambda *args, **kwargs: 0)

@@ -1,7 +1,7 @@
 """Grouped-query attention in TransformerLens's ungrouped view: on Llama, Qwen3 and Gemma (2 and 3,
 with sliding windows; Gemma 2 with soft-capping), edges, circuits and AtP* give what they give on
-the model's ungrouped twin (tests/twins.py), each query head a receiver with its own query, key
-and value inputs; a model whose keys cannot be split per query head is refused in one line."""
+the model's ungrouped twin (tests/support/twins.py), each query head a receiver with its own query,
+key and value inputs; a model whose keys cannot be split per query head is refused in one line."""
 
 import pytest
 import torch
@@ -203,8 +203,8 @@ def test_the_trained_model_is_small_and_grouped():
 @pytest.mark.slow
 def test_circuit_analysis_on_the_trained_grouped_model(tmp_path):
     """``probe analyze -a circuit --task repeats --lm-head`` on the Llama with grouped-query
-    attention trained on repeats (tests/make_induction_llama.py): 80% faithfulness with at most
-    a quarter of the edges; and its tables are its ungrouped twin's."""
+    attention trained on repeats (tests/support/make_induction_llama.py): 80% faithfulness with at
+    most a quarter of the edges; and its tables are its ungrouped twin's."""
     import pandas as pd
     from induction import MODEL_GQA
     from transformers import AutoTokenizer, LlamaForCausalLM
@@ -219,7 +219,7 @@ def test_circuit_analysis_on_the_trained_grouped_model(tmp_path):
     assert curve.faithfulness[chosen] >= 0.8 > curve.faithfulness[chosen - 1]
     assert chosen <= total / 4
     # The 9-back head feeds every layer-1 head's keys, the 8-back heads their values
-    # (tests/induction.py), the keys of heads sharing a key/value head each scored apart.
+    # (tests/support/induction.py), the keys of heads sharing a key/value head each scored apart.
     edges = pd.read_csv(report / "circuit_edges.csv", keep_default_na=False)
     into = edges[edges.sender.str.startswith("0-") & edges.receiver.str.startswith("1-")]
     for (receiver, part), scores in into[into.input != "q"].groupby(["receiver", "input"]):

@@ -1,6 +1,6 @@
-"""The tiny GPT-2 with known heads (tests/induction.py) does what its constants say it does.
+"""The tiny GPT-2 with known heads (tests/support/induction.py) does what its constants say it does.
 
-Nothing is trained here: the model was trained once by tests/make_induction_model.py.
+Nothing is trained here: the model was trained once by tests/support/make_induction_model.py.
 """
 
 import pytest

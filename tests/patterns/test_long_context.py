@@ -3,14 +3,9 @@
 import pytest
 import torch
 from models import padded_batch, small_model
+from references import expected_statistics, whole
 
 import probe
-
-
-def whole(model, inputs):
-    with torch.inference_mode(), probe.trace(model, ["hook_pattern"]) as cache:
-        model(**inputs)
-    return cache.stack("hook_pattern").float()  # [layer, batch, head, q, k]
 
 
 @pytest.mark.parametrize("kind", ["llama", "mistral", "bert"])
@@ -21,23 +16,6 @@ def test_rows_of_one_layer(kind):
     for layer, rows in ((0, slice(0, 1)), (1, slice(11, 30)), (1, slice(25, None))):
         got = probe.attention_rows(model, ids[0], layer, rows)
         torch.testing.assert_close(got, reference[layer][:, :, rows], atol=2e-7, rtol=0)
-
-
-def expected_statistics(p: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
-    """``[layer, head, statistic]`` from whole patterns ``[layer, batch, head, q, k]``."""
-    L, B, H, T, _ = p.shape
-    i = torch.arange(T)
-    logs = torch.where(p > 0, p.log(), torch.zeros(()))
-    per_query = torch.stack([
-        -(p * logs).sum(-1),
-        p.max(-1).values,
-        p[..., 0],
-        p.diagonal(0, -2, -1),
-        torch.cat([torch.zeros(L, B, H, 1), p.diagonal(-1, -2, -1)], -1),
-        (p * (i[:, None] - i[None]).abs()).sum(-1),
-    ], -1)  # fmt: skip
-    weights = real[None, :, None, :, None].float()
-    return (per_query * weights).sum((1, 3)) / real.sum()
 
 
 @pytest.mark.parametrize("kind", ["llama", "mistral", "gpt2"])

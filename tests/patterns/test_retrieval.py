@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 import torch
 import transformers as tf
-from conftest import EWT, needs_ewt
 from induction import INDUCTION, MODEL, PREVIOUS_TOKEN
+from treebanks import EWT, needs_ewt
 
 import probe
 from probe.capture.rows import RowBlock
@@ -78,9 +78,9 @@ def test_trials_lay_out_needle_question_and_answer():
 
 @pytest.mark.slow
 def test_a_trained_induction_head_retrieves_from_the_needle():
-    """The tiny GPT-2 of tests/induction.py (trained on inputs of up to 61 tokens) on random-token
-    trials: a needle of 8 tokens in a haystack of 30, then its first 3 tokens again as the
-    question and the other 5 as the answer. Its induction heads copy the answer from the needle
+    """The tiny GPT-2 of tests/support/induction.py (trained on inputs of up to 61 tokens) on
+    random-token trials: a needle of 8 tokens in a haystack of 30, then its first 3 tokens again as
+    the question and the other 5 as the answer. Its induction heads copy the answer from the needle
     (random haystack tokens sometimes repeat the cue, so not always); its previous-token head does
     not; with the needle left out, nothing is retrieved."""
     model = tf.GPT2Model.from_pretrained(MODEL).eval()
@@ -97,7 +97,7 @@ def test_a_trained_induction_head_retrieves_from_the_needle():
             trials.append(Trial(null, range(1, 31), range(34, 39), 30, depth, False))
     found = np.stack(list(scores(model, trials)))  # [trial, layer, head]
     real, null = found[0::2].mean(0), found[1::2].mean(0)
-    # all four layer-1 heads do induction (tests/induction.py): 0.55 to 0.65; layer 0 at most 0.06
+    # all four layer-1 heads do induction (support/induction.py): 0.55 to 0.65; layer 0 at most 0.06
     assert real[INDUCTION] > 0.5 and real[1].min() > 0.4, real
     assert real[PREVIOUS_TOKEN] < 0.1 and real[0].max() < 0.1, real
     assert null.max() < 0.1, null

@@ -7,8 +7,8 @@ import re
 import numpy as np
 import pytest
 import torch
+from browser import chromium, console_messages, needs_chromium
 from matplotlib import image as plt_image
-from test_cli import chromium, console_messages, needs_chromium
 
 import probe
 

@@ -9,7 +9,7 @@ import tomllib
 from importlib.metadata import packages_distributions
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("probe", "analyses")
 # Calls that import the module their first argument names: probe.lazy.lazy, importlib's own.
 IMPORTING_CALLS = {"lazy", "import_module"}

@@ -17,7 +17,7 @@ from models import CONFIGS, SEQ2SEQ, seq2seq_batch
 import probe
 from probe.capture.names import _POINTS, describe, known_points, point_of
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted((ROOT / "docs").rglob("*.md"))
 README = ROOT / "README.md"
 NAV_CONFIG = ROOT / "mkdocs.yml"
@@ -45,7 +45,7 @@ def test_every_hook_point_has_a_shape_and_a_meaning():
         describe("hook_nothing")
 
 
-# Sizes of tests/models.py's small models, by the dimension names of the declared shapes.
+# Sizes of tests/support/models.py's small models, by the dimension names of the declared shapes.
 SIZES = {"batch": {3}, "head": {4}, "kv_head": {2, 4}, "d_head": {8}, "d_model": {32},
          "d_vocab": {99}, "1": {1}}  # fmt: skip
 MLP = {"gpt2": 128, "t5": 64, "bart": 64}

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NEEDING = [
-    "tests/test_tl_names.py",
-    "tests/test_tl_parity.py",
-    "tests/test_composition.py::test_equals_transformer_lens_on_the_same_weights",
-    "tests/test_tutorials.py::test_the_tutorial_runs_and_its_asserts_hold[from_transformerlens]",
+    "tests/capture/test_tl_names.py",
+    "tests/capture/test_tl_parity.py",
+    "tests/weights/test_composition.py::test_equals_transformer_lens_on_the_same_weights",
+    "tests/end_to_end/test_tutorials.py::test_the_tutorial_runs_and_its_asserts_hold[from_transformerlens]",
 ]
 
 
@@ -36,10 +36,10 @@ def test_every_test_that_imports_it_is_listed_here():
     """Each file that names transformer_lens is one NEEDING runs (a new one must skip too)."""
     naming = {
         str(p.relative_to(ROOT))
-        for p in [*(ROOT / "tests").glob("test_*.py"), *(ROOT / "docs/tutorials").glob("*.py")]
+        for p in [*(ROOT / "tests").rglob("test_*.py"), *(ROOT / "docs/tutorials").glob("*.py")]
         if re.search(r"^\s*(from|import) transformer_lens", p.read_text(), re.MULTILINE)
     }
-    tutorials = {"docs/tutorials/from_transformerlens.py": "tests/test_tutorials.py"}
+    tutorials = {"docs/tutorials/from_transformerlens.py": "tests/end_to_end/test_tutorials.py"}
     listed = {n.partition("::")[0] for n in NEEDING}
     assert {tutorials.get(n, n) for n in naming} == listed
 

@@ -7,7 +7,7 @@ import ast
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # Lowest first. A module belongs to the first part whose name is its name or a prefix of it.
 LAYERS = (

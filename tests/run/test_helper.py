@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import needs_ewt
+from treebanks import needs_ewt
 
 from probe.run import helper
 
 pytestmark = pytest.mark.slow  # runs real models or the whole command line
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def python(code: str, timeout: float = 120) -> dict:

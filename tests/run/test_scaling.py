@@ -2,15 +2,13 @@
 part of it offloaded to disk. Both must give the tables of one plain process."""
 
 import json
-import os
 import pickle
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from commands import probe_analyze
 from models import small_model
 
 from analyses import REGISTRY, Context, get
@@ -18,21 +16,6 @@ from probe.distributed import Ranks, Tally, merge_to_leader
 from probe.inputs.coreference import Windows
 from probe.inputs.corpus import Corpus
 from probe.inputs.treebank import SAMPLE, iter_conllu
-
-TESTS = Path(__file__).parent
-
-
-def probe_analyze(out: Path, *args: str, processes: int = 1, launcher: str = "probe"):
-    """``probe analyze`` on the demo model as a subprocess: alone, or under torchrun."""
-    command = [sys.executable, "-m", "probe.app.cli"] if launcher == "probe" else [
-        sys.executable, str(TESTS / launcher)]  # fmt: skip
-    if processes > 1:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   f"--nproc-per-node={processes}", "--no-python", *command]  # fmt: skip
-    env = os.environ | {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    sample = [] if {"-t", "--treebank"} & set(args) else ["-t", "sample"]
-    command += ["analyze", "-m", "minilm", "-o", str(out), "-q", *sample, *args]
-    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
 
 
 def assert_same_tables(expected: Path, got: Path) -> None:

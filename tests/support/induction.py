@@ -1,8 +1,8 @@
 """A tiny GPT-2 whose heads are known, for validating head-type detectors.
 
 `tests/data/induction-gpt2/` holds a 2-layer, 4-heads-per-layer GPT-2 (d_model 64, vocabulary
-64) trained by `tests/make_induction_model.py` on `repeated` sequences: BOS (token 0), n random
-tokens from 1..63, then the same n tokens again, n from 2 to 30 (`LENGTHS`). It learned the
+64) trained by `tests/support/make_induction_model.py` on `repeated` sequences: BOS (token 0), n
+random tokens from 1..63, then the same n tokens again, n from 2 to 30 (`LENGTHS`). It learned the
 induction circuit: a previous-token head in layer 0, and in layer 1 heads that attend from the
 second copy of a token to the token that followed its first copy, and copy it. All four layer-1
 heads do this (redundantly); `INDUCTION` is the one that does it most. The folder also holds a
@@ -17,17 +17,17 @@ from pathlib import Path
 
 import torch
 
-MODEL = Path(__file__).parent / "data" / "induction-gpt2"
+MODEL = Path(__file__).parents[1] / "data" / "induction-gpt2"
 # The same task on a Llama with grouped-query attention (4 query heads sharing 2 key/value heads
 # per layer; d_model 64, heads 16 wide, rotary positions, tied embeddings), trained by
-# tests/make_induction_llama.py. Second-copy loss at n = 20: 0.308 (fresh tokens 6.129, first
-# copy 4.269). It learned induction with a longer stride than the textbook's: from the ninth
+# tests/support/make_induction_llama.py. Second-copy loss at n = 20: 0.308 (fresh tokens 6.129,
+# first copy 4.269). It learned induction with a longer stride than the textbook's: from the ninth
 # position on, head (0, 1) attends 9 positions back and heads (0, 2), (0, 3) (which share a
 # key/value head) 8 back, and the layer-1 heads attend from the second copy's token i to
 # i - n + 9, the position whose token 9 back is the current one, and read the token 8 back from
 # there, the one that followed the current one in the first copy. The circuit analysis's edges
 # say so: (0, 1) feeds every layer-1 head's keys, (0, 2) and (0, 3) their values.
-MODEL_GQA = Path(__file__).parent / "data" / "induction-llama-gqa"
+MODEL_GQA = Path(__file__).parents[1] / "data" / "induction-llama-gqa"
 VOCAB = 64  # token 0 is BOS; the random tokens are 1..VOCAB-1
 BOS = 0
 LENGTHS = (2, 30)  # n, the length of one copy, was drawn from this range (inclusive) per sequence

@@ -1,9 +1,9 @@
-"""Train the tiny Llama with grouped-query attention of `tests/induction.py` (`MODEL_GQA`) and
-save it to tests/data/induction-llama-gqa/.
+"""Train the tiny Llama with grouped-query attention of `tests/support/induction.py` (`MODEL_GQA`)
+and save it to tests/data/induction-llama-gqa/.
 
-    python tests/make_induction_llama.py
+    python tests/support/make_induction_llama.py
 
-The repeats task of `tests/make_induction_model.py` (same batches: n drawn per sequence from
+The repeats task of `tests/support/make_induction_model.py` (same batches: n drawn per sequence from
 2..30 after a warm-up on 2..4, BOS + x + x, padding left out of the loss, the same word-level
 tokenizer), on a 2-layer Llama with 4 query heads sharing 2 key/value heads per layer (d_model
 64, head width 16). Its rotary positions are relative, so no position shortcut needs breaking:
@@ -15,9 +15,9 @@ that looks 9 and 8 positions back instead of 1 and 0, see `induction.MODEL_GQA`)
 losses with heads zero-ablated.
 
 On this model `probe analyze -a circuit --task repeats --lm-head` reaches faithfulness 0.807
-with 17 of its 110 edges (tests/test_grouped.py). With a learning rate of 5e-4 it learned as
-well, but needed 32 edges; with 2e-3 decayed from step 1,500 of 3,000, it had not learned to
-copy (second-copy loss 2.8).
+with 17 of its 110 edges (tests/interventions/test_grouped.py). With a learning rate of 5e-4 it
+learned as well, but needed 32 edges; with 2e-3 decayed from step 1,500 of 3,000, it had not learned
+to copy (second-copy loss 2.8).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Train the tiny GPT-2 of `tests/induction.py` and save it to tests/data/induction-gpt2/.
+"""Train the tiny GPT-2 of `tests/support/induction.py` and save it to tests/data/induction-gpt2/.
 
-    python tests/make_induction_model.py
+    python tests/support/make_induction_model.py
 
 Seeded and deterministic on the CPU (one thread; about five minutes on a busy two-core machine).
 It trains on repeated sequences, BOS + n random tokens + the same n tokens (`induction.repeated`),

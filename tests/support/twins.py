@@ -32,7 +32,7 @@ def ungrouped_twin(model):
 
 
 def causal_lm(kind: str, seed: int = 0):
-    """A small random causal LM of ``kind`` (tests/models.py's configs) with grouped-query
+    """A small random causal LM of ``kind`` (tests/support/models.py's configs) with grouped-query
     attention, biases and norm weights that count."""
     import transformers as tf
     from models import CONFIGS

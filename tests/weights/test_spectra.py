@@ -4,23 +4,10 @@ import numpy as np
 import pytest
 import torch
 from models import small_model
+from references import assert_spectrum, dense
 
 import probe
 from probe.weights.spectra import factored_spectrum, spectra
-
-
-def dense(A: torch.Tensor, B: torch.Tensor) -> tuple[np.ndarray, float]:
-    W = (A.double() @ B.double().T).numpy()
-    s = np.linalg.svd(W, compute_uv=False)
-    symmetric = (W + W.T) / 2
-    return s, float((symmetric**2).sum() / (W**2).sum())
-
-
-def assert_spectrum(sigma: torch.Tensor, expected: np.ndarray) -> None:
-    k = sigma.shape[-1]
-    relative = np.abs(sigma.numpy() - expected[:k]).max() / expected[0]
-    assert relative < 1e-10
-    assert expected[k:].max(initial=0) / expected[0] < 1e-12  # the rest of the spectrum is 0
 
 
 @pytest.mark.parametrize(("d_model", "d_head"), [(8, 2), (48, 16), (96, 8), (64, 64)])
