@@ -22,19 +22,16 @@ to copy (second-copy loss 2.8).
 
 from __future__ import annotations
 
-import math
 import time
 
 import torch
-from induction import BOS, MODEL_GQA, VOCAB, copy_losses, repeated
-from make_induction_model import batch, report, tokenizer
+import training
+from induction import BOS, MODEL_GQA, VOCAB
+from make_induction_model import report, tokenizer
 from transformers import LlamaConfig, LlamaForCausalLM
 
 SEED = 0
 STEPS = 4000
-LR = 1e-3
-WARMUP = 200  # steps of linear learning-rate warm-up
-DECAY = 0.75  # cosine decay of the learning rate to 0 over the steps after this fraction
 
 
 def config() -> LlamaConfig:
@@ -53,42 +50,11 @@ def config() -> LlamaConfig:
     )
 
 
-def learning_rate(step: int) -> float:
-    """Factor on LR: linear warm-up, constant, then cosine decay to 0."""
-    if step > STEPS * DECAY:
-        return 0.5 * (1 + math.cos(math.pi * (step - STEPS * DECAY) / (STEPS * (1 - DECAY))))
-    return min(1.0, (step + 1) / WARMUP)
-
-
 def train(seed: int = SEED) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config())
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, learning_rate)
-    g = torch.Generator().manual_seed(seed)
-    held_out = repeated(64, 25, VOCAB, seed=3)
-    start = time.perf_counter()
-    model.train()
-    for step in range(STEPS):
-        ids, targets, positions = batch(step, g, model.config.max_position_embeddings)
-        logits = model(input_ids=ids, position_ids=positions).logits
-        loss = torch.nn.functional.cross_entropy(
-            logits[:, :-1].reshape(-1, VOCAB), targets.reshape(-1), ignore_index=-100
-        )
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        if step % 250 == 0 or step == STEPS - 1:
-            with torch.no_grad():
-                first, second = copy_losses(model(input_ids=held_out).logits, held_out, 25)
-            print(
-                f"step {step:5d}  loss {loss.item():.3f}  n=25: first copy {first:.3f}  "
-                f"second copy {second:.3f}  {time.perf_counter() - start:.0f} s",
-                flush=True,
-            )
-    return model.eval()
+    n_positions = model.config.max_position_embeddings
+    return training.train(model, STEPS, n_positions, print_every=250, seed=seed)
 
 
 def main() -> None:

@@ -15,8 +15,8 @@ loss on those lengths and fail on others. Four choices make the previous-token +
 circuit the one that forms:
 
 - n is drawn per sequence from 2..30 (`LENGTHS`; shorter sequences padded on the right, their
-  padding left out of the loss), and the first `WARM_STEPS` steps draw n from 2..4, where a
-  head that copies the previous token already predicts the second copy;
+  padding left out of the loss), and the first `training.WARM_STEPS` steps draw n from 2..4,
+  where a head that copies the previous token already predicts the second copy;
 - each sequence's positions start at a random offset, so no absolute position tells where the
   second copy starts (at use, positions start at 0 as usual);
 - the position embeddings start as sinusoids (then train), which makes "one position back" one
@@ -29,9 +29,9 @@ import math
 import time
 
 import torch
+import training
 from induction import (
     BOS,
-    LENGTHS,
     MODEL,
     VOCAB,
     copy_losses,
@@ -46,11 +46,6 @@ import probe
 
 SEED = 0
 STEPS = 8000
-BATCH = 32
-LR = 1e-3
-WARMUP = 200  # steps of linear learning-rate warm-up
-DECAY = 0.75  # cosine decay of the learning rate to 0 over the steps after this fraction
-WARM_LENGTHS, WARM_STEPS = (2, 4), 600
 SINUSOID = 0.05  # amplitude of the sinusoidal position embeddings at initialisation
 
 
@@ -95,61 +90,13 @@ def sinusoids(positions: int, d: int) -> torch.Tensor:
     return table
 
 
-def batch(step: int, g: torch.Generator, n_positions: int):
-    """One training batch: token ids ``[BATCH, T]`` (BOS, x, x, then padding), next-token
-    targets ``[BATCH, T-1]`` (-100 on padding) and position ids ``[BATCH, T]``."""
-    low, high = WARM_LENGTHS if step < WARM_STEPS else LENGTHS
-    ns = torch.randint(low, high + 1, (BATCH,), generator=g)
-    T = 1 + 2 * int(ns.max())
-    ids = torch.full((BATCH, T), BOS)
-    targets = torch.full((BATCH, T - 1), -100)
-    for b, n in enumerate(ns.tolist()):
-        x = torch.randint(1, VOCAB, (n,), generator=g)
-        ids[b, 1 : 1 + 2 * n] = torch.cat([x, x])
-        targets[b, : 2 * n] = ids[b, 1 : 1 + 2 * n]
-    offsets = torch.randint(0, n_positions - T + 1, (BATCH, 1), generator=g)
-    return ids, targets, offsets + torch.arange(T)
-
-
-def learning_rate(step: int) -> float:
-    """Factor on LR: linear warm-up, constant, then cosine decay to 0."""
-    if step > STEPS * DECAY:
-        return 0.5 * (1 + math.cos(math.pi * (step - STEPS * DECAY) / (STEPS * (1 - DECAY))))
-    return min(1.0, (step + 1) / WARMUP)
-
-
 def train(seed: int = SEED) -> GPT2LMHeadModel:
     torch.manual_seed(seed)
     model = GPT2LMHeadModel(config())
     wpe = model.transformer.wpe.weight
     with torch.no_grad():
         wpe.copy_(SINUSOID * sinusoids(*wpe.shape))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, learning_rate)
-    g = torch.Generator().manual_seed(seed)
-    held_out = repeated(64, 25, VOCAB, seed=3)
-    start = time.perf_counter()
-    model.train()
-    for step in range(STEPS):
-        ids, targets, positions = batch(step, g, model.config.n_positions)
-        logits = model(input_ids=ids, position_ids=positions).logits
-        loss = torch.nn.functional.cross_entropy(
-            logits[:, :-1].reshape(-1, VOCAB), targets.reshape(-1), ignore_index=-100
-        )
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        if step % 500 == 0 or step == STEPS - 1:
-            with torch.no_grad():
-                first, second = copy_losses(model(input_ids=held_out).logits, held_out, 25)
-            print(
-                f"step {step:5d}  loss {loss.item():.3f}  n=25: first copy {first:.3f}  "
-                f"second copy {second:.3f}  {time.perf_counter() - start:.0f} s",
-                flush=True,
-            )
-    return model.eval()
+    return training.train(model, STEPS, model.config.n_positions, print_every=500, seed=seed)
 
 
 def report(model: GPT2LMHeadModel) -> None:
