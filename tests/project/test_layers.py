@@ -1,7 +1,13 @@
 """Imports point one way: the app over the analyses over the library, and inside the library a
 stated order of parts, each importing only itself and the parts below it. Package ``__init__``
 files count as their package's modules; lazy imports (``lazy("…")``, ``importlib``) and the
-registries' ``"module:Class"`` strings count as imports."""
+registries' ``"module:Class"`` strings count as imports.
+
+Nor do imports go round within a part: no module imports, through others or directly, a module
+that imports it back, lazily or not (two modules that need each other are one job split in two, or
+two jobs tangled). A registry's ``"module:Class"`` strings are left out of that check: an entry
+imports the base class its registry declares, and the registry names the entry only to find it
+by name, which is the extension point's shape, not a tangle."""
 
 import ast
 import re
@@ -47,9 +53,10 @@ def module_name(path: Path, root: Path = ROOT) -> str:
     return ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
 
 
-def imports(path: Path, root: Path = ROOT) -> set[str]:
+def imports(path: Path, root: Path = ROOT, registries: bool = True) -> set[str]:
     """Every module of ours that ``path`` imports, anywhere in it, relative imports resolved and
-    ``from package import module`` read as the module."""
+    ``from package import module`` read as the module; a registry's ``"module:Class"`` strings
+    too unless ``registries`` is false."""
     package = path.relative_to(root).parts[:-1]
     names = set()
     tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -71,7 +78,9 @@ def imports(path: Path, root: Path = ROOT) -> set[str]:
                     names.add(f"{module}.{alias.name}")
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             text = node.value.split(":")[0]
-            if OURS.fullmatch(text) and (text.startswith("probe.") or ":" in node.value):
+            registered = ":" in node.value
+            if (OURS.fullmatch(text) and (text.startswith("probe.") or registered)
+                    and (registries or not registered)):  # fmt: skip
                 names.add(text)
     return {n for n in names if OURS.fullmatch(n) and n.split(".")[0] in ("probe", "analyses")}
 
@@ -91,9 +100,44 @@ def upward(root: Path = ROOT) -> list[str]:
     return found
 
 
+def cycles(root: Path = ROOT) -> list[list[str]]:
+    """Each set of our modules that import one another round in a circle (through any number of
+    others), each as its names sorted, registries' strings left out; none when the imports
+    form no cycle."""
+    paths = [path for package in ("probe", "analyses") for path in (root / package).rglob("*.py")]
+    modules = {module_name(path, root): path for path in paths}
+    edges = {}
+    for me, path in modules.items():
+        imported = imports(path, root, registries=False)
+        edges[me] = sorted(t for t in imported if t != me and t in modules)
+
+    def reachable(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for target in edges[todo.pop()]:
+                if target not in seen:
+                    seen.add(target)
+                    todo.append(target)
+        return seen
+
+    reach = {module: reachable(module) for module in modules}
+    # Modules each reachable from the other lie on one cycle; each set of them is listed once.
+    found = {tuple(sorted(m for m in reach[module] if module in reach[m])) for module in modules}
+    return sorted(list(cycle) for cycle in found if cycle)
+
+
 def test_imports_point_down_the_layers():
     wrong = upward()
     assert not wrong, "imports against the layer order:\n" + "\n".join(wrong)
+
+
+def test_no_imports_go_round():
+    """No cycle of imports, within a part or across parts (across, the order above already
+    forbids one)."""
+    found = cycles()
+    assert not found, "modules that import one another round in a circle:\n" + "\n".join(
+        " <-> ".join(cycle) for cycle in found
+    )
 
 
 def test_every_package_says_what_it_holds_and_may_import():
@@ -135,3 +179,25 @@ def test_the_check_fails_on_an_upward_import(tmp_path):
             where,
             wrong,
         )
+
+
+def test_the_check_fails_on_a_cycle_within_a_part(tmp_path):
+    """Two modules of one part that import each other (one lazily) are caught, and a cycle of
+    three; a registry's entry importing its registry is not a cycle."""
+    for package in ("probe", "probe/capture", "analyses"):
+        (tmp_path / package).mkdir(parents=True, exist_ok=True)
+        (tmp_path / package / "__init__.py").write_text('"""May import: x."""\n')
+    (tmp_path / "probe/capture/a.py").write_text("from probe.capture import b\n")
+    (tmp_path / "probe/capture/b.py").write_text("def f():\n    from probe.capture.a import g\n")
+    (tmp_path / "probe/capture/c.py").write_text("from probe.capture.d import x\n")
+    (tmp_path / "probe/capture/d.py").write_text(
+        "from probe.lazy import lazy\ne = lazy('probe.capture.e')\n"
+    )
+    (tmp_path / "probe/capture/e.py").write_text("import probe.capture.c\n")
+    (tmp_path / "probe/lazy.py").write_text("")
+    (tmp_path / "analyses/__init__.py").write_text('REGISTRY = {"x": "analyses.x:X"}\n')
+    (tmp_path / "analyses/x.py").write_text("from analyses import REGISTRY\n")
+    assert cycles(tmp_path) == [
+        ["probe.capture.a", "probe.capture.b"],
+        ["probe.capture.c", "probe.capture.d", "probe.capture.e"],
+    ]
