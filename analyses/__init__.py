@@ -58,7 +58,7 @@ _SHIPPED = dict(REGISTRY)  # as probe ships it, whatever is registered later
 
 def shipped(cls: type[Analysis]) -> bool:
     """Whether ``cls`` is one of the analyses probe ships, as it ships it (each passes
-    ``check_analysis`` in full in ``tests/test_contract.py``)."""
+    ``check_analysis`` in full in ``tests/analyses/test_contract.py``)."""
     return _SHIPPED.get(getattr(cls, "name", None)) == f"{cls.__module__}:{cls.__qualname__}"
 
 
@@ -95,8 +95,8 @@ def check_analysis(cls: type, key: str | None = None, *, full: bool = True) -> N
     full : bool
         Also run ``heads`` on empty tables of the declared schemas (imports pandas: the run's
         plan does it; looking an analysis up does the rest). Without it, the template of an
-        analysis probe ships is not parsed either: ``tests/test_contract.py`` checks it in full,
-        and parsing every template took 0.15 s of each start of the command.
+        analysis probe ships is not parsed either: ``tests/analyses/test_contract.py`` checks it in
+        full, and parsing every template took 0.15 s of each start of the command.
 
     Raises
     ------

@@ -4,7 +4,7 @@ Written once, in the code, and only shown here:
 
 - ``reference/hooks.md``: every hook point ``probe.capture.names`` knows, with its shape and
   meaning (``probe.capture.names.describe``) and the architectures that have it, found by
-  mirroring a small random model of each (``tests/models.py``'s configurations);
+  mirroring a small random model of each (``tests/support/models.py``'s configurations);
 - ``reference/analyses.md``: each analysis of ``analyses.REGISTRY`` and each input unit of
   ``probe.inputs.units.UNITS``, from their declarations: what they read, their tables and
   columns, their ``heads.csv`` columns, options and roles;
@@ -16,7 +16,7 @@ Written once, in the code, and only shown here:
   (``(code)`` after the name puts it in backticks; a table or a paragraph goes on lines of its
   own). ``python docs/generate.py --write`` rewrites every marked region from the code;
   ``python docs/generate.py`` (``--check``) lists the files whose text is stale, and so do the
-  tests (``tests/test_docs.py``) and the site's build.
+  tests (``tests/project/test_docs.py``) and the site's build.
 
 ``mkdocs.yml`` names this file under ``hooks``; the tests import it to check what it gives.
 """
@@ -210,11 +210,13 @@ def _first_sentence(doc: str) -> str:
 
 
 def layers_table() -> str:
-    """The parts of the code, lowest first, as ``tests/test_layers.py`` states and checks them,
-    each with its modules and what it holds (their docstrings)."""
+    """The parts of the code, lowest first, as ``tests/project/test_layers.py`` states and checks
+    them, each with its modules and what it holds (their docstrings)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("test_layers", ROOT / "tests/test_layers.py")
+    spec = importlib.util.spec_from_file_location(
+        "test_layers", ROOT / "tests/project/test_layers.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     rows = ["| part | modules | what it holds |", "|---|---|---|"]
@@ -251,7 +253,7 @@ def points_by_architecture() -> dict[str, set[str]]:
     import transformers as tf
 
     tf.logging.set_verbosity_error()  # the small configs' token ids lie outside their vocabulary
-    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path.insert(0, str(ROOT / "tests" / "support"))
     from models import CONFIGS, ENCODERS, SEQ2SEQ
 
     from probe.capture.architectures import MODEL_TYPES

@@ -13,23 +13,9 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).parent))
-
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-EWT = SHARED / "data" / "ud-english-ewt"
-GUM = SHARED / "data" / "ud-english-gum"
-
-
-def needs_ewt():
-    return pytest.mark.skipif(
-        not EWT.exists(), reason=f"UD English EWT not found at {EWT} (../shared is absent)"
-    )
-
-
-def needs_gum():
-    return pytest.mark.skipif(
-        not GUM.exists(), reason=f"UD English GUM not found at {GUM} (../shared is absent)"
-    )
+# The helpers and model builders (tests/support) import as top-level modules: ``from models import
+# small_model`` (tests/__init__.py says why the test modules import by their file names).
+sys.path.insert(0, str(Path(__file__).parent / "support"))
 
 
 @pytest.fixture(autouse=True)

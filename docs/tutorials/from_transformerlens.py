@@ -188,4 +188,4 @@ each.sort_values("effect", ascending=False).head(3).round(3)
 # ([Analyses](../../guide/analyses/)), patching, attribution and circuits
 # ([Circuits](../circuits/)). Where TransformerLens 4's bridge departs from TransformerLens's own
 # definitions (on BERT, say, its `hook_attn_scores` is after the softmax), probe keeps the
-# documented ones; `tests/test_tl_parity.py` lists each departure.
+# documented ones; `tests/capture/test_tl_parity.py` lists each departure.

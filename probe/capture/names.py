@@ -123,8 +123,8 @@ class Point(NamedTuple):
 
 
 # Every point's shape and meaning, written here once: the hook reference of the docs is generated
-# from this, ``describe`` and the architectures (tests/test_names.py checks the shapes against a
-# traced model and that every point has its line).
+# from this, ``describe`` and the architectures (tests/capture/test_names.py checks the shapes
+# against a traced model and that every point has its line).
 _POINTS = {
     "hook_q": Point("[batch, pos, head, d_head]", "the queries, x W_Q + b_Q per head, before any "
                     "rotation or query norm (and before OPT's 1/√d_head scaling)"),

@@ -25,7 +25,7 @@ SAMPLE = Path(__file__).parents[1] / "data" / "sample.conllu"  # hand-written: `
 EWT_DEV = Path(__file__).parents[1] / "data" / "en_ewt-ud-dev.conllu.gz"
 BUNDLED = {"sample": SAMPLE, "ewt-dev": EWT_DEV}
 # How many sentences each bundled treebank holds, said once for the help and the docs (checked
-# against the files by tests/test_treebank.py).
+# against the files by tests/inputs/test_treebank.py).
 BUNDLED_SENTENCES = {"sample": 76, "ewt-dev": 2001}
 
 
