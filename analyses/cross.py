@@ -2,7 +2,7 @@
 source is, and how closely it follows the diagonal.
 
 The decoder reads each sentence itself, shifted right after its start token
-(``probe.run.runner.decoder_inputs``): decoder position t has read source tokens 0…t-1 and
+(``probe.pipeline.runner.decoder_inputs``): decoder position t has read source tokens 0…t-1 and
 predicts token t. A head that aligns the target with the source puts its weight near source
 position t; the statistics say how much lands at t (the token being predicted), at t-1 (the
 token just read) and at t+1, and how often the maximum is at t or t-1. The weights of each head
@@ -22,7 +22,7 @@ from probe.numerics import entropy
 
 if TYPE_CHECKING:
     from probe.inputs.corpus import Batch
-    from probe.run.runner import LayerCapture
+    from probe.pipeline.runner import LayerCapture
 
 np = lazy("numpy")
 pd = lazy("pandas")
@@ -70,7 +70,7 @@ class CrossAttention(Analysis):
     def begin_batch(self, batch: Batch) -> None:
         keys = batch.attention_mask.bool()  # the source's real tokens
         # The decoder's real positions: its start token, then the source shifted right by one,
-        # one position per source token (``probe.run.runner.decoder_inputs``).
+        # one position per source token (``probe.pipeline.runner.decoder_inputs``).
         queries = keys
         n_keys = keys.sum(1, keepdim=True).expand_as(queries)
         self._real = queries.float()  # [B, T]

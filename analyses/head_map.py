@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from analyses.vocabulary import Role
 from probe.lazy import lazy
-from probe.run import helper
+from probe.pipeline import helper
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -72,7 +72,8 @@ def mds_points(distance: np.ndarray) -> np.ndarray:
 
 
 def warm_up() -> None:
-    """A small map, which the helper process runs while torch imports (``probe.run.helper``)."""
+    """A small map, which the helper process runs while torch imports
+    (``probe.pipeline.helper``)."""
     points = np.random.default_rng(0).standard_normal((12, 2))
     mds_points(np.sqrt(((points[:, None] - points[None]) ** 2).sum(-1)))
 

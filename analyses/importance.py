@@ -115,7 +115,7 @@ class Importance(Analysis):
 
     def _tables(self) -> dict[str, pd.DataFrame]:
         from probe.interventions.ablation import ablate, head_means
-        from probe.run.loading import main_device
+        from probe.pipeline.loading import main_device
 
         model = self.context.model
         L, H = self.context.n_layers, self.context.n_heads

@@ -23,13 +23,13 @@ from analyses import Analysis, Context, Schema
 from analyses.vocabulary import Direction
 from probe.keys import keys, uniform
 from probe.lazy import lazy
-from probe.run import helper
+from probe.pipeline import helper
 
 if TYPE_CHECKING:
     from sklearn.linear_model import LogisticRegression
 
     from probe.inputs.corpus import Batch
-    from probe.run.runner import LayerCapture
+    from probe.pipeline.runner import LayerCapture
 
 np = lazy("numpy")
 pd = lazy("pandas")
@@ -432,7 +432,8 @@ def fit_in_order(X: np.ndarray, y: np.ndarray, order: np.ndarray) -> tuple[np.nd
 
 
 def warm_up() -> None:
-    """A small fit, which the helper process runs while torch imports (``probe.run.helper``)."""
+    """A small fit, which the helper process runs while torch imports
+    (``probe.pipeline.helper``)."""
     rng = np.random.default_rng(0)
     X = rng.standard_normal((2000, 144), dtype=np.float32)
     fit_coefficients(X, X[:, 0] + rng.standard_normal(2000) > 0)

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from analyses.figures import Figure, Plot
     from probe.capture.rows import RowBlock
     from probe.inputs.corpus import Batch
-    from probe.run.runner import LayerCapture
+    from probe.pipeline.runner import LayerCapture
 
 # A table's columns and their types: "int", "float", "str", "bool", "Int64" (an integer
 # that may be missing) or "boolean" (a bool that may be missing).
@@ -121,17 +121,17 @@ class Analysis:
     default: ClassVar[bool] = True  # run when the user names no analyses
     # Whether it takes a layer's pattern in blocks of query rows (``update_rows``): it keeps sums
     # over queries, so that a long input's T × T pattern need never exist whole, and the model
-    # runs its fast kernel (``probe.run.runner.stream_rows``). Analyses that need a whole pattern at
-    # once (syntax's word-level attention, say) leave it False.
+    # runs its fast kernel (``probe.pipeline.runner.stream_rows``). Analyses that need a whole
+    # pattern at once (syntax's word-level attention, say) leave it False.
     rows: ClassVar[bool] = False
     # Whether it reads the model's predictions: a run that names it needs ``--lm-head`` and a
     # checkpoint saved with its head, which the plan checks from the model's config.json before
-    # the model loads (``probe.run.checkpoint``); ``unsupported`` checks the loaded model.
+    # the model loads (``probe.pipeline.checkpoint``); ``unsupported`` checks the loaded model.
     lm_head: ClassVar[bool] = False
     # Its figures, declared once: the page draws them as SVG, `probe figures` with seaborn.
     plots: ClassVar[tuple[Plot, ...]] = ()
-    # What the command line's helper process (``probe.run.helper``) runs while torch imports, for
-    # the work this analysis hands it later: ``"module:function"``, called with no arguments.
+    # What the command line's helper process (``probe.pipeline.helper``) runs while torch imports,
+    # for the work this analysis hands it later: ``"module:function"``, called with no arguments.
     helper_warmup: ClassVar[str | None] = None
     # Whether it reads the other analyses' heads (their roles and relations) before it
     # finishes: the run finishes it after them and hands it their joined heads (``take_heads``).
@@ -200,7 +200,8 @@ class Analysis:
     def hand_off(self) -> bool:
         """Called on every analysis once the batches are done, before any finishes: hand the
         slow work of ``finish`` that needs nothing but this analysis's state (a fit) to the
-        helper process now (``probe.run.helper.submit``), so that it runs while the other analyses
+        helper process now (``probe.pipeline.helper.submit``), so that it runs while the other
+        analyses
         finish (the run finishes those first).
 
         Returns

@@ -28,7 +28,7 @@ from probe.lazy import lazy
 
 if TYPE_CHECKING:
     from probe.inputs.corpus import Batch
-    from probe.run.runner import LayerCapture
+    from probe.pipeline.runner import LayerCapture
 
 np = lazy("numpy")
 pd = lazy("pandas")

@@ -110,7 +110,7 @@ class Taxonomy(Analysis):
             self._offsets[a][layer] += sums.double().cpu()
         else:
             # the decoder's real positions are the sentence's too: its start token, then the
-            # sentence without its last token (``probe.run.runner.decoder_inputs``)
+            # sentence without its last token (``probe.pipeline.runner.decoder_inputs``)
             if block.rows.start >= headtypes.SINK_TOKENS:  # past the queries α is read on
                 return
             real = batch.attention_mask.bool()
@@ -328,8 +328,8 @@ def _example(model, tokenizer, seed: int) -> pd.DataFrame:
     from probe.capture.spec import describe
     from probe.inputs.units import Source
     from probe.inputs.units.repeats import RepeatedSequences
-    from probe.run.loading import main_device
-    from probe.run.runner import decoder_inputs
+    from probe.pipeline.loading import main_device
+    from probe.pipeline.runner import decoder_inputs
 
     unit = RepeatedSequences(Source(seed=seed), tokenizer, 10**6,
                              options={"repeat_length": EXAMPLE_LENGTH})  # fmt: skip

@@ -6,7 +6,8 @@ Floor: a fresh Python process that imports torch and transformers, loads MiniLM 
 tokenizer, reads and tokenizes the same sentences, and runs the plain forward pass (the model's
 default attention, no attention output) over the very batches that probe analyze runs.
 Ours: a fresh `probe analyze` process, every analysis, loading and rendering included, with its
-helper process (``probe.run.helper``, which imports scikit-learn while torch imports and does its
+helper process (``probe.pipeline.helper``, which imports scikit-learn while torch imports and does
+its
 fits): its CPU seconds are counted with the run's, and the peak is the larger of the two
 processes'. Both are timed as whole processes; peak memory is each process's maximum resident size.
 The analyses stage (reading, tokenizing, the mirrored forward pass and every analysis, streamed
@@ -35,7 +36,7 @@ FLOOR = """
 import sys, time, torch
 from transformers import AutoModel, AutoTokenizer
 from probe.inputs.corpus import Corpus, max_tokens
-from probe.run.loading import resolve_name
+from probe.pipeline.loading import resolve_name
 from probe.inputs.treebank import iter_conllu
 treebank, name, device = sys.argv[1:4]
 source = resolve_name(name)

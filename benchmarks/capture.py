@@ -25,7 +25,7 @@ from transformers import AutoModel, BertForMaskedLM
 import probe
 from probe.inputs.corpus import Corpus, max_tokens
 from probe.inputs.treebank import read_conllu
-from probe.run.loading import resolve_name
+from probe.pipeline.loading import resolve_name
 
 NAMES = ("hook_pattern", "hook_z")
 

@@ -27,8 +27,8 @@ from probe.inputs.coreference import Windows
 from probe.inputs.corpus import Corpus
 from probe.inputs.treebank import read_conllu
 from probe.inputs.units.windows import WINDOWS_PER_BATCH_SHARE
-from probe.run.loading import resolve_name
-from probe.run.runner import stream
+from probe.pipeline.loading import resolve_name
+from probe.pipeline.runner import stream
 
 GUM_DEV = Path(__file__).resolve().parents[2] / "shared/data/ud-english-gum/en_gum-ud-dev.conllu"
 WINDOW = 128

@@ -24,7 +24,7 @@ from analyses import Context
 from analyses.importance import Importance
 from probe.inputs.corpus import Corpus
 from probe.inputs.treebank import iter_conllu
-from probe.run.loading import resolve_name
+from probe.pipeline.loading import resolve_name
 
 
 def measure(model, tokenizer, sentences: int, rounds: int) -> tuple[float, float, int]:

@@ -6,12 +6,14 @@
 A random Llama (by default tiny: 2 layers, 4 query heads, 2 key/value heads, d_head 16, RoPE)
 reads one text of T tokens: EWT dev's sentences, joined into one sentence of T MiniLM tokens. For
 each T, two fresh processes: the floor, the model's plain sdpa forward over the tokens; and the
-analysis, the same forward with the roles and taxonomy analyses fed row blocks (``probe.run.runner.
+analysis, the same forward with the roles and taxonomy analyses fed row blocks
+(``probe.pipeline.runner.
 stream_rows``), alternating with the floor. Each prints its peak resident memory (ru_maxrss);
 times are CPU seconds (all threads), the floor's and the analysis's from the same process, the
 median of ``--rounds``, with the wall seconds beside them; the load average says how busy a
 shared machine was. Each child runs under the threads' wait policy ``probe analyze`` sets for its
-length (``probe.run.threads``), floor and analysis alike; ``--busy N`` keeps N processes spinning
+length (``probe.pipeline.threads``), floor and analysis alike; ``--busy N`` keeps N processes
+spinning
 on the cores meanwhile, as other users' jobs would.
 
 Goals (issue #45): at 32k tokens with `-a roles`, the analysis at most 1.5x the floor with heads
@@ -69,7 +71,7 @@ def long_text(tokens: int, tokenizer, path: Path) -> Path:
 def child(
     tokens: int, mode: str, budget: str, rounds: int, d_head: int, layers: int, names: str
 ) -> dict:
-    from probe.run import threads
+    from probe.pipeline import threads
 
     threads.settle(tokens)  # as probe analyze does for windows this long, before torch starts
     import torch
@@ -82,7 +84,7 @@ def child(
     from probe.inputs.units import Source
     from probe.inputs.units.sentences import Sentences
     from probe.options import parse_size
-    from probe.run.runner import stream_rows
+    from probe.pipeline.runner import stream_rows
 
     torch.manual_seed(0)
     _, tokenizer = probe.load("minilm")

@@ -2,7 +2,8 @@
 
     python benchmarks/mechanisms.py [--rounds 4]
 
-- the fit helper process (``probe.run.helper``): ``probe analyze --model minilm`` on EWT dev (the
+- the fit helper process (``probe.pipeline.helper``): ``probe analyze --model minilm`` on EWT dev
+(the
   default analyses), as a whole process, with the helper and with ``helper.start`` replaced by
   a function that starts none (the fits then run in the process, as in a notebook);
 - lazy imports (``probe.lazy``, ``probe/__init__``'s names imported on first use): ``probe
@@ -28,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import ewt_dev
 
-NO_HELPER = "import probe.run.helper as h; h.start = lambda *a, **k: False; "
+NO_HELPER = "import probe.pipeline.helper as h; h.start = lambda *a, **k: False; "
 CLI = "from probe.app.cli import main; import sys; sys.argv = ['probe'] + sys.argv[1:]; main()"
 EAGER = "import torch, transformers, pandas, sklearn; "
 

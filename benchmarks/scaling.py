@@ -55,7 +55,7 @@ def exchanged() -> dict[str, int]:
     from probe.inputs.coreference import Windows
     from probe.inputs.corpus import Corpus
     from probe.inputs.treebank import iter_conllu
-    from probe.run.runner import stream
+    from probe.pipeline.runner import stream
 
     model, tokenizer = probe.load("minilm")
     context = Context(len(model.encoder.layer), model.config.num_attention_heads, model=model)

@@ -23,8 +23,8 @@ from analyses import Context
 from analyses.syntax import Syntax
 from probe.inputs.corpus import Corpus, max_tokens
 from probe.inputs.treebank import read_conllu
-from probe.run.loading import resolve_name
-from probe.run.runner import release_memory, stream
+from probe.pipeline.loading import resolve_name
+from probe.pipeline.runner import release_memory, stream
 
 
 def rss_bytes() -> int:

@@ -27,7 +27,7 @@ from analyses.taxonomy import Taxonomy
 from probe.inputs.units import Source
 from probe.inputs.units.repeats import RepeatedSequences
 from probe.options import parse_size
-from probe.run.runner import stream, stream_rows
+from probe.pipeline.runner import stream, stream_rows
 
 
 def measure(model, tokenizer, args) -> tuple[float, float, float]:

@@ -38,7 +38,7 @@ _EXPORTS = {
     "HookPoint": "probe.capture.hookpoints",
     "hooks": "probe.capture.hookpoints",
     "trace": "probe.capture.hookpoints",
-    "load": "probe.run.loading",
+    "load": "probe.pipeline.loading",
     "attention_rows": "probe.patterns.long_context",
     "head_statistics": "probe.patterns.long_context",
     "patch": "probe.interventions.patching",
@@ -103,7 +103,7 @@ if TYPE_CHECKING:
     from probe.patterns.headtypes import head_types
     from probe.patterns.long_context import attention_rows, head_statistics
     from probe.patterns.viewer import View, show
-    from probe.run.loading import load
+    from probe.pipeline.loading import load
     from probe.weights.composition import composition_scores
     from probe.weights.copying import copying_scores
     from probe.weights.spectra import spectra

@@ -14,8 +14,8 @@ from probe.lazy import lazy
 torch = lazy("torch")  # imported when first used: analyses import this before torch is needed
 
 # Numbers in one block of the pairwise divergence's work space: 512 KiB of float32, which stays in
-# a core's cache and below the allocator's mmap threshold (``probe.run.runner``); blocks of a few
-# MiB run three times slower, mostly in page faults.
+# a core's cache and below the allocator's mmap threshold (``probe.pipeline.runner``); blocks of a
+# few MiB run three times slower, mostly in page faults.
 JS_BLOCK = 2**17
 
 

@@ -137,7 +137,7 @@ class Circuit(Analysis):
     @classmethod
     def unsupported(cls, model) -> str | None:
         from probe.capture.spec import describe
-        from probe.run.checkpoint import has_lm_head
+        from probe.pipeline.checkpoint import has_lm_head
 
         if model.get_output_embeddings() is None:
             return "the circuit's metric reads the model's predictions; add --lm-head"
@@ -214,7 +214,7 @@ class Circuit(Analysis):
         """The pairs' model inputs, clean and corrupted, on the model's device, the metric,
         and what it measures."""
         from probe.inputs.corpus import max_tokens
-        from probe.run.loading import main_device
+        from probe.pipeline.loading import main_device
 
         model, tokenizer = self.context.model, self.context.tokenizer
         limit = max_tokens(model.config, tokenizer)

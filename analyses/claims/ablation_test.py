@@ -149,7 +149,7 @@ class AblationTest:
         the inputs a claim reads it on (NaN elsewhere, never read): a claimed head on its claim's
         inputs, a baseline head on the inputs of its layer's claims it was drawn for."""
         from probe.interventions.ablation import ablation_effects, head_means
-        from probe.run import helper
+        from probe.pipeline import helper
 
         model, slot = self.model, {h: i for i, h in enumerate(ablated)}
         effects = []

@@ -52,7 +52,7 @@ def packed(rows: list[tuple[list[int], list[int]]], model) -> list[Group]:
     """Inputs of token ids and tags (``rows``, numbered in order) in groups by length (ties by
     number: the same groups always), right-padded: each group's model inputs, tags
     ``[batch, pos]`` (-1 on padding) and numbers."""
-    from probe.run.loading import main_device
+    from probe.pipeline.loading import main_device
 
     device = main_device(model)
     order = sorted(range(len(rows)), key=lambda i: (len(rows[i][0]), i))

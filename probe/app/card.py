@@ -63,7 +63,7 @@ class RunCard:
     corpus: str | None = None  # the plain-text corpus the text unit read
     context: int | None = None  # its tokens per window, as used (capped at the model's limit)
     spec: dict[str, Any] = field(default_factory=dict)  # probe.capture.spec.ModelSpec
-    threads: dict[str, Any] = field(default_factory=dict)  # probe.run.threads.in_effect
+    threads: dict[str, Any] = field(default_factory=dict)  # probe.pipeline.threads.in_effect
     # How the long inputs' row blocks were summarised (probe.capture.fused.used); None: no rows
     row_statistics: str | None = None
     # The claims' ablations (analyses.claims): per kind of input, its count, the positions
@@ -114,8 +114,8 @@ def make_card(plan: Plan, model, tokenizer, chosen, ranks, tally) -> RunCard:
     and ``tally``, what each unit read."""
     from probe.capture.spec import describe
     from probe.inputs.corpus import max_tokens
-    from probe.run import threads
-    from probe.run.loading import describe_source, main_device
+    from probe.pipeline import threads
+    from probe.pipeline.loading import describe_source, main_device
 
     settings, config, spec = plan.settings, model.config, describe(model)
     limit = max_tokens(config, tokenizer)

@@ -32,7 +32,7 @@ from probe.errors import ProbeError
 from probe.inputs.hub import bound_waits
 from probe.inputs.treebank import BUNDLED_SENTENCES
 from probe.options import ATTENTION_BUDGET
-from probe.run import helper, threads
+from probe.pipeline import helper, threads
 
 app = typer.Typer(
     help="What does each attention head do? Analyse a model, write a self-contained report.",
@@ -261,7 +261,7 @@ def analyze(
 
 
 def warmups(classes: Iterable[type]) -> list[str]:
-    """What the helper process does while torch imports (``probe.run.helper.start``): compile
+    """What the helper process does while torch imports (``probe.pipeline.helper.start``): compile
     the report's templates, and warm up what the analyses ``classes`` will hand it."""
     return ["probe.app.page:warm_up", *(c.helper_warmup for c in classes if c.helper_warmup)]
 

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from probe.inputs.corpus import Batch
-    from probe.run.runner import LayerCapture
+    from probe.pipeline.runner import LayerCapture
 
 N_CANDIDATES = 32  # enough for 72 cards to lead with different sentences, mostly
 PER_HEAD = 3  # sentences on each head's card

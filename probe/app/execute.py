@@ -46,7 +46,7 @@ def execute(plan: Plan, ranks, progress: Progress | None, status: Callable[[str]
     import torch
 
     from probe.distributed import Tally, joined, merge_to_leader
-    from probe.run.loading import load, resolve_device
+    from probe.pipeline.loading import load, resolve_device
 
     settings = plan.settings
     device = resolve_device(settings.device, ranks.local_rank)
@@ -195,7 +195,7 @@ def _stream_unit(plan: Plan, name: str, readers, examples, model, tokenizer, ran
     """Stream unit ``name`` through ``model`` for the analyses that read it; its tally."""
     from probe.capture.spec import describe
     from probe.inputs.corpus import max_tokens
-    from probe.run.runner import stream, stream_rows
+    from probe.pipeline.runner import stream, stream_rows
 
     if not readers:  # none of its analyses applies to this model
         return {}

@@ -1,7 +1,7 @@
 """The report page's Jinja environment and its compiled templates.
 
 Compiling the page's template and the analyses' takes 0.16 s of a run. A run's helper process
-(``probe.run.helper``) compiles them while this process imports torch, and sends the code back,
+(``probe.pipeline.helper``) compiles them while this process imports torch, and sends the code back,
 marshalled, as Jinja's bytecode caches keep it: so this module imports neither torch nor pandas.
 """
 
@@ -18,7 +18,7 @@ from markupsafe import Markup, escape
 import analyses
 from probe.heads import HeadId
 from probe.inputs import units
-from probe.run import helper
+from probe.pipeline import helper
 
 # Below this many sentences a report says, at the top, that its findings are preliminary (the
 # 76-sentence sample gives 35 sink heads where 300 EWT sentences give 14).
@@ -86,7 +86,8 @@ def template_code(templates: tuple[tuple[str | None, str], ...]) -> list[bytes]:
 
 def warm_up() -> None:
     """Compile the page's template and every registered analysis's: the helper process does it
-    while torch imports (``probe.run.helper``), and keeps the code for ``compile_templates``."""
+    while torch imports (``probe.pipeline.helper``), and keeps the code for
+    ``compile_templates``."""
     template_code(_templates(list(analyses.REGISTRY)))
 
 

@@ -159,7 +159,7 @@ def _options(names: Sequence[str], given: dict[str, Any]) -> dict[str, Any]:
 def plan(settings: Settings) -> Plan:
     """Resolve and check a run without loading anything heavy. The command line runs it before
     importing torch: a mistake is answered at once, and the helper process
-    (``probe.run.helper``) learns what the run will hand it.
+    (``probe.pipeline.helper``) learns what the run will hand it.
 
     Raises
     ------
@@ -219,7 +219,7 @@ def _check_lm_head(settings: Settings, classes: Iterable[type[analyses.Analysis]
     ProbeError
         Naming the analysis, and the checkpoint's classes where they hold no head.
     """
-    from probe.run.checkpoint import has_lm_head, read_config
+    from probe.pipeline.checkpoint import has_lm_head, read_config
 
     needing = [cls.name for cls in classes if cls.lm_head]
     if not needing:
@@ -345,7 +345,7 @@ def _check_build(device: str) -> None:
     """A GPU this machine's torch cannot use, refused before torch is imported (which takes
     seconds): ``cuda`` on a build without CUDA or ROCm (``torch/version.py`` says so), ``mps``
     off macOS. A machine whose CUDA build sees no GPU is told once torch is loaded
-    (``probe.run.loading.resolve_device``)."""
+    (``probe.pipeline.loading.resolve_device``)."""
     kind = device.partition(":")[0]
     if kind == "mps" and sys.platform != "darwin":
         raise ProbeError(f"--device {device} is Apple's GPU, which this machine has not; "

@@ -19,7 +19,7 @@ from probe.app.execute import Outcome
 from probe.app.output import write_file
 from probe.app.plan import Plan
 from probe.errors import ProbeError
-from probe.run import helper
+from probe.pipeline import helper
 
 
 def publish(plan: Plan, outcome: Outcome, folder: Path, status: Callable[[str], None]) -> None:

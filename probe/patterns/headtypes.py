@@ -46,7 +46,8 @@ def offset_scores(pattern: torch.Tensor, n: int, start: int = 0) -> torch.Tensor
         Tokens in each copy.
     start : int
         Where the BOS is: 1 for an encoder-decoder model's decoder, which reads the sequence
-        after its start token (``probe.run.runner.decoder_inputs``); every position moves with it.
+        after its start token (``probe.pipeline.runner.decoder_inputs``); every position moves with
+        it.
 
     Returns
     -------
@@ -177,7 +178,7 @@ def head_types(
     from probe.capture.hookpoints import trace
     from probe.capture.names import Attention
     from probe.capture.spec import describe
-    from probe.run.runner import decoder_inputs
+    from probe.pipeline.runner import decoder_inputs
 
     arguments.module(model, "head_types")
     sequences = arguments.token_ids(model, sequences, "sequences")

@@ -247,7 +247,7 @@ def _from_model(model, tokenizer, text, attention: str | None) -> View:
                 f"most {limit}: show a shorter text"
             )
         if describe(model).encoder_decoder:
-            from probe.run.runner import decoder_inputs
+            from probe.pipeline.runner import decoder_inputs
 
             inputs = decoder_inputs(model, inputs)
         if inputs["input_ids"].shape[1] > FULL_TOKENS and attention is None and \

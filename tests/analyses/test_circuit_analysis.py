@@ -219,7 +219,7 @@ def test_the_refusal_is_planned_without_torch(tmp_path, base_only):
 def test_a_head_tied_to_the_embeddings_is_refused_after_loading_too(base_only):
     """Where the plan could not read the config (a hub model not yet downloaded), the loaded
     model's config says the same."""
-    from probe.run.loading import load
+    from probe.pipeline.loading import load
 
     model, _ = load(str(base_only), lm_head=True)
     assert model.get_output_embeddings() is not None  # tied: the load itself accepts it
@@ -396,12 +396,12 @@ def test_what_the_tokenizer_shows_is_refused_before_the_weights_load(
 ):
     """A task file's pairs are tokenized as soon as the tokenizer is loaded, before the weights:
     here loading them would fail the test."""
-    import probe.run.loading
+    import probe.pipeline.loading
 
     def weights(*args, **kwargs):
         raise AssertionError("the weights were loaded before the task was checked")
 
-    monkeypatch.setattr(probe.run.loading, "_with_lm_head", weights)
+    monkeypatch.setattr(probe.pipeline.loading, "_with_lm_head", weights)
     path = tmp_path / "task.jsonl"
     path.write_text(json.dumps(pair) + "\n")
     result = analyze("--model", str(MODEL), "-a", "circuit", "--lm-head", "--task", str(path),

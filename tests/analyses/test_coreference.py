@@ -396,7 +396,7 @@ def test_encoders_of_every_tokenizer_family(kind, family):
     expected = pd.Series([m.kind for w in windows for m, _ in scored(w.mentions)]).value_counts()
     layers = config.num_hidden_layers
     analysis = Coreference(context(layers, config.num_attention_heads), n_boot=50)
-    from probe.run.runner import stream
+    from probe.pipeline.runner import stream
 
     stream(model, Corpus(windows, tokenizer, 128).batches(4), [analysis])
     coref = analysis.finish()["coref"]

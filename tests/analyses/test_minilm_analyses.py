@@ -12,7 +12,7 @@ from analyses.vocabulary import Thresholds
 from probe.app.publish import join_heads
 from probe.inputs.corpus import Corpus, max_tokens
 from probe.inputs.treebank import read_conllu
-from probe.run.runner import stream
+from probe.pipeline.runner import stream
 
 pytestmark = [pytest.mark.slow, needs_ewt()]
 

@@ -31,7 +31,7 @@ from analyses.syntax import Syntax
 from probe.app.cli import app
 from probe.inputs.corpus import Corpus
 from probe.inputs.treebank import SAMPLE, Sentence, read_conllu
-from probe.run.runner import stream
+from probe.pipeline.runner import stream
 
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -390,17 +390,17 @@ def test_weights_only_run_reads_no_treebank_and_runs_no_forward(tmp_path, monkey
     treebank, and neither reads a corpus, streams, nor calls any module of the model."""
     import probe.inputs.corpus
     import probe.inputs.treebank
-    import probe.run.loading
-    import probe.run.runner
+    import probe.pipeline.loading
+    import probe.pipeline.runner
 
     def forbidden(*args, **kwargs):
         raise AssertionError("a weights-only run must not get here")
 
-    monkeypatch.setattr(probe.run.runner, "stream", forbidden)
+    monkeypatch.setattr(probe.pipeline.runner, "stream", forbidden)
     monkeypatch.setattr(probe.inputs.corpus, "Corpus", forbidden)
     monkeypatch.setattr(probe.inputs.treebank, "treebank_paths", forbidden)
     monkeypatch.setattr(probe.inputs.treebank, "iter_treebank", forbidden)
-    load, calls = probe.run.loading.load, []
+    load, calls = probe.pipeline.loading.load, []
 
     def load_watched(*args, **kwargs):
         model, tokenizer = load(*args, **kwargs)
@@ -408,7 +408,7 @@ def test_weights_only_run_reads_no_treebank_and_runs_no_forward(tmp_path, monkey
             module.register_forward_pre_hook(lambda module, inputs: calls.append(module))
         return model, tokenizer
 
-    monkeypatch.setattr(probe.run.loading, "load", load_watched)
+    monkeypatch.setattr(probe.pipeline.loading, "load", load_watched)
     out = tmp_path / "spectra"
     args = ["--analyses", "spectra", "--treebank", "/no/such/file.conllu", "-o", str(out), "-q"]
     result = runner.invoke(app, ["analyze", "--model", "minilm", *args])

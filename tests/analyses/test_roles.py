@@ -17,7 +17,7 @@ from analyses.vocabulary import Thresholds
 from probe.app.publish import join_heads
 from probe.inputs.corpus import Corpus
 from probe.inputs.treebank import Sentence
-from probe.run.runner import stream
+from probe.pipeline.runner import stream
 
 WORDS = [
     ["the", "cat", "sat", "on", "the", "mat", "."],

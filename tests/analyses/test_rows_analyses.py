@@ -1,6 +1,7 @@
 """The analyses that take rows give the same tables whether the pattern comes whole (the
 mirror's eager attention) or in blocks of query rows beside the model's sdpa kernel
-(``probe.run.runner.stream_rows``): on EWT dev sentences, for MiniLM, and for random Llama (GQA,
+(``probe.pipeline.runner.stream_rows``): on EWT dev sentences, for MiniLM, and for random Llama
+(GQA,
 RoPE, causal) and Mistral (a sliding window of 4) models that read MiniLM's tokens."""
 
 import json
@@ -22,7 +23,7 @@ from probe.inputs.units import Source
 from probe.inputs.units.repeats import RepeatedSequences
 from probe.inputs.units.sentences import Sentences
 from probe.inputs.units.texts import Texts
-from probe.run.runner import stream, stream_rows
+from probe.pipeline.runner import stream, stream_rows
 
 pytestmark = pytest.mark.slow  # runs real models or the whole command line
 
@@ -108,19 +109,19 @@ def test_the_run_reads_rows_where_every_reader_takes_them(tmp_path, monkeypatch)
     from typer.testing import CliRunner
 
     import probe.capture.rows
-    import probe.run.runner
+    import probe.pipeline.runner
     from probe.app.cli import app
 
     seen = []
     for name in ("stream", "stream_rows"):
-        real = getattr(probe.run.runner, name)
+        real = getattr(probe.pipeline.runner, name)
 
         def spy(model, batches, consumers, *args, real=real, name=name):
             batches = list(batches)
             seen.append((name, batches[0].unit, model.config._attn_implementation))
             return real(model, batches, consumers, *args)
 
-        monkeypatch.setattr(probe.run.runner, name, spy)
+        monkeypatch.setattr(probe.pipeline.runner, name, spy)
     implementations = []
     original = probe.capture.rows.sdpa_attention_forward
     monkeypatch.setattr(probe.capture.rows, "sdpa_attention_forward",
@@ -197,19 +198,19 @@ def test_a_corpus_streams_in_rows(tmp_path, monkeypatch):
     from induction import MODEL
     from typer.testing import CliRunner
 
-    import probe.run.runner
+    import probe.pipeline.runner
     from probe.app.cli import app
 
     seen = []
     for name in ("stream", "stream_rows"):
-        real = getattr(probe.run.runner, name)
+        real = getattr(probe.pipeline.runner, name)
 
         def spy(model, batches, consumers, *args, real=real, name=name):
             batches = list(batches)
             seen.append((name, batches[0].unit, model.config._attn_implementation))
             return real(model, batches, consumers, *args)
 
-        monkeypatch.setattr(probe.run.runner, name, spy)
+        monkeypatch.setattr(probe.pipeline.runner, name, spy)
     out = tmp_path / "r"
     args = ["analyze", "-m", str(MODEL), "-a", "roles,taxonomy,importance", "--corpus",
             corpus(tmp_path, symbols=True), "--context", "24", "--importance-sentences", "4",

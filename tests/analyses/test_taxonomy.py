@@ -27,7 +27,7 @@ from probe.patterns.headtypes import (
     sink_sums,
     uniform_previous,
 )
-from probe.run.runner import stream
+from probe.pipeline.runner import stream
 
 N = 4  # tokens per copy in the hand-worked patterns: BOS at 0, copies at 1…4 and 5…8
 

@@ -547,7 +547,7 @@ def test_attention_that_is_not_finite_is_refused_naming_the_hook(tiny_model):
 
     from probe.inputs.corpus import Corpus
     from probe.inputs.treebank import load_treebank
-    from probe.run.runner import stream
+    from probe.pipeline.runner import stream
 
     model = tf.BertModel.from_pretrained(tiny_model).eval()
     tokenizer = tf.AutoTokenizer.from_pretrained(tiny_model)

@@ -9,7 +9,7 @@ from models import CONFIGS, SEQ2SEQ, small_model
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import probe
-from probe.run.runner import decoder_inputs
+from probe.pipeline.runner import decoder_inputs
 
 
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])

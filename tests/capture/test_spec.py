@@ -22,7 +22,7 @@ DERIVATIONS = {"head_count", "head_dim", "is_causal", "is_encoder_decoder", "att
 DERIVERS = {
     "probe/capture/architectures.py", "probe/capture/head_weights.py", "probe/capture/spec.py"
 }  # fmt: skip
-ON_A_CONFIG = {("probe/run/loading.py", "is_causal")}
+ON_A_CONFIG = {("probe/pipeline/loading.py", "is_causal")}
 
 
 @pytest.mark.parametrize("kind", sorted(CONFIGS | SEQ2SEQ))

@@ -329,7 +329,7 @@ def test_a_twelve_by_twelve_model_from_a_local_folder(tmp_path):
 def test_no_network_fails_fast_without_the_offline_flag(monkeypatch, tmp_path):
     import socket
 
-    from probe.run import loading
+    from probe.pipeline import loading
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
 

@@ -30,7 +30,7 @@ from probe.inputs.texts import corpus_spec, windows
 from probe.inputs.units import Source
 from probe.inputs.units.texts import Texts
 from probe.inputs.windowing import TEXTS_PER_MAP
-from probe.run.runner import stream
+from probe.pipeline.runner import stream
 
 TEXTS = [
     "The cat sat on the mat.",
@@ -79,7 +79,7 @@ def touch(path: Path, text: str) -> Path:
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from probe.run.loading import resolve_name
+    from probe.pipeline.loading import resolve_name
 
     return AutoTokenizer.from_pretrained(resolve_name("minilm"))
 
@@ -380,7 +380,7 @@ def test_sink_alpha_on_a_corpus_equals_eager_attentions(tmp_path, tokenizer):
     """taxonomy's sink α on corpus windows: the attention of each window's first 64 queries to
     its first token, as MiniLM's own eager attention weights give it."""
     from probe.patterns.headtypes import SINK_TOKENS
-    from probe.run.loading import resolve_name
+    from probe.pipeline.loading import resolve_name
 
     corpus = write(tmp_path, "parquet")
     out = tmp_path / "r"

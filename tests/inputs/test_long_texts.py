@@ -55,7 +55,7 @@ def streamed(tok, text: str, chunk: int) -> tuple[list[int], list[bool], set[str
 def minilm():
     from transformers import AutoTokenizer
 
-    from probe.run.loading import resolve_name
+    from probe.pipeline.loading import resolve_name
 
     return AutoTokenizer.from_pretrained(resolve_name("minilm"))
 
@@ -184,7 +184,7 @@ def test_a_one_line_corpus_is_read_in_bounded_memory(one_line, tokenizer):  # no
     code = (
         "import resource, sys\n"
         "from transformers import AutoTokenizer\n"
-        "from probe.run.loading import resolve_name\n"
+        "from probe.pipeline.loading import resolve_name\n"
         "from probe.inputs.texts import corpus_spec, windows\n"
         "tok = AutoTokenizer.from_pretrained(resolve_name('minilm'))\n"
         f"spec = corpus_spec({str(one_line)!r})\n"

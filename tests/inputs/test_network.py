@@ -23,7 +23,7 @@ from treebanks import EWT, GUM, needs_ewt, needs_gum
 from probe.errors import ProbeError
 from probe.inputs.download import fetch
 from probe.inputs.treebank import SAMPLE, UD_TREEBANKS, download_url, read_conllu
-from probe.run.loading import hub_address
+from probe.pipeline.loading import hub_address
 
 pytestmark = pytest.mark.slow  # runs real models or the whole command line
 

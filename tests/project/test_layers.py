@@ -24,7 +24,7 @@ LAYERS = (
     ("attention", ("probe.attention",)),
     ("weights", ("probe.weights",)),
     ("interventions", ("probe.interventions",)),
-    ("run", ("probe.run",)),
+    ("pipeline", ("probe.pipeline",)),
     ("patterns", ("probe.patterns",)),
     ("front door", ("probe",)),  # probe/__init__.py: the public names, imported on first use
     ("analyses", ("analyses",)),
@@ -156,7 +156,7 @@ def test_the_top_level_holds_at_most_twelve_modules():
 def test_the_check_fails_on_an_upward_import(tmp_path):
     """A new upward import is caught: in a module, in a package's ``__init__``, relative, lazy."""
     for where, source in (
-        ("probe/capture/x.py", "from probe.run import loading\n"),
+        ("probe/capture/x.py", "from probe.pipeline import loading\n"),
         ("probe/capture/__init__.py", "from ..patterns import viewer\n"),
         (
             "probe/inputs/y.py",
@@ -166,11 +166,11 @@ def test_the_check_fails_on_an_upward_import(tmp_path):
         ("probe/__init__.py", "def __getattr__(name):\n    import probe.plot\n"),
     ):
         root = tmp_path / where.replace("/", "_")
-        for package in ("probe", "analyses", "probe/capture", "probe/run", "probe/patterns",
+        for package in ("probe", "analyses", "probe/capture", "probe/pipeline", "probe/patterns",
                         "probe/inputs", "probe/weights"):  # fmt: skip
             (root / package).mkdir(parents=True, exist_ok=True)
             (root / package / "__init__.py").write_text('"""May import: x."""\n')
-        for module in ("probe/run/loading.py", "probe/patterns/viewer.py", "probe/lazy.py",
+        for module in ("probe/pipeline/loading.py", "probe/patterns/viewer.py", "probe/lazy.py",
                        "probe/capture/rows.py", "analyses/syntax.py", "probe/plot.py"):  # fmt: skip
             (root / module).write_text("")
         (root / where).write_text(source)

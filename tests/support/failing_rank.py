@@ -4,7 +4,7 @@ user's mistake found late would be), for the test that every process of the run 
 import os
 import sys
 
-import probe.run.runner
+import probe.pipeline.runner
 from probe.app.cli import app
 from probe.errors import ProbeError
 
@@ -25,5 +25,5 @@ def fail_after_first_batch(stream):
 
 
 if int(os.environ["RANK"]) == FAILING_RANK:
-    probe.run.runner.stream = fail_after_first_batch(probe.run.runner.stream)
+    probe.pipeline.runner.stream = fail_after_first_batch(probe.pipeline.runner.stream)
 sys.exit(app())

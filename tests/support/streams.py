@@ -4,7 +4,7 @@ import torch
 
 from analyses import Context
 from probe.inputs.corpus import Batch
-from probe.run.runner import LayerCapture
+from probe.pipeline.runner import LayerCapture
 
 
 def feed(consumer, batch: Batch, patterns: torch.Tensor) -> None:

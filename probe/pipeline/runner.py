@@ -24,7 +24,7 @@ from probe.capture.spec import describe
 from probe.errors import ProbeError
 from probe.inputs.alignment import WordAlignment
 from probe.inputs.corpus import Batch
-from probe.run.loading import main_device
+from probe.pipeline.loading import main_device
 
 
 def _glibc(function: str) -> Callable[..., int] | None:

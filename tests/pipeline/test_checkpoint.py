@@ -1,4 +1,4 @@
-"""What a checkpoint says of itself before it loads (``probe.run.checkpoint``): whether its
+"""What a checkpoint says of itself before it loads (``probe.pipeline.checkpoint``): whether its
 config.json names a class with a language-model head, read from a folder, an alias or the hub's
 local cache, without torch."""
 
@@ -10,7 +10,7 @@ import sys
 import pytest
 from induction import MODEL
 
-from probe.run.checkpoint import has_lm_head, read_config
+from probe.pipeline.checkpoint import has_lm_head, read_config
 
 
 @pytest.mark.parametrize(
@@ -49,7 +49,7 @@ def test_configs_are_read_from_folders_and_aliases(tmp_path):
 
 CACHED = """
 import sys
-from probe.run.checkpoint import has_lm_head, read_config
+from probe.pipeline.checkpoint import has_lm_head, read_config
 assert has_lm_head(read_config("someone/base-only")) is False
 assert read_config("someone/elsewhere") is None  # not in the cache: nothing is downloaded
 assert "torch" not in sys.modules and "transformers" not in sys.modules

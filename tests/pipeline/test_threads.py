@@ -11,7 +11,7 @@ import pytest
 SETTLE = """
 import json, os, sys
 {before}
-from probe.run import threads
+from probe.pipeline import threads
 os.getloadavg = lambda: ({load}, 0.0, 0.0)  # the machine as the test says it is
 threads.settle({tokens})
 import torch

@@ -1,4 +1,4 @@
-"""Run plumbing: a model loaded, a corpus streamed through it, and the work after the batches.
+"""The pipeline: a model loaded, a corpus streamed through it, and the work after the batches.
 
 Loading a supported model and its tokenizer (``loading``), streaming batches through it while
 each layer's captures reach the analyses (``runner``), and the helper process that fits while the

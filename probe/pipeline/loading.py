@@ -25,7 +25,7 @@ from probe.capture.spec import describe
 from probe.errors import ProbeError
 from probe.inputs import hub
 from probe.inputs.download import hub_address, hub_reachable  # noqa: F401 (re-exported)
-from probe.run.checkpoint import ALIASES, describe_source, resolve_name  # noqa: F401
+from probe.pipeline.checkpoint import ALIASES, describe_source, resolve_name  # noqa: F401
 
 
 def resolve_device(device: str, local_rank: int = 0) -> str:

@@ -1,5 +1,5 @@
 """An encoder-decoder model's decoder reads each sentence shifted right after its start token
-(``probe.run.runner.decoder_inputs``): its real positions are as many as the sentence's tokens,
+(``probe.pipeline.runner.decoder_inputs``): its real positions are as many as the sentence's tokens,
 whether the sentence is the longest of its batch or padded, so the decoder's statistics do not
 depend on the batch size."""
 
@@ -12,7 +12,7 @@ from models import SEQ2SEQ
 from typer.testing import CliRunner
 
 from probe.app.cli import app
-from probe.run.runner import decoder_inputs
+from probe.pipeline.runner import decoder_inputs
 
 
 def test_decoder_inputs_are_the_sentence_shifted_right_whatever_the_padding():

