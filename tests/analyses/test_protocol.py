@@ -510,7 +510,7 @@ def test_the_library_knows_no_analysis_and_no_app():
     library = [
         p for p in (ROOT / "probe").rglob("*.py") if "app" not in p.parent.parts and p != app
     ]
-    assert len(library) >= 10 and ROOT / "probe" / "run" / "runner.py" in library
+    assert len(library) >= 10 and ROOT / "probe" / "pipeline" / "runner.py" in library
     wrong = {
         str(p.relative_to(ROOT)): imports_of(p, "analyses", "probe.app", "probe.plot")
         for p in library
