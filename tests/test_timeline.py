@@ -20,15 +20,18 @@ import pytest
 from probe.app.changes import head_changes, roles_of
 from probe.app.timeline import (
     Checkpoint,
+    check_tokenizer,
     checkpoint_records,
     checkpoints,
     duplicate_weights,
     expand_revisions,
+    load_failed,
     recorded_hashes,
     revision_step,
     step_complete,
     step_of,
     steps_to_run,
+    tokenizer_fingerprint,
     weights_hash,
 )
 from probe.app.timeline_tables import (
@@ -485,3 +488,27 @@ def test_role_figures(series):
     assert [f.id for f in figures] == ["timeline-previous-token", "timeline-induction"]
     assert all(f.figure.startswith("<svg") and "1-1 onset" in figures[1].figure for f in figures)
     assert "Loss on repeated tokens" in figures[0].figure
+
+
+def test_tokenizers_that_differ_one_line():
+    from make_induction_model import tokenizer
+    from transformers import AutoTokenizer
+
+    same = AutoTokenizer.from_pretrained(str(Path(__file__).parent / "data" / "induction-gpt2"))
+    print_ = tokenizer_fingerprint(tokenizer())
+    assert tokenizer_fingerprint(same) == print_
+    other = tokenizer()
+    other.add_tokens(["t64"])
+    a, b = Checkpoint(0, "checkpoint-0", "x"), Checkpoint(5, "checkpoint-5", "y")
+    check_tokenizer(a, print_, b, tokenizer_fingerprint(same))
+    with pytest.raises(ProbeError) as error:
+        check_tokenizer(a, print_, b, tokenizer_fingerprint(other))
+    assert "checkpoint-5 (step 5) differs from that of checkpoint-0" in one_line(error)
+
+
+def test_a_checkpoint_that_fails_to_load_one_line(tmp_path):
+    error = load_failed(Checkpoint(300, "step300", "org/model", "step300"),
+                        OSError("no file named model.safetensors\nmore"), tmp_path)  # fmt: skip
+    text = str(error)
+    assert "\n" not in text and "step300 (step 300, org/model at revision step300)" in text
+    assert "no file named model.safetensors;" in text and "--resume" in text

@@ -231,6 +231,44 @@ def duplicate_weights(hashes: dict[int, str]) -> list[str]:
     return lines
 
 
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A SHA-256 of what a tokenizer does: a fast tokenizer's whole definition (vocabulary,
+    merges, normaliser, pre-tokeniser, post-processor; its truncation and padding settings left
+    out, which change no token), else its vocabulary; and its special tokens."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        spec = json.loads(backend.to_str())
+        spec.pop("truncation", None), spec.pop("padding", None)
+        text = json.dumps(spec, sort_keys=True)
+    else:
+        text = json.dumps(sorted(tokenizer.get_vocab().items()))
+    special = json.dumps(sorted(map(str, tokenizer.all_special_tokens)))
+    return hashlib.sha256(f"{text}\0{special}".encode()).hexdigest()
+
+
+def check_tokenizer(first: Checkpoint, first_print: str, checkpoint: Checkpoint, print_: str):
+    """One line, before ``checkpoint``'s model is loaded, where its tokenizer (fingerprint
+    ``print_``) is not the first checkpoint's: the run's inputs were tokenized once, by it."""
+    if print_ != first_print:
+        raise ProbeError(
+            f"the tokenizer of {checkpoint.name} (step {checkpoint.step}) differs from that of "
+            f"{first.name} (step {first.step}): a timeline reads one tokenization of its inputs; "
+            "give checkpoints of one model"
+        )
+
+
+def load_failed(checkpoint: Checkpoint, error: BaseException, out: Path) -> ProbeError:
+    """The one line for a checkpoint that fails to load; the steps before it stay in ``out``."""
+    why = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    where = checkpoint.source + (
+        f" at revision {checkpoint.revision}" if checkpoint.revision else ""
+    )
+    return ProbeError(
+        f"cannot load {checkpoint.name} (step {checkpoint.step}, {where}): {why}; the steps "
+        f"before it are kept in {Path(out) / 'steps'}: fix it, then run again with --resume"
+    )
+
+
 def step_complete(folder: Path) -> bool:
     """Whether a step's report folder is complete: ``analyze`` renames it into place whole,
     with ``run.json`` and ``heads.csv`` in it."""
