@@ -1,10 +1,10 @@
 """Train the induction GPT-2's recipe again and save checkpoints along the way, to
 tests/data/induction-gpt2-steps/, for ``probe timeline``'s tests.
 
-    python tests/make_induction_checkpoints.py            # the shipped checkpoints
-    python tests/make_induction_checkpoints.py --every 100 --out /tmp/steps   # to choose them
+    python tests/support/make_induction_checkpoints.py            # the shipped checkpoints
+    python tests/support/make_induction_checkpoints.py --every 100 --out /tmp/steps   # to choose them
 
-The recipe is `tests/make_induction_model.py`'s, step for step (its config, batches, learning
+The recipe is `tests/support/make_induction_model.py`'s, step for step (its config, batches, learning
 rate and seed): the model after the last step saved is the one that script's training reaches at
 that step. Each checkpoint is a trainer's ``checkpoint-N/`` folder (N optimizer steps taken;
 ``checkpoint-0`` is the initialisation), saved with ``save_pretrained`` and the word-level
@@ -43,7 +43,7 @@ from make_induction_model import (
 )
 from transformers import GPT2LMHeadModel
 
-OUT = Path(__file__).parent / "data" / "induction-gpt2-steps"
+OUT = Path(__file__).parents[1] / "data" / "induction-gpt2-steps"
 STEPS_SAVED = (0, 2000, 2250, 2500, 2750, 3000, 3250, 3500, 3750, 4500)
 HELD_OUT_N = 25  # copy length of the held-out loss, as make_induction_model.py logs it
 

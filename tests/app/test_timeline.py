@@ -1,7 +1,7 @@
 """``probe timeline``'s pieces: checkpoints found and ordered, revision patterns, the weights hash
 and identical checkpoints, the tables and onsets, the sentences, resume; each bad input one line.
 And the order of formation on the induction GPT-2's checkpoints
-(tests/make_induction_checkpoints.py): the previous-token head before the induction heads, as
+(tests/support/make_induction_checkpoints.py): the previous-token head before the induction heads, as
 the loss on the second copy falls."""
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ from probe.app.timeline_tables import (
 )
 from probe.errors import ProbeError
 
-STEPS = Path(__file__).parent / "data" / "induction-gpt2-steps"
+DATA = Path(__file__).parents[1] / "data"
+STEPS = DATA / "induction-gpt2-steps"
 
 
 def one_line(error: pytest.ExceptionInfo) -> str:
@@ -533,7 +534,7 @@ def test_tokenizers_that_differ_one_line():
     from make_induction_model import tokenizer
     from transformers import AutoTokenizer
 
-    same = AutoTokenizer.from_pretrained(str(Path(__file__).parent / "data" / "induction-gpt2"))
+    same = AutoTokenizer.from_pretrained(str(DATA / "induction-gpt2"))
     print_ = tokenizer_fingerprint(tokenizer())
     assert tokenizer_fingerprint(same) == print_
     other = tokenizer()
