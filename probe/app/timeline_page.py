@@ -5,6 +5,7 @@ beside it the model's loss on the run's inputs where it was measured."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from html import escape
 
 import pandas as pd
 
@@ -78,3 +79,44 @@ def _role_chart(timeline: pd.DataFrame, role: str, score: str, heads: pd.DataFra
     except ValueError:  # a role of an analysis outside probe's vocabulary
         title = role
     return svg.Chart(title, series, "step", score)
+
+
+def render_page(
+    card: dict, timeline: pd.DataFrame, onsets: pd.DataFrame, by_step: pd.DataFrame,
+    losses: Mapping[int, float] | None = None, loss_of: str = "its inputs",
+) -> str:  # fmt: skip
+    """The timeline's self-contained page: what it found in words (the order of formation,
+    moves between heads, identical checkpoints), a chart per role, the holders by step and the
+    checkpoints with their reports. Every name and sentence is escaped."""
+    figures = role_figures(timeline, onsets, losses, loss_of)
+    said = "".join(f"<li>{escape(line)}</li>" for line in card.get("sentences", []))
+    warned = "".join(f"<li>{escape(line)}</li>" for line in card.get("warnings", []))
+    charts = "".join(
+        f'<figure id="{escape(f.id)}"><figcaption>{escape(f.title)}</figcaption>{f.figure}</figure>'
+        for f in figures
+    )  # the figures are the report's own SVG, their text escaped where drawn (analyses.svg)
+    held = by_step.pivot(index="step", columns="role", values="holders") if len(by_step) else None
+    holders = (held.fillna("").to_html(escape=True, border=0) if held is not None
+               else "<p>No head holds a role at any step.</p>")  # fmt: skip
+    rows = "".join(
+        f"<tr><td>{c['step']}</td><td><a href=\"steps/step-{c['step']}/index.html\">"
+        f"{escape(str(c['name']))}</a></td><td>{escape(str(c['revision'] or ''))}</td>"
+        f"<td><code>{escape(str(c['weights_sha256'] or '')[:12])}</code></td></tr>"
+        for c in card.get("checkpoints", [])
+    )  # fmt: skip
+    title = escape(f"Timeline of {card.get('source')}")
+    return (
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
+        f"<style>{STYLE}</style></head><body><h1>{title}</h1>"
+        f"<h2>What formed, and when</h2><ul>{said}</ul>"
+        + (f'<h2>Warnings</h2><ul class="warnings">{warned}</ul>' if warned else "")
+        + f"<h2>Each role's heads over the steps</h2>{charts or '<p>No role to draw.</p>'}"
+        f"<h2>The heads that hold each role, by step</h2>{holders}"
+        "<h2>Checkpoints</h2><table><tr><th>step</th><th>checkpoint</th><th>revision</th>"
+        f"<th>weights (sha256)</th></tr>{rows}</table></body></html>"
+    )
+
+
+STYLE = ("body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem}"
+         "table{border-collapse:collapse}td,th{padding:.2rem .6rem;border-bottom:1px solid #ddd}"
+         ".warnings{color:#a40}figure{margin:1rem 0}")  # fmt: skip
