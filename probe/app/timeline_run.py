@@ -65,7 +65,8 @@ def plan_timeline(settings: Settings, revisions: str | None, resume: bool):
     # The steps' folders are reserved one by one (overwrite: a step cut short is analysed again)
     base = plan(replace(settings, out=out / first.folder, overwrite=True,
                         model=first.source, revision=first.revision))  # fmt: skip
-    check_free(out, overwrite=True) if out.exists() else check_free(out, overwrite=False)
+    if not out.exists():  # one that exists is empty, or the run's own (resumed)
+        check_free(out, overwrite=False, kind="timeline")
     todo = steps_to_run(out, planned, _known_settings(base), resume)
     return planned, base, todo
 
