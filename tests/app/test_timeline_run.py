@@ -134,6 +134,9 @@ def test_a_copied_checkpoint_is_flagged(tmp_path):
     card = json.loads((out / "run.json").read_text())
     assert card["warnings"] == [warned[0].removeprefix("warning: ")]
     assert "identical weights" in (out / "index.html").read_text()
+    drawn = probe("figures", str(out), "-f", "svg")  # seaborn, from the timeline's tables
+    assert drawn.returncode == 0, drawn.stderr
+    assert {p.name for p in (out / "figures").iterdir()} >= {"timeline-induction.svg"}
 
 
 def test_no_checkpoints_one_line(tmp_path):
@@ -162,8 +165,8 @@ def test_tokenizers_that_differ_one_line_the_first_step_kept(tmp_path):
     other.add_tokens(["t64"])
     other.save_pretrained(source / "checkpoint-2000")
     out = tmp_path / "o"
-    one_line(probe("timeline", str(source), *QUICK, "--out", str(out)),
-             "tokenizer of checkpoint-2000 (step 2000) differs from that of checkpoint-0")  # fmt: skip
+    said = "tokenizer of checkpoint-2000 (step 2000) differs from that of checkpoint-0"
+    one_line(probe("timeline", str(source), *QUICK, "--out", str(out)), said)
     assert (out / "steps" / "step-0" / "heads.csv").is_file()
     assert not (out / "steps" / "step-2000").exists()
 
