@@ -91,10 +91,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.send(404, b"not found", body=body, headers={"X-Error-Code": "RepoNotFound"})
 
     def folder(self, repo: str, revision: str) -> tuple[Path | None, str]:
-        """The folder and commit of ``repo`` at ``revision``: a repo served by revision has
-        each as a folder of its own; a plain one is the same at every revision."""
+        """The folder and commit of ``repo`` at ``revision`` (a name or a commit): a repo served
+        by revision has each as a folder of its own; a plain one is the same at every revision."""
         served = self.server.repos.get(repo)
-        if isinstance(served, dict):
+        if isinstance(served, dict):  # by revision, or by the commit it names (as clients ask)
+            revision = {commit_of(r): r for r in served}.get(revision, revision)
             return served.get(revision), commit_of(revision)
         return served, COMMIT
 
