@@ -7,8 +7,8 @@ tables (``output``, ``folder``, ``tables``, ``report``, ``page``, ``examples``, 
 ``answers``), and ``probe timeline`` (its plan and integrity ``timeline``, its run
 ``timeline_run``, its loss ``timeline_loss``, its tables ``timeline_tables``, its outputs
 ``timeline_publish``, its page ``timeline_page`` and seaborn figures ``timeline_paper``;
-compare's per-head change, ``changes``). The notebook figures, ``probe.plot``, belong to the app too; they live at
-``probe/plot.py`` so that ``from probe import plot`` finds them.
+compare's per-head change, ``changes``). The notebook figures, ``probe.plot``, belong to the
+app too; they live at ``probe/plot.py`` so that ``from probe import plot`` finds them.
 
 May import: every part of probe's library and the analyses (their registry); nothing imports it
 but ``probe.plot``.

@@ -1,8 +1,8 @@
 """``probe timeline``'s pieces: checkpoints found and ordered, revision patterns, the weights hash
 and identical checkpoints, the tables and onsets, the sentences, resume; each bad input one line.
 And the order of formation on the induction GPT-2's checkpoints
-(tests/support/make_induction_checkpoints.py): the previous-token head before the induction heads, as
-the loss on the second copy falls."""
+(tests/support/make_induction_checkpoints.py): the induction heads where the loss on the second
+copy falls most, the previous-token role one checkpoint later (a strict xfail, measured)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,16 @@
 """Train the induction GPT-2's recipe again and save checkpoints along the way, to
 tests/data/induction-gpt2-steps/, for ``probe timeline``'s tests.
 
-    python tests/support/make_induction_checkpoints.py            # the shipped checkpoints
-    python tests/support/make_induction_checkpoints.py --every 100 --out /tmp/steps   # to choose them
+    python tests/support/make_induction_checkpoints.py      # the shipped checkpoints
+    python tests/support/make_induction_checkpoints.py --every 100 --out /tmp/steps  # to choose
 
-The recipe is `tests/support/make_induction_model.py`'s, step for step (its config, batches, learning
-rate and seed): the model after the last step saved is the one that script's training reaches at
-that step. Each checkpoint is a trainer's ``checkpoint-N/`` folder (N optimizer steps taken;
-``checkpoint-0`` is the initialisation), saved with ``save_pretrained`` and the word-level
-tokenizer, and ``losses.json`` beside them holds the held-out loss on the first and the second
-copy (n = 25, `induction.copy_losses`) at each one. Seeded and deterministic on one CPU thread.
+The recipe is `tests/support/make_induction_model.py`'s, step for step (its config, batches,
+learning rate and seed): the model after the last step saved is the one that script's training
+reaches at that step. Each checkpoint is a trainer's ``checkpoint-N/`` folder (N optimizer
+steps taken; ``checkpoint-0`` is the initialisation), saved with ``save_pretrained`` and the
+word-level tokenizer, and ``losses.json`` beside them holds the held-out loss on the first and
+the second copy (n = 25, `induction.copy_losses`) at each one. Seeded and deterministic on
+one CPU thread.
 
 `STEPS_SAVED` was chosen from a run with ``--every 250`` (--last 5500): the second copy's
 loss stays near log 63 until step ~2000, then falls in a phase change, 3.42 (2250), 3.05
