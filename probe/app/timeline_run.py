@@ -164,6 +164,9 @@ def _analyse_steps(base: Plan, out: Path, planned: list[Checkpoint], todo: list[
                 del model
                 publish(step, outcome, folder, status)
             del outcome
+            # analyse froze what the start made (execute._freeze), the first model with it:
+            # unfrozen, so that a cycle in a model is freed before the next one loads
+            gc.unfreeze()
             gc.collect()
     return hashes
 
