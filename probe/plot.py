@@ -5,9 +5,10 @@
 >>> ax = plot.head_map(tables, ax=axes[0])            # …or its tables, on an Axes of yours
 
 Each function takes a report folder (``probe analyze``'s, or ``probe compare``'s for the
-comparison's figures) or its tables (a dict of DataFrames named as the CSV files), and an
-optional matplotlib ``ax``; it returns the Axes it drew on. The drawings are those the
-analyses declare (``Analysis.plots``), in the figures' theme (``analyses.paper.theme``).
+comparison's figures, ``probe timeline``'s for its own) or its tables (a dict of DataFrames
+named as the CSV files), and an optional matplotlib ``ax``; it returns the Axes it drew on.
+The drawings are those the analyses declare (``Analysis.plots``), in the figures' theme
+(``analyses.paper.theme``).
 
 This module is part of the app, beside ``probe figures``: it reads report folders and knows
 the analyses, which the library does not. It sits at the package's top level so that
@@ -146,3 +147,21 @@ def layer_roles(report: Report, ax: Axes | None = None) -> Axes:
 def layer_correspondence(report: Report, ax: Axes | None = None) -> Axes:
     """compare: which layers of B attend like which layers of A."""
     return _draw("compare", "layer-correspondence", report, ax)
+
+
+def timeline(report: Report, role: str = "induction", ax: Axes | None = None) -> Axes:
+    """timeline: each head's score for ``role`` over the steps, holders filled, onsets marked."""
+    from analyses.paper import theme
+    from probe.app.timeline_paper import role_scores
+
+    with theme():
+        return role_scores(tables(report), ax=ax, role=role)
+
+
+def timeline_loss(report: Report, ax: Axes | None = None) -> Axes:
+    """timeline: the loss on each copy of the repeated sequences over the steps."""
+    from analyses.paper import theme
+    from probe.app.timeline_paper import loss
+
+    with theme():
+        return loss(tables(report), ax=ax)

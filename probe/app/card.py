@@ -69,6 +69,10 @@ class RunCard:
     # The claims' ablations (analyses.claims): per kind of input, its count, the positions
     # measured, the measure, the ablation and the heads ablated; None where none ran.
     claims: list[dict[str, Any]] | None = None
+    # probe timeline's: a SHA-256 of the checkpoint's weights (probe.app.timeline.weights_hash),
+    # and the model's loss on the run's inputs (probe.app.timeline_loss); None in probe analyze
+    weights_sha256: str | None = None
+    loss: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The card as ``run.json`` holds it, with the sentence and coreference counts also at

@@ -1,7 +1,8 @@
-"""The ``probe`` command's commands: ``probe analyze``, ``probe report``, ``probe compare``,
-``probe figures`` and ``probe experiment``, each answering a user's mistake and a signal in one
-line (``answered``); the console they print to is ``probe.app.console``, their answers to
-signals ``probe.app.signals``.
+"""The ``probe`` command's commands: ``probe analyze``, ``probe timeline``, ``probe report``,
+``probe compare``, ``probe figures`` and ``probe experiment``, each answering a user's mistake
+and a signal in one line (``answered``); the console they print to is ``probe.app.console``,
+their answers to signals ``probe.app.signals``; the options analyze and timeline share,
+``probe.app.command_options``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator
+import typing
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import typer
@@ -24,9 +26,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from analyses import REGISTRY, ContractError, defaults
 from analyses.vocabulary import Thresholds
 from probe.app.analyze import analyze as analyze_run
+from probe.app.command_options import settings_of, warmups, with_declared_options
 from probe.app.console import bars, fail, link, make_console, run_progress, summary
 from probe.app.plan import Settings, plan
 from probe.app.signals import TerminatedError, catch_hangups, exit_status, hand_over, signal_name
+from probe.app.timeline_run import plan_timeline, run_timeline
 from probe.distributed import Ranks
 from probe.errors import ProbeError
 from probe.inputs.hub import bound_waits
@@ -216,40 +220,9 @@ def analyze(
     **options,
 ) -> None:
     """Run every analysis of every head over a treebank and write an HTML report."""
-    thresholds = {}
-    for item in threshold or []:
-        name, _, value = item.partition("=")
-        try:
-            thresholds[name.strip().replace("-", "_")] = float(value)
-        except ValueError:
-            fail(f"--threshold {item!r} is not NAME=NUMBER (e.g. sink=0.5)")
-    chosen = [a.strip() for a in analyses.split(",") if a.strip()] if analyses is not None else None
+    given = dict(locals())
     with answered("no report was written", (ProbeError, ContractError), interrupted="interrupted"):
-        settings = Settings(
-            model=model,
-            treebank=treebank or None,
-            out=out,
-            max_sentences=max_sentences,
-            batch_size=batch_size,
-            device=device,
-            dtype=dtype,
-            device_map=device_map,
-            max_memory=max_memory,
-            offload_folder=offload_folder,
-            analyses=chosen,
-            seed=seed,
-            lm_head=lm_head,
-            overwrite=overwrite,
-            revision=revision,
-            trust_remote_code=trust_remote_code,
-            thresholds=thresholds,
-            options={name: value for name, value in options.items() if value is not None},
-            attention_budget=attention_budget,
-            corpus=corpus,
-            text_column=text_column,
-            max_texts=max_texts,
-            context=context,
-        )
+        settings = settings_of(given)
         # before torch is imported: a mistake is answered at once; a pipe given as --treebank
         # is read here, and may be interrupted
         planned = plan(settings)
@@ -260,68 +233,26 @@ def analyze(
     _run(settings, quiet or not leader)
 
 
-def warmups(classes: Iterable[type]) -> list[str]:
-    """What the helper process does while torch imports (``probe.pipeline.helper.start``): compile
-    the report's templates, and warm up what the analyses ``classes`` will hand it."""
-    return ["probe.app.page:warm_up", *(c.helper_warmup for c in classes if c.helper_warmup)]
+app.command()(_answers_signals(with_declared_options(analyze)))
 
 
-def _with_declared_options(command: Callable) -> Callable:
-    """``command`` with one keyword option per option the analyses and units declare
-    (``probe.options.Option``), shown in their help with type, range and default."""
-    from analyses import ContractError
-    from probe.app.plan import declared_options
-
-    signature = inspect.signature(command)
-    core = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
-    taken = {p.name for p in core}
-    extra = []
-    try:
-        declared = [option for option, _ in declared_options().values()]
-    except ContractError:  # two analyses disagree on an option: the run's plan says so
-        declared = []
-    for option in declared:
-        if option.name in taken:  # the run's plan refuses it, naming the analysis
-            continue
-        help = option.help + (f" One of: {option.range}." if option.choices else "")
-        declared = typer.Option(
-            None,
-            option.flag,
-            help=help + f"  [default: {option.default}" + (
-                f"; {option.range}" if option.min is not None or option.max is not None else ""
-            ) + "]",
-            show_default=False,
-        )  # fmt: skip
-        kind = option.type if option.type is not bool else bool
-        extra.append(inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY,
-                                       default=declared, annotation=kind | None))  # fmt: skip
-
-    @functools.wraps(command)
-    def wrapped(**kwargs):
-        return command(**kwargs)
-
-    wrapped.__signature__ = signature.replace(parameters=[*core, *extra])
-    return wrapped
-
-
-app.command()(_answers_signals(_with_declared_options(analyze)))
-
-
-def _run(settings: Settings, quiet: bool) -> None:
+def _run(settings: Settings, quiet: bool, work: Callable = analyze_run,
+         left: str = "no report was written") -> None:  # fmt: skip
     """Run the analyses with progress bars (none with ``quiet``), answer a user's mistake, an
-    interrupt or SIGTERM in one line, and say where the report is."""
+    interrupt or SIGTERM in one line, and say where the report is. ``work(settings, progress,
+    status)`` runs it (``probe timeline``'s, ``left`` what an error leaves)."""
     console = make_console(quiet=quiet)
     progress = run_progress(console, quiet)
     gc.disable()  # until the model is loaded: see probe.app.execute._freeze
     why = (" (the job was cancelled, the terminal closed, or another process of the run failed: "
            "see its error)")  # fmt: skip
     try:
-        with answered("no report was written", interrupted="interrupted", why=why, ranked=True):
+        with answered(left, interrupted="interrupted", why=why, ranked=True):
             bound_waits()  # before the hub client is imported: it reads them once
             _quiet_libraries()  # imports transformers: an interrupt here is answered as any other
             with progress:
                 status_task = progress.add_task("starting", total=None)
-                path = analyze_run(
+                path = work(
                     settings,
                     progress=bars(progress),
                     status=lambda message: progress.update(status_task, description=message),
@@ -332,10 +263,48 @@ def _run(settings: Settings, quiet: bool) -> None:
         return
     for line in json.loads((path / "run.json").read_text(encoding="utf-8")).get("warnings", []):
         typer.echo(f"warning: {line}", err=True)  # quiet or not: a result to read with care
-    if quiet:
-        typer.echo(f"report: {path / 'index.html'}")
+    if quiet or work is not analyze_run:
+        typer.echo(f"{'report' if work is analyze_run else 'timeline'}: {path / 'index.html'}")
     else:
         summary(console, path)
+
+
+def timeline(
+    source: str = typer.Argument(
+        ..., help="A folder of checkpoint-N/ (step-N/, stepN/) folders, or a hub model."
+    ),
+    revisions: str = typer.Option(
+        None,
+        "--revisions",
+        help="A hub model's revisions: step1000,step2000 or step{0..3000..1000}.",
+    ),
+    resume: bool = typer.Option(
+        False, "--resume", help="Go on with an interrupted run: skip the steps already done."
+    ),
+    **given,
+) -> None:
+    """Run the analyses on each checkpoint of a training run, one model at a time, and write
+    when each head's roles formed: timeline.csv, roles_by_step.csv, onsets.csv and a page."""
+    given.pop("given", None)
+    left = "the steps done are kept under OUT/steps: run again with --resume"
+    with answered(left, (ProbeError, ContractError), interrupted="interrupted"):
+        settings = settings_of(given | {"model": source, "revision": None, "overwrite": False})
+        planned = plan_timeline(settings, revisions, resume)[1]  # before torch is imported
+    threads.settle(settings.context if settings.corpus else None)
+    helper.start(warmups(planned.classes))
+    work = functools.partial(run_timeline, revisions=revisions, resume=resume)
+    _run(settings, given.get("quiet", False), work, left)
+
+
+# probe timeline takes analyze's options, less those of one model and one folder
+_hints = typing.get_type_hints(analyze) | typing.get_type_hints(timeline)
+timeline.__signature__ = inspect.signature(timeline).replace(parameters=[
+    p.replace(annotation=_hints.get(p.name, p.annotation))
+    for p in [*list(inspect.signature(timeline).parameters.values())[:3],
+              *(p for name, p in inspect.signature(analyze).parameters.items()
+                if name not in ("model", "revision", "overwrite", "options"))]
+])  # fmt: skip
+app.command()(_answers_signals(with_declared_options(timeline)))
 
 
 @app.command()

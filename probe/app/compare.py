@@ -24,6 +24,7 @@ import pandas as pd
 from analyses import svg
 from analyses.figures import Figure, Plot, page_figures
 from analyses.vocabulary import Role, Thresholds
+from probe.app.changes import head_changes, roles_of
 from probe.app.folder import disagreeing
 from probe.app.output import check_free, locked, refuse_inputs, reserved, write_file
 from probe.app.page import environment
@@ -49,10 +50,6 @@ def matched_layers(n_a: int, n_b: int) -> np.ndarray:
     return np.rint(np.arange(n_a) * (n_b - 1) / (n_a - 1)).astype(int)
 
 
-def _roles(text: str) -> set[str]:
-    return {r for r in str(text or "").split(";") if r}
-
-
 def compare_tables(a: Path, b: Path) -> tuple[dict, dict, dict[str, pd.DataFrame]]:
     """The two run cards and the comparison's tables: ``compare_heads`` (one row per head, same
     shape) or ``compare_layers`` (one row per matched layer pair), ``compare_relations`` (one
@@ -65,19 +62,7 @@ def compare_tables(a: Path, b: Path) -> tuple[dict, dict, dict[str, pd.DataFrame
     same = (run_a["layers"], run_a["heads"]) == (run_b["layers"], run_b["heads"])
     out: dict[str, pd.DataFrame] = {}
     if same:
-        joined = heads_a.merge(heads_b, on=["layer", "head"], suffixes=("_a", "_b"))
-        table = joined[["layer", "head"]].copy()
-        for m in measures:
-            table[f"{m}_a"], table[f"{m}_b"] = joined[f"{m}_a"], joined[f"{m}_b"]
-            table[f"{m}_change"] = joined[f"{m}_b"] - joined[f"{m}_a"]
-        roles_a, roles_b = joined.roles_a.map(_roles), joined.roles_b.map(_roles)
-        table["roles_a"], table["roles_b"] = joined.roles_a.fillna(""), joined.roles_b.fillna("")
-        table["roles_gained"] = [
-            ";".join(sorted(b - a)) for a, b in zip(roles_a, roles_b, strict=True)
-        ]
-        table["roles_lost"] = [
-            ";".join(sorted(a - b)) for a, b in zip(roles_a, roles_b, strict=True)
-        ]
+        table = head_changes(heads_a, heads_b, measures)  # the timeline's definition too
         if "syntax" in tables_a and "syntax" in tables_b:
             change = relation_change(heads_a, tables_a["syntax"], tables_b["syntax"])
             table = table.merge(change, on=["layer", "head"], how="left")
@@ -92,8 +77,8 @@ def compare_tables(a: Path, b: Path) -> tuple[dict, dict, dict[str, pd.DataFrame
                 row[f"{m}_a"], row[f"{m}_b"] = part_a[m].mean(), part_b[m].mean()
                 row[f"{m}_change"] = row[f"{m}_b"] - row[f"{m}_a"]
             for role in map(str, Role):  # share of the layer's heads holding the role
-                row[f"{role}_a"] = part_a.roles.map(lambda r, x=role: x in _roles(r)).mean()
-                row[f"{role}_b"] = part_b.roles.map(lambda r, x=role: x in _roles(r)).mean()
+                row[f"{role}_a"] = part_a.roles.map(lambda r, x=role: x in roles_of(r)).mean()
+                row[f"{role}_b"] = part_b.roles.map(lambda r, x=role: x in roles_of(r)).mean()
             per_layer.append(row)
         out["compare_layers"] = pd.DataFrame(per_layer)
     if "syntax_best" in tables_a and "syntax_best" in tables_b:

@@ -23,7 +23,6 @@ Progress = Callable[[str, int | None], Callable[[Iterable], Iterator]]
 
 
 @dataclass
-@dataclass
 class Outcome:
     """What ``execute`` leaves for ``publish``: the merged states and what the run card needs."""
 
@@ -32,6 +31,17 @@ class Outcome:
     card: RunCard
     n_layers: int
     n_heads: int
+
+
+class Inputs:
+    """The run's inputs as read and tokenized once, for runs of several models with one tokenizer
+    (``probe timeline``'s checkpoints): what the tokenizer cannot read, and each unit's batches
+    and tally. The first model's run fills it; the later ones stream the same batches. It holds
+    the batches' token ids (a few bytes a token), never a capture."""
+
+    def __init__(self) -> None:
+        self.readable: tuple | None = None  # _readable's answer
+        self.units: dict[str, tuple[list, dict]] = {}  # unit name -> (its batches, its tally)
 
 
 def execute(plan: Plan, ranks, progress: Progress | None, status: Callable[[str], None]):
@@ -43,42 +53,73 @@ def execute(plan: Plan, ranks, progress: Progress | None, status: Callable[[str]
         On rank 0, the merged states; on the other processes, None.
     """
     clock = Clock()  # "start": importing torch and transformers, joining the processes
-    import torch
+    from probe.distributed import joined
+    from probe.pipeline.loading import resolve_device
 
-    from probe.distributed import Tally, joined, merge_to_leader
-    from probe.pipeline.loading import load, resolve_device
-
-    settings = plan.settings
-    device = resolve_device(settings.device, ranks.local_rank)
+    device = resolve_device(plan.settings.device, ranks.local_rank)
     with joined(ranks, device):
         clock.lap("start")
-        status(f"loading {settings.model}")
-        torch.manual_seed(settings.seed)
-        model, tokenizer = load(
-            settings.model,
-            device=device,
-            dtype=settings.dtype,
-            revision=settings.revision,
-            trust_remote_code=settings.trust_remote_code,
-            lm_head=settings.lm_head,
-            before_weights=partial(_check_tokenizer, plan),
-            **_placement(settings, ranks),
-        )
+        model, tokenizer = load_model(plan, device, ranks, status)
+        return analyse(plan, model, tokenizer, ranks, progress, status, clock)
+
+
+def load_model(plan: Plan, device, ranks, status: Callable[[str], None],
+               check: Callable | None = None):  # fmt: skip
+    """The run's model and tokenizer, loaded on ``device`` (seeded by the run's seed), the
+    tokenizer checked against what the analyses' inputs need before the weights load, and by
+    ``check(tokenizer, config)`` where given."""
+    import torch
+
+    from probe.pipeline.loading import load
+
+    settings = plan.settings
+    status(f"loading {settings.model}")
+    torch.manual_seed(settings.seed)
+    return load(
+        settings.model,
+        device=device,
+        dtype=settings.dtype,
+        revision=settings.revision,
+        trust_remote_code=settings.trust_remote_code,
+        lm_head=settings.lm_head,
+        before_weights=partial(_check_tokenizer, plan, check),
+        **_placement(settings, ranks),
+    )
+
+
+def analyse(plan: Plan, model, tokenizer, ranks, progress: Progress | None,
+            status: Callable[[str], None], clock: Clock, inputs: Inputs | None = None):  # fmt: skip
+    """Stream every unit through a loaded model and merge the processes' states: ``execute``
+    after loading. With ``inputs``, the units' batches are read and tokenized once, by the
+    first model given them, and streamed again through the others.
+
+    Returns
+    -------
+    Outcome or None
+        On rank 0, the merged states; on the other processes, None.
+    """
+    from probe.distributed import Tally, merge_to_leader
+
+    if inputs is not None and inputs.readable is not None:
+        plan, skipped, unknown = inputs.readable
+    else:
         plan, skipped, unknown = _readable(plan, tokenizer)
-        chosen, examples = _begin(plan, model, tokenizer)
-        _freeze()
-        clock.lap("load")
-        tally = Tally()
-        for name in plan.units:
-            readers = [a for a in chosen if name in plan.reads[a.name]]
-            tally[name] = _stream_unit(plan, name, readers, examples, model, tokenizer, ranks,
-                                       progress, status)  # fmt: skip
-        clock.lap("analyses")
-        if ranks.size > 1:
-            status(f"merging the analyses of {ranks.size} processes")
-        merged = merge_to_leader([*chosen, tally, *([examples] if examples else [])], ranks)
-        if ranks.size > 1:
-            clock.lap("merge")
+        if inputs is not None:
+            inputs.readable = plan, skipped, unknown
+    chosen, examples = _begin(plan, model, tokenizer)
+    _freeze()
+    clock.lap("load")
+    tally = Tally()
+    for name in plan.units:
+        readers = [a for a in chosen if name in plan.reads[a.name]]
+        tally[name] = _stream_unit(plan, name, readers, examples, model, tokenizer, ranks,
+                                   progress, status, inputs)  # fmt: skip
+    clock.lap("analyses")
+    if ranks.size > 1:
+        status(f"merging the analyses of {ranks.size} processes")
+    merged = merge_to_leader([*chosen, tally, *([examples] if examples else [])], ranks)
+    if ranks.size > 1:
+        clock.lap("merge")
     if merged is None:
         return None
     _check_input(plan, tally)
@@ -191,8 +232,9 @@ def _freeze() -> None:
 
 
 def _stream_unit(plan: Plan, name: str, readers, examples, model, tokenizer, ranks, progress,
-                 status) -> dict:  # fmt: skip
-    """Stream unit ``name`` through ``model`` for the analyses that read it; its tally."""
+                 status, inputs: Inputs | None = None) -> dict:  # fmt: skip
+    """Stream unit ``name`` through ``model`` for the analyses that read it; its tally. With
+    ``inputs``, its batches are those read before, or are kept for the next model."""
     from probe.capture.spec import describe
     from probe.inputs.corpus import max_tokens
     from probe.pipeline.runner import stream, stream_rows
@@ -200,14 +242,20 @@ def _stream_unit(plan: Plan, name: str, readers, examples, model, tokenizer, ran
     if not readers:  # none of its analyses applies to this model
         return {}
     cls = units.get(name)
-    needed = [a.reads for a in readers]
-    unit = cls(plan.source, tokenizer, max_tokens(model.config, tokenizer), shard=ranks.shard,
-               options=plan.options_of(cls.options),
-               stop=None if None in needed else max(needed))  # fmt: skip
     status(f"analysing {cls.label}")
-    batches = _tagged(unit.batches(plan.settings.batch_size), name)
+    kept = inputs.units.get(name) if inputs is not None else None
+    if kept is not None:
+        batches, size, unit = iter(kept[0]), sum(map(_moves, kept[0])), None
+    else:
+        needed = [a.reads for a in readers]
+        unit = cls(plan.source, tokenizer, max_tokens(model.config, tokenizer), shard=ranks.shard,
+                   options=plan.options_of(cls.options),
+                   stop=None if None in needed else max(needed))  # fmt: skip
+        batches, size = _tagged(unit.batches(plan.settings.batch_size), name), unit.size()
+        if inputs is not None:
+            batches = _kept(batches, inputs.units.setdefault(name, ([], {}))[0])
     if progress is not None:
-        batches = progress(f"analysing {cls.counted or cls.label}", unit.size())(batches)
+        batches = progress(f"analysing {cls.counted or cls.label}", size)(batches)
     consumers = [*readers, *([examples] if examples and cls.examples else [])]
     wanted = sorted({c for a in readers for c in a.captures})
     # Patterns in blocks of rows, beside the model's sdpa kernel, when every consumer that reads
@@ -219,7 +267,24 @@ def _stream_unit(plan: Plan, name: str, readers, examples, model, tokenizer, ran
         )
     else:
         stream(model.base_model, batches, consumers, wanted)  # no language-model head needed
-    return unit.tally()
+    if unit is None:
+        return dict(kept[1])
+    tally = unit.tally()
+    if inputs is not None:
+        inputs.units[name][1].update(tally)
+    return tally
+
+
+def _moves(batch) -> int:
+    """How far a batch moves its unit's progress bar."""
+    return batch.progress if batch.progress is not None else len(batch)
+
+
+def _kept(batches: Iterable, into: list) -> Iterator:
+    """``batches``, each kept in ``into`` as it goes by."""
+    for batch in batches:
+        into.append(batch)
+        yield batch
 
 
 def _tagged(batches: Iterable, name: str) -> Iterator:
@@ -253,8 +318,11 @@ def _applicable(plan: Plan, model) -> list:
     return [cls for cls in plan.classes if not reasons[cls.name]]
 
 
-def _check_tokenizer(plan: Plan, tokenizer, config) -> None:
-    """What each analysis's inputs need of the tokenizer, checked before the weights load."""
+def _check_tokenizer(plan: Plan, check: Callable | None, tokenizer, config) -> None:
+    """What each analysis's inputs need of the tokenizer (and ``check``, where given), checked
+    before the weights load."""
+    if check is not None:
+        check(tokenizer, config)
     for cls in plan.classes:
         cls.check_tokenizer(tokenizer, config, plan.options_of(cls.options))
 

@@ -1,5 +1,6 @@
-"""``probe figures REPORT``: the figures of every analysis in a report (or of a comparison),
-drawn with seaborn for papers, into ``REPORT/figures`` by default.
+"""``probe figures REPORT``: the figures of every analysis in a report (or of a comparison, or
+of a timeline: ``probe.app.timeline_paper``), drawn with seaborn for papers, into
+``REPORT/figures`` by default.
 
 The figures are those each analysis declares (``Analysis.plots``; a comparison's are
 ``probe.app.compare.PLOTS``), drawn from the report's tables alone: no model is loaded. The
@@ -31,8 +32,8 @@ METADATA = {"pdf": {"CreationDate": None}, "svg": {"Date": None}, "png": {}}
 
 
 def declared(folder: Path) -> tuple[list[tuple[str, Plot]], dict[str, pd.DataFrame]]:
-    """The figures a report or comparison folder declares, each with its analysis's name (or
-    ``compare``), and its tables.
+    """The figures a report, comparison or timeline folder declares, each with its analysis's
+    name (or ``compare``, ``timeline``), and its tables.
 
     Raises
     ------
@@ -53,6 +54,11 @@ def declared(folder: Path) -> tuple[list[tuple[str, Plot]], dict[str, pd.DataFra
             except (OSError, ValueError) as e:
                 raise ProbeError(f"{path} cannot be read ({str(e).splitlines()[0]})") from None
         return [("compare", plot) for plot in PLOTS], tables
+    if (folder / "timeline.csv").is_file():
+        from probe.app.timeline_paper import plots, read_tables
+
+        tables = read_tables(folder)
+        return [("timeline", plot) for plot in plots(tables)], tables
     from probe.app.report import read_report
 
     run, tables, _ = read_report(folder)

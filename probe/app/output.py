@@ -44,7 +44,8 @@ MARKER = ".probe-report"  # in every folder probe writes: what --overwrite may r
 # kind, so that `probe figures R --out R --overwrite` cannot replace the report R with figures.
 KINDS = {"report": "a report (probe analyze)", "figures": "figures (probe figures)",
          "comparison": "a comparison (probe compare)",
-         "experiment": "an experiment's report (probe experiment)"}  # fmt: skip
+         "experiment": "an experiment's report (probe experiment)",
+         "timeline": "a timeline (probe timeline)"}  # fmt: skip
 FIGURE_FILES = (".pdf", ".svg", ".png")
 BRIEF = ("figures", "comparison")  # the kinds a command writes in seconds, from tables alone
 RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2  # renameat2's flags, from linux/fs.h

@@ -3,19 +3,17 @@ stop: a stand-in Hugging Face hub serving small models, and a plain HTTP server 
 with its failure modes. The second run of each comes from the cache, with the server gone."""
 
 import hashlib
-import http.server
 import json
 import os
 import subprocess
 import sys
-import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
 import transformers as tf
+from hub import free_port, probe_cli, serving
 from models import SMALL
 from tokenizers_util import byte_level_bpe, wordpiece
 from treebanks import EWT, GUM, needs_ewt, needs_gum
@@ -27,119 +25,8 @@ from probe.pipeline.loading import hub_address
 
 pytestmark = pytest.mark.slow  # runs real models or the whole command line
 
-COMMIT = "0" * 40
 # The page of the docs that gives the commands to run with network access.
 COMMANDS = Path(__file__).resolve().parents[2] / "docs" / "guide" / "command-line.md"
-
-
-class Handler(http.server.BaseHTTPRequestHandler):
-    """Answers from ``self.server.routes``: path -> bytes, or a failure mode by name; and, for a
-    stand-in hub, ``self.server.repos``: repo id -> folder."""
-
-    def log_message(self, *args):
-        pass
-
-    def do_HEAD(self):
-        self.answer(body=False)
-
-    def do_GET(self):
-        self.answer(body=True)
-
-    def answer(self, body: bool):
-        path = self.path.split("?")[0]
-        route = self.server.routes.get(path)
-        if route == "never":
-            time.sleep(5)
-            return
-        if route == "cut":
-            self.send(200, b"# sent_id = 1\n1\tHal", length=10_000, body=body)
-            return
-        if route == "html":
-            self.send(200, b"<html><body>Service unavailable</body></html>", body=body)
-            return
-        if isinstance(route, bytes):
-            self.send(200, route, body=body)
-            return
-        self.hub(path, body)
-
-    def hub(self, path: str, body: bool):
-        parts = path.strip("/").split("/")
-        if parts[:1] == ["api"] and "/tree/" in path:
-            self.send(200, b"[]", body=body)
-            return
-        if parts[:2] == ["api", "models"]:
-            repo = "/".join(parts[2:4])
-            if repo in self.server.repos:
-                folder = self.server.repos[repo]
-                info = {"id": repo, "sha": COMMIT,
-                        "siblings": [{"rfilename": p.name} for p in folder.iterdir()]}  # fmt: skip
-                self.send(200, json.dumps(info).encode(), body=body)
-                return
-        if len(parts) >= 5 and parts[2] == "resolve" and "/".join(parts[:2]) in self.server.repos:
-            file = self.server.repos["/".join(parts[:2])] / "/".join(parts[4:])
-            if file.is_file():
-                data = file.read_bytes()
-                headers = {"ETag": f'"{hashlib.sha256(data).hexdigest()}"', "X-Repo-Commit": COMMIT}
-                if body and file.name in self.server.trickle:
-                    self.trickle(data, headers)
-                    return
-                if body and file.name in self.server.silent:
-                    self.send(200, b"", length=len(data), body=False, headers=headers)
-                    self.wfile.write(data[:10])  # and then nothing
-                    self.wfile.flush()
-                    time.sleep(30)
-                    return
-                self.send(200, data, body=body, headers=headers)
-                return
-            self.send(404, b"", body=body, headers={"X-Error-Code": "EntryNotFound"})
-            return
-        self.send(404, b"not found", body=body, headers={"X-Error-Code": "RepoNotFound"})
-
-    def trickle(self, data, headers):
-        """The whole file promised, then sent a byte a second (until the client hangs up)."""
-        self.send(200, b"", length=len(data), body=False, headers=headers)
-        try:
-            for byte in data:
-                self.wfile.write(bytes([byte]))
-                self.wfile.flush()
-                time.sleep(1)
-        except OSError:
-            pass
-
-    def send(self, status, data, *, body, length=None, headers=None):
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(data) if length is None else length))
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.end_headers()
-        if body:
-            self.wfile.write(data)
-
-
-@contextmanager
-def serving(routes=None, repos=None, trickle=(), silent=()):
-    """A server on 127.0.0.1 for the block; yields its base URL. The hub's files named in
-    ``trickle`` come a byte a second; of those named in ``silent``, ten bytes come."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    server.routes, server.repos = routes or {}, repos or {}
-    server.trickle, server.silent = set(trickle), set(silent)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def free_port() -> int:
-    """A port nothing listens on."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -162,19 +49,6 @@ def hub_repos(tmp_path_factory):
         "openai-community/gpt2": gpt2,
         "acme/tiny-bert": bert,
     }
-
-
-# What probe.inputs.hub.bound_waits sets in a process's environment: earlier tests that ran the
-# command line in this process left them here, and a child given them would not derive its own.
-BOUND = ("HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT", "HF_HUB_DISABLE_XET")
-
-
-def probe_cli(env: dict, *args: str, cwd=None) -> tuple[subprocess.CompletedProcess, float]:
-    start = time.monotonic()
-    inherited = {k: v for k, v in os.environ.items() if k not in BOUND}
-    done = subprocess.run([sys.executable, "-m", "probe.app.cli", *args], capture_output=True,
-                          text=True, env=inherited | env, cwd=cwd, timeout=300)  # fmt: skip
-    return done, time.monotonic() - start
 
 
 def docs_network_commands() -> list[list[str]]:
