@@ -3,6 +3,7 @@
 Ablation of chosen heads (``ablation``), activation patching from one input into another
 (``patching``), its gradient approximation for every head at once (``attribution``, with the
 gradients it reads, ``gradients``), edge attribution and the circuit it finds (``edges``), the
+circuit's stability and faithfulness (``stability``, ``faithfulness``, with MIB's scores), the
 prompt pairs and metrics they take (``pairs``) and the guard that leaves the model as it was
 after every call (``guard``), all on the hook points of ``capture``.
 
