@@ -96,12 +96,20 @@ def test_stability_is_its_definition_on_python_sets():
 
 
 def test_top_edges_break_ties_as_circuit_does():
-    scores = np.array([[0.5, -2.0, 2.0, 0.5, 1.0, -0.5], [0.0, 0.0, 0.0, 0.0, 0.0, 0.0]])
-    for k in range(7):
+    rng = np.random.default_rng(6)
+    scores = np.array([[0.5, -2.0, 2.0, 0.5, 1.0, -0.5], [0.0] * 6, [3.0, 1, 2, -1, 1, 0]])
+    scores = np.r_[scores, rng.integers(-2, 3, size=(30, 6)).astype(float)]  # many ties
+    for k in range(8):
         kept = S.top_edges(scores, k)
         for row, flags in zip(scores, kept, strict=True):
             order = np.abs(row).argsort(kind="stable")[::-1][:k]  # circuit's rule
             assert set(np.flatnonzero(flags)) == set(order) == _top(row, k)
+    wide = rng.integers(-3, 4, size=(20, 200)).astype(float)
+    for k in (1, 37, 150, 199):
+        order = np.abs(wide).argsort(axis=-1, kind="stable")[:, ::-1][:, :k]
+        expected = np.zeros(wide.shape, dtype=bool)
+        np.put_along_axis(expected, order, True, axis=-1)
+        np.testing.assert_array_equal(S.top_edges(wide, k), expected)
 
 
 def test_a_planted_circuit_is_stable_and_noise_is_not():
@@ -235,7 +243,7 @@ def test_resamples_must_be_an_integer_of_at_least_2(bad):
         lambda: S.BootstrapSums(5, resamples=bad),
         lambda: F.faithfulness_resamples([1.0, 2.0], [0.0, 0.0], [1.0, 1.0], resamples=bad),
     ):
-        with pytest.raises(ValueError, match=r"^resamples must be") as error:
+        with pytest.raises(ProbeError, match=r"^resamples must be") as error:
             call()
         assert "\n" not in str(error.value)
     assert S.check_resamples(np.int64(2)) == 2
