@@ -163,6 +163,11 @@ class BootstrapSums:
         self.weights += w.sum(1)
         self.pairs += len(pairs)
 
+    def __deepcopy__(self, memo: dict) -> BootstrapSums:
+        # pandas deep-copies a table's attrs on every operation: the sums, read once the
+        # scores are made, are shared rather than copied ([resamples, edges] float64 each time).
+        return self
+
     def merge(self, other: BootstrapSums) -> None:
         """Add another instance's sums (other pairs, the same seed and resamples) exactly."""
         if (other.seed, other.resamples) != (self.seed, self.resamples):
