@@ -16,9 +16,9 @@ from torch import nn
 from probe.errors import ProbeError
 from probe.interventions.edge_patching import patch_edges
 from probe.interventions.edge_scores import edges
+from probe.interventions.faithfulness import ABLATIONS, check_ablation
 from probe.interventions.gradients import memory_budget
 from probe.interventions.guard import keeps_model
-from probe.interventions.faithfulness import ABLATIONS, check_ablation
 from probe.interventions.pairs import PER_PAIR, Batch, Metric, as_pairs, same_form
 from probe.interventions.stability import RESAMPLES, check_resamples
 from probe.interventions.trust import assess, sizes_for

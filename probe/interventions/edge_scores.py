@@ -27,7 +27,6 @@ from probe.interventions.gradients import clean_start, memory_budget, metric_gra
 from probe.interventions.graph import LN1_POINTS, Graph, graph, result_points, sender_points
 from probe.interventions.guard import keeps_model
 from probe.interventions.head_input_grads import HeadInput, add_head_input_grads, head_inputs
-from probe.interventions.stability import RESAMPLES, BootstrapSums, check_resamples
 from probe.interventions.pairs import (
     PER_PAIR,
     Batch,
@@ -41,6 +40,7 @@ from probe.interventions.pairs import (
     rows_of,
     same_form,
 )
+from probe.interventions.stability import RESAMPLES, BootstrapSums, check_resamples
 
 METHODS = ("eap", "eap-ig")
 

@@ -162,9 +162,10 @@ def assess(
     own = measured[ablation]
     if per_pair and len(own[0]) > 1:
         worst = pair_faithfulness(own[total], own[0], own[chosen], ids)
-        pairs = pd.DataFrame({"pair": worst_ids(ids, len(own[0])), "clean": own[total],
-                              "ablated": own[0], "circuit": own[chosen],
-                              "faithfulness": worst.values, "set_aside": worst.set_aside})  # fmt: skip
+        pairs = pd.DataFrame(
+            {"pair": worst_ids(ids, len(own[0])), "clean": own[total], "ablated": own[0],
+             "circuit": own[chosen], "faithfulness": worst.values, "set_aside": worst.set_aside}
+        )  # fmt: skip
     return Trust(
         ablation, pd.DataFrame(rows), table, stability,
         *(stab.jaccard_mean, stab.jaccard_low, stab.jaccard_high) if stab else (math.nan,) * 3,
