@@ -69,6 +69,10 @@ class RunCard:
     # The claims' ablations (analyses.claims): per kind of input, its count, the positions
     # measured, the measure, the ablation and the heads ablated; None where none ran.
     claims: list[dict[str, Any]] | None = None
+    # The circuit's summary (analyses.circuit's circuit_run row: its size, faithfulness, the
+    # ablation that chose it, MIB's cpr and cmd, the stability's jaccard with its interval);
+    # None where it did not run.
+    circuit: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The card as ``run.json`` holds it, with the sentence and coreference counts also at

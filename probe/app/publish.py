@@ -62,6 +62,8 @@ def publish(plan: Plan, outcome: Outcome, folder: Path, status: Callable[[str], 
     tables = {name: tables[name] for name in schemas}
     if "claims_run" in tables:
         outcome.card.claims = json.loads(tables["claims_run"].to_json(orient="records"))
+    if "circuit_run" in tables and len(tables["circuit_run"]):
+        outcome.card.circuit = json.loads(tables["circuit_run"].to_json(orient="records"))[0]
     clock.lap("tables")
     examples = {"sentences": [], "heads": {}}
     if outcome.examples is not None:

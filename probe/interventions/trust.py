@@ -198,23 +198,3 @@ def disagreement(scores: pd.DataFrame) -> str | None:
             f"[{top.low:.2f}, {top.high:.2f}] by {NAMES[top.ablation]} but "
             f"{bottom.faithfulness:.2f} [{bottom.low:.2f}, {bottom.high:.2f}] by "
             f"{NAMES[bottom.ablation]}.")  # fmt: skip
-
-
-def trust_sentence(trust_scores: pd.DataFrame, chosen: str, stable: int | None, size: int,
-                   below: int | None, kept: int | None) -> str:  # fmt: skip
-    """The page's sentence, e.g. "stable: 21 of 25 edges in ≥ 90% of resamples; faithfulness
-    0.83 [0.78, 0.88] by corrupted patching, 0.41 by mean ablation; 3 of 16 pairs below 0.5"."""
-    parts = []
-    if stable is not None:
-        parts.append(f"stable: {stable} of {size} edges in ≥ 90% of resamples")
-    by = trust_scores.set_index("ablation")
-    first = by.loc[chosen]
-    text = f"faithfulness {first.faithfulness:.2f}"
-    if np.isfinite(first.low):
-        text += f" [{first.low:.2f}, {first.high:.2f}]"
-    text += f" by {NAMES[chosen]}"
-    others = [f"{r.faithfulness:.2f} by {NAMES[a]}" for a, r in by.iterrows() if a != chosen]
-    parts.append(", ".join([text, *others]))
-    if below is not None:
-        parts.append(f"{below} of {kept} pairs below 0.5")
-    return "; ".join(parts)
