@@ -316,9 +316,9 @@ class Circuit(Analysis):
         trust = trust_io.trust_sentence(tables)
         text = (f"Circuit of the {task_name(r.task)}: {kept} of {total} edges "
                 f"({kept / max(total, 1):.0%}) keep faithfulness {r.faithfulness:.2f}, "
-                f"{reached} the {r.target:.2f} asked for"
-                + (f" ({trust})" if trust else "")
-                + f"; {len(named)} heads are in it" + (":" if named else "."))  # fmt: skip
+                f"{reached} the {r.target:.2f} asked for. "
+                + (f"{trust[0].upper()}{trust[1:]}. " if trust else "")
+                + f"{len(named)} heads are in it" + (":" if named else "."))  # fmt: skip
         return Answer(text, named)
 
     @classmethod
