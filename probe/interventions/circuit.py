@@ -106,7 +106,10 @@ def circuit(
     wanted = list(dict.fromkeys([ablation, *ablations]))  # the chosen one first
     clean, corrupted, pairs = as_pairs(clean, corrupted)
     for name in wanted:
-        check_ablation(name, pairs)
+        check_ablation(name, pairs if name == ablation else 2)
+    # One pair has no other to take values from: the resample ablation is then left out of
+    # those measured beside (asked for as ``ablation``, it was refused above).
+    wanted = [name for name in wanted if name != "resample" or pairs > 1]
     max_bytes = memory_budget(model, max_bytes)  # once: every call below holds the same
     if scores is None:
         scores = edges(model, clean, corrupted, metric, method, steps, max_bytes=max_bytes,
