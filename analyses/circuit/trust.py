@@ -111,9 +111,12 @@ def trust_tables(
 
 def unstable(run: Any) -> bool:
     """Whether the page calls the circuit unstable: its Jaccard's 95% interval reaches below
-    ``UNSTABLE_JACCARD`` (resampled circuits often share less than half their edges with it)."""
+    ``UNSTABLE_JACCARD`` (resampled circuits often share less than half their edges with it),
+    or fewer than half its edges are stable."""
     low = float(run.jaccard_low)
-    return not math.isnan(low) and low < UNSTABLE_JACCARD
+    if math.isnan(low):
+        return False
+    return low < UNSTABLE_JACCARD or 2 * int(run.stable_edges) < int(run.chosen_edges)
 
 
 def trust_sentence(tables: dict[str, pd.DataFrame]) -> str | None:

@@ -94,7 +94,7 @@ def test_each_ablations_faithfulness_ends_at_1_and_0(found):
 
 
 def test_the_previous_token_heads_edges_into_the_induction_keys_are_stable(found):
-    chosen, curve = found
+    _, curve = found
     trust = curve.attrs["trust"]
     s = trust.stability
     previous = "{}-{}".format(*PREVIOUS_TOKEN)
