@@ -103,38 +103,15 @@ def circuit(
     if points < 2:
         raise ProbeError(f"points must be at least 2 (no edge and every edge), not {points}")
     resamples = check_resamples(resamples)
-    wanted = list(dict.fromkeys([ablation, *ablations]))  # the chosen one first
     clean, corrupted, pairs = as_pairs(clean, corrupted)
-    for name in wanted:
-        check_ablation(name, pairs if name == ablation else 2)
-    # One pair has no other to take values from: the resample ablation is then left out of
-    # those measured beside (asked for as ``ablation``, it was refused above).
-    wanted = [name for name in wanted if name != "resample" or pairs > 1]
+    wanted = _ablations(ablation, ablations, pairs)
     max_bytes = memory_budget(model, max_bytes)  # once: every call below holds the same
     if scores is None:
         scores = edges(model, clean, corrupted, metric, method, steps, max_bytes=max_bytes,
                        resamples=resamples, seed=seed)  # fmt: skip
     total = len(scores)
     order = scores.score.abs().to_numpy().argsort(kind="stable")[::-1].copy()
-
-    def kept_for(counts: list[int]) -> torch.Tensor:
-        flags = torch.zeros(len(counts), total, dtype=torch.bool)
-        for i, k in enumerate(counts):
-            flags[i, torch.from_numpy(order[:k])] = True
-        return flags
-
-    readings = []
-    measured: dict[str, dict[int, np.ndarray]] = {name: {} for name in wanted}
-
-    def measure(counts: list[int], name: str = ablation) -> dict[int, float]:
-        todo = [k for k in dict.fromkeys(counts) if k not in measured[name]]
-        if todo:
-            values = patch_edges(model, clean, corrupted, metric, kept_for(todo),
-                                 max_bytes=max_bytes, ablation=name, seed=seed)  # fmt: skip
-            readings.append(values)
-            measured[name] |= dict(zip(todo, values.double().numpy(), strict=True))
-        return {k: float(measured[name][k].mean()) for k in counts}
-
+    measure = _Measure(model, (clean, corrupted, metric), order, wanted, max_bytes, seed)
     ends = measure([total, 0])
     spread = ends[total] - ends[0]
     if abs(spread) < 1e-12:
@@ -159,12 +136,50 @@ def circuit(
             "faithfulness": [faith(k) for k in sorted(found)],
         }
     )
-    form = same_form(readings, pairs)
+    form = same_form(measure.readings, pairs)
     for name in wanted:
         if name != ablation:  # every edge kept is the clean run, whatever the ablation
-            measured[name][total] = measured[ablation][total]
+            measure.measured[name][total] = measure.measured[ablation][total]
         measure(sizes_for(total, above), name)
-    trust = assess(measured, ablation, total, above, scores, order, form == PER_PAIR, seed, ids)
+    trust = assess(measure.measured, ablation, total, above, scores, order, form == PER_PAIR,
+                   seed, ids)  # fmt: skip
     curve.attrs = {"target": faithfulness, "chosen": above, "metric": form,
                    "max_bytes": max_bytes, "ablation": ablation, "trust": trust}  # fmt: skip
     return scores.iloc[order[:above]], curve
+
+
+def _ablations(ablation: str, ablations: Sequence[str], pairs: int) -> list[str]:
+    """The ablations to measure, the chosen one first, checked (``check_ablation``). One pair
+    has no other to take values from: the resample ablation is then left out of those measured
+    beside, and refused as the chosen one."""
+    wanted = list(dict.fromkeys([ablation, *ablations]))
+    for name in wanted:
+        check_ablation(name, pairs if name == ablation else 2)
+    return [name for name in wanted if name != "resample" or pairs > 1]
+
+
+class _Measure:
+    """The per-pair metrics of the circuits of the top k edges under each ablation, measured
+    exactly (``patch_edges``) once each: ``measured[ablation][k]`` ``[pairs]``; ``readings``
+    keeps every call's for their form."""
+
+    def __init__(self, model, task, order, wanted, max_bytes, seed) -> None:
+        self.model, self.task, self.order = model, task, order
+        self.max_bytes, self.seed = max_bytes, seed
+        self.ablation = wanted[0]
+        self.measured: dict[str, dict[int, np.ndarray]] = {name: {} for name in wanted}
+        self.readings: list[torch.Tensor] = []
+
+    def __call__(self, counts: list[int], name: str | None = None) -> dict[int, float]:
+        """The mean metric of each count's circuit under ``name`` (the chosen ablation)."""
+        name = name or self.ablation
+        todo = [k for k in dict.fromkeys(counts) if k not in self.measured[name]]
+        if todo:
+            flags = torch.zeros(len(todo), len(self.order), dtype=torch.bool)
+            for i, k in enumerate(todo):
+                flags[i, torch.from_numpy(self.order[:k])] = True
+            values = patch_edges(self.model, *self.task, flags, max_bytes=self.max_bytes,
+                                 ablation=name, seed=self.seed)  # fmt: skip
+            self.readings.append(values)
+            self.measured[name] |= dict(zip(todo, values.double().numpy(), strict=True))
+        return {k: float(self.measured[name][k].mean()) for k in counts}

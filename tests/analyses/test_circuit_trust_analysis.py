@@ -137,7 +137,7 @@ def test_a_task_of_random_answers_is_called_unstable(tmp_path):
     assert "Unstable: 0 of 4 edges" in overview(tmp_path / "noise")
     assert "Stable: " in overview(tmp_path / "real")
     graph = (tmp_path / "noise" / "index.html").read_text()
-    graph = graph[graph.index("circuit&#39;s strongest edges") :]
+    graph = graph[graph.index("A graph of the circuit") :]
     assert "stroke-dasharray" in graph[: graph.index("</svg>")]
     pairs = pd.read_csv(tmp_path / "noise" / "circuit_pairs.csv", keep_default_na=False)
     assert pairs.clean_text[0].startswith("t") and pairs.answer[0] == f"t{noise[0]}"
