@@ -90,7 +90,7 @@ def main() -> None:
     print(f"analyze: before {before:.1f} s, after {after:.1f} s: {after / before:.2f}x "
           f"(goal ≤ 1.5x); rounds {times}")  # fmt: skip
     edges, boot = bootstrap_share()
-    print(f"bootstrap: {boot:.3f} s of probe.edges' {edges:.2f} s ({boot / edges:.1%}; "
+    print(f"bootstrap: {boot * 1000:.2f} ms of probe.edges' {edges:.2f} s ({boot / edges:.1%}; "
           f"goal ≤ 5%), load {load()}")  # fmt: skip
 
 

@@ -169,8 +169,10 @@ assert {"1-0", "1-1", "1-2", "1-3"} <= set(circuit.query("receiver == 'logits'")
 
 # %%
 trust = curve.attrs["trust"]
-print(f"Jaccard {trust.jaccard:.2f} [{trust.jaccard_low:.2f}, {trust.jaccard_high:.2f}];",
-      f"{int(trust.stability.stable.iloc[circuit.index].sum())} of {len(circuit)} edges stable")
+print(
+    f"Jaccard {trust.jaccard:.2f} [{trust.jaccard_low:.2f}, {trust.jaccard_high:.2f}];",
+    f"{int(trust.stability.stable.iloc[circuit.index].sum())} of {len(circuit)} edges stable",
+)
 print(trust.disagreement)
 trust.scores.round(3)
 
