@@ -188,3 +188,29 @@ def test_resample_with_one_pair_and_no_difference_are_one_line(tmp_path):
 
 def test_the_ablations_declared_are_the_librarys():
     assert trust_io.ABLATIONS == ABLATIONS
+
+
+def test_a_circuit_report_of_the_layout_before_renders(report, tmp_path):
+    """A folder written before the trust (layout 2: no trust tables, no trust columns in
+    circuit_run.csv) renders, stating no trust; its files are not changed."""
+    import shutil
+
+    from probe.app.report import read_report
+
+    folder = tmp_path / "old"
+    shutil.copytree(report, folder)
+    for name in trust_io.SCHEMAS:
+        (folder / f"{name}.csv").unlink()
+    run = pd.read_csv(folder / "circuit_run.csv", keep_default_na=False)
+    run.drop(columns=list(trust_io.RUN)).to_csv(folder / "circuit_run.csv", index=False)
+    card = json.loads((folder / "run.json").read_text())
+    card["schema"] = 2
+    card.pop("circuit")
+    (folder / "run.json").write_text(json.dumps(card))
+    _, tables, _ = read_report(folder)
+    assert tables["circuit_stability"].empty and int(tables["circuit_run"].resamples[0]) == 0
+    result = runner.invoke(app, ["report", str(folder)])
+    assert result.exit_code == 0, result.output
+    text = overview(folder)
+    assert "Circuit of the repeats task" in text and "resamples" not in text
+    assert not (folder / "circuit_stability.csv").exists()
