@@ -319,7 +319,8 @@ INPUTS = {"q": "query", "k": "key", "v": "value", "": "MLP, logits"}
 def circuit_graph(tables: dict[str, pd.DataFrame], ax: Axes | None = None) -> Axes:
     """The circuit's strongest edges (the page's graph): the embeddings below, a row of heads
     per layer (each layer's MLP to the right), the logits on top; each edge coloured by the
-    input it enters, wider for a larger |score|."""
+    input it enters, wider for a larger |score|, dashed where it is not stable (in fewer than 90%
+    of the bootstrap's circuits)."""
     import seaborn as sns
 
     from analyses.circuit.figures import drawn_edges, place
@@ -337,7 +338,8 @@ def circuit_graph(tables: dict[str, pd.DataFrame], ax: Axes | None = None) -> Ax
         (x1, y1), (x2, y2) = (place(node, n_layers, n_heads) for node in (row.sender, row.receiver))
         shown.add(into)
         ax.plot([x1, x2], [y1, y2], color=colours[into], alpha=0.75, zorder=1,
-                linewidth=0.4 + 2 * abs(row.score) / (biggest or 1.0))  # fmt: skip
+                linewidth=0.4 + 2 * abs(row.score) / (biggest or 1.0),
+                linestyle="-" if row.stable else "--")  # fmt: skip
     for node in dict.fromkeys([*kept.sender, *kept.receiver]):
         x, y = place(node, n_layers, n_heads)
         ax.scatter([x], [y], s=180, color="#f7f7f7", edgecolors="black", linewidths=0.5, zorder=2)

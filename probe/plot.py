@@ -129,6 +129,16 @@ def circuit_faithfulness(report: Report, ax: Axes | None = None) -> Axes:
     return _draw("circuit", "faithfulness", report, ax)
 
 
+def circuit_ablations(report: Report, ax: Axes | None = None) -> Axes:
+    """circuit: faithfulness against the top edges kept, under each ablation."""
+    return _draw("circuit", "ablations", report, ax)
+
+
+def circuit_pairs(report: Report, ax: Axes | None = None) -> Axes:
+    """circuit: each pair's faithfulness under the ablation that chose the circuit."""
+    return _draw("circuit", "pairs", report, ax)
+
+
 def rank_changes(report: Report, circuit: str = "qk", ax: Axes | None = None) -> Axes:
     """compare: layer x head, the change of effective rank from A to B."""
     return _draw("compare", "rank-changes", report, ax, circuit=circuit)

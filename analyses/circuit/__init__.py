@@ -25,8 +25,16 @@ change, not the effect of patching the head alone. On the induction model's repe
 the previous-token head +1.8 where patching it alone gives −2.3 (AtP: −0.5), and ranks the four
 induction heads 2nd, 3rd, 6th and 7th (AtP: the top four).
 
+How far to trust the circuit (``probe.circuit``'s ``Trust``): its edges' inclusion over
+``--circuit-resamples`` bootstrap resamples of the pairs (``circuit_stability``), its
+faithfulness under each ablation of the edges left out, at MIB's sizes, with intervals
+(``circuit_ablations``) and MIB's CPR and CMD (``circuit_scores``), each pair's faithfulness
+(``circuit_pairs``), and their summary in ``circuit_run`` (and ``run.json``'s ``circuit``).
+``--circuit-ablation`` chooses the ablation the circuit is searched with.
+
 The analysis is this module; its package holds ``task`` (the task's pairs, read and checked, and
-its model inputs and metric) and ``figures`` (the circuit's graph and faithfulness curve).
+its model inputs and metric), ``trust`` (the trust's tables and sentence), ``figures`` (the
+page's graph and curves) and ``plots`` (their figures for papers).
 """
 
 from __future__ import annotations
@@ -36,8 +44,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from analyses import Analysis, Answer, Context, Measure, Schema
-from analyses.circuit.figures import faithfulness_figure, graph_figure
-from analyses.circuit.task import REPEATS, TaskOption, file_task, repeats_task, task_name
+from analyses.circuit import trust as trust_io
+from analyses.circuit.figures import (
+    ablations_figure,
+    faithfulness_figure,
+    graph_figure,
+    pairs_figure,
+)
+from analyses.circuit.task import (
+    REPEATS,
+    TaskOption,
+    file_task,
+    read_task,
+    repeats_task,
+    task_name,
+)
 from analyses.figures import Plot
 from analyses.vocabulary import Thresholds
 from probe.errors import ProbeError
@@ -69,6 +90,13 @@ FAITHFULNESS = Option("circuit_faithfulness", 0.8, "Faithfulness the circuit's e
 BUDGET = Option("circuit_max_bytes", 1 << 30, "What the circuit's runs may hold at once, in "
                 "bytes (probe's max_bytes): more pairs take more chunks, not more memory.",
                 min=1 << 20)  # fmt: skip
+RESAMPLES = Option("circuit_resamples", 100, "Bootstrap resamples of the pairs for the "
+                   "circuit's stability (no forward pass: the edges are re-ranked from their "
+                   "per-pair scores).", min=2)  # fmt: skip
+ABLATION = Option("circuit_ablation", "corrupted", "What the edges left out of the circuit carry "
+                  "while it is searched: the corrupted run's values, their mean over the clean "
+                  "runs, zero, or another pair's clean run's (every ablation is measured "
+                  "beside it).", choices=trust_io.ABLATIONS)  # fmt: skip
 PATCHED = Option("circuit_patched", 24, "Heads (the attribution's highest) checked by exact "
                  "patching.", min=1)  # fmt: skip
 
@@ -80,7 +108,7 @@ class Circuit(Analysis):
     name = "circuit"
     title = "Circuit"
     unit = None  # it makes and runs its own pairs when it finishes
-    options = (TASK, PAIRS, LENGTH, FAITHFULNESS, PATCHED, BUDGET)
+    options = (TASK, PAIRS, LENGTH, FAITHFULNESS, PATCHED, BUDGET, RESAMPLES, ABLATION)
     default = False  # a task of the user's: asked for by name
     lm_head = True  # its metrics read the logits: --lm-head, checked when the run is planned
     tables: ClassVar[dict[str, Schema]] = {
@@ -103,8 +131,9 @@ class Circuit(Analysis):
             "task": "str", "metric": "str", "pairs": "int", "clean": "float",
             "corrupted": "float", "attribution": "str", "edge_method": "str", "steps": "int",
             "target": "float", "chosen_edges": "int", "total_edges": "int",
-            "faithfulness": "float", "spearman": "float",
+            "faithfulness": "float", "spearman": "float", **trust_io.RUN,
         },
+        **trust_io.SCHEMAS,
     }  # fmt: skip
     head_columns: ClassVar[Schema] = {"circuit_attribution": "float", "circuit_effect": "float"}
     measures = (
@@ -121,6 +150,8 @@ class Circuit(Analysis):
         self.target = float(settings["circuit_faithfulness"])
         self.patched = int(settings["circuit_patched"])
         self.max_bytes = int(settings["circuit_max_bytes"])
+        self.resamples = int(settings["circuit_resamples"])
+        self.ablation = str(settings["circuit_ablation"])
 
     @classmethod
     def check_tokenizer(cls, tokenizer, config, options: dict[str, Any]) -> None:
@@ -131,8 +162,17 @@ class Circuit(Analysis):
 
         settings = {o.name: o.default for o in cls.options} | options
         if settings["task"] != REPEATS:
-            file_task(Path(settings["task"]), tokenizer, int(settings["circuit_pairs"]),
-                      max_tokens(config, tokenizer))  # fmt: skip
+            clean, *_ = file_task(
+                Path(settings["task"]),
+                tokenizer,
+                int(settings["circuit_pairs"]),
+                max_tokens(config, tokenizer),
+            )
+            given = len(clean["input_ids"])
+            if settings["circuit_ablation"] == "resample" and given < 2:
+                raise ProbeError(f"--circuit-ablation resample takes values from another "
+                                 f"pair's run: {settings['task']} gives {given} pair; give at "
+                                 "least 2 or another ablation")  # fmt: skip
 
     @classmethod
     def unsupported(cls, model) -> str | None:
@@ -175,10 +215,15 @@ class Circuit(Analysis):
         patching = probe.patch(model, clean, corrupted, metric, heads=heads, **budget)
         table = attribution.merge(patching.drop(columns="metric"), on=["layer", "head"], how="left")
         table["patched"] = table.effect.notna()
+        seed, pairs = self.context.seed, len(clean["input_ids"])
         scores = probe.edges(model, clean, corrupted, metric, method=EDGE_METHOD, steps=STEPS,
-                             **budget)  # fmt: skip
+                             resamples=self.resamples, seed=seed, **budget)  # fmt: skip
+        # The resample ablation needs two pairs: with one it is left out, unless it was asked for.
+        ablations = [a for a in trust_io.ABLATIONS if a != "resample" or pairs > 1]
         circuit, curve = probe.circuit(model, clean, corrupted, metric, self.target,
-                                       scores=scores, **budget)  # fmt: skip
+                                       scores=scores, ablation=self.ablation,
+                                       ablations=ablations, resamples=self.resamples,
+                                       seed=seed, **budget)  # fmt: skip
         scores["in_circuit"] = False
         scores.loc[circuit.index, "in_circuit"] = True
         nodes = set(circuit.sender) | set(circuit.receiver)
@@ -200,7 +245,10 @@ class Circuit(Analysis):
             "faithfulness": float(curve.set_index("edges").faithfulness[chosen_edges]),
             "spearman": spearman,
         }  # fmt: skip
-        return {
+        prompts = None if self.task == REPEATS else read_task(Path(self.task))[: self.pairs]
+        trust_tables, trust_run = trust_io.trust_tables(curve.attrs["trust"], scores, prompts)
+        run |= trust_run
+        return trust_tables | {
             "circuit_heads": table[list(self.tables["circuit_heads"])],
             # Strongest first: a CSV of a large model's edges holds its top ones (see
             # probe.app.tables.CSV_ROWS; the whole table is then circuit_edges.parquet).
@@ -245,6 +293,11 @@ class Circuit(Analysis):
              width="page"),
         Plot("faithfulness", "Faithfulness curve", "analyses.paper:circuit_faithfulness",
              page=lambda tables: faithfulness_figure(tables), needs=("circuit_faithfulness",)),
+        Plot("ablations", "Faithfulness under each ablation",
+             "analyses.circuit.plots:circuit_ablations",
+             page=lambda tables: ablations_figure(tables), needs=("circuit_ablations",)),
+        Plot("pairs", "Each pair's faithfulness", "analyses.circuit.plots:circuit_pairs",
+             page=lambda tables: pairs_figure(tables), needs=("circuit_pairs",)),
     )  # fmt: skip
 
     @classmethod
@@ -260,10 +313,12 @@ class Circuit(Analysis):
         inside = heads[heads.in_circuit].sort_values("attribution_rank")
         named = tuple(zip(inside.layer.tolist(), inside["head"].tolist(), strict=True))
         reached = "reaching" if r.faithfulness >= r.target else "short of"
+        trust = trust_io.trust_sentence(tables)
         text = (f"Circuit of the {task_name(r.task)}: {kept} of {total} edges "
                 f"({kept / max(total, 1):.0%}) keep faithfulness {r.faithfulness:.2f}, "
-                f"{reached} the {r.target:.2f} asked for; {len(named)} heads are in it"
-                + (":" if named else "."))  # fmt: skip
+                f"{reached} the {r.target:.2f} asked for. "
+                + (f"{trust[0].upper()}{trust[1:]}. " if trust else "")
+                + f"{len(named)} heads are in it" + (":" if named else "."))  # fmt: skip
         return Answer(text, named)
 
     @classmethod
@@ -284,8 +339,19 @@ class Circuit(Analysis):
         heads = tables["circuit_heads"].sort_values("attribution_rank")
         strongest = tables["circuit_edges"].query("in_circuit")
         strongest = strongest.reindex(strongest.score.abs().sort_values(ascending=False).index)
+        scores = tables.get("circuit_scores")
+        pairs = tables.get("circuit_pairs")
+        worst = []
+        if pairs is not None and len(pairs):
+            worst = pairs[~pairs.set_aside.astype(bool)].nsmallest(5, "faithfulness")
+            worst = worst.to_dict("records")
         return {
             "run": info,
+            "trust": trust_io.trust_sentence(tables),
+            "unstable": "jaccard" in info and trust_io.unstable(runs.iloc[0]),
+            "scores": [] if scores is None else scores.to_dict("records"),
+            "worst": worst,
+            "names": trust_io.NAMES,
             "spearman": None if info["spearman"] != info["spearman"] else info["spearman"],
             "top": heads.head(SHOWN).to_dict("records"),
             "edges": strongest.head(SHOWN).to_dict("records"),

@@ -1,5 +1,6 @@
 """The circuit analysis's page figures, as inline SVG: the graph of the circuit's strongest
-edges and the faithfulness curve.
+edges (the stable ones solid, the rest dashed), the faithfulness curve, the curves under each
+ablation and each pair's faithfulness.
 """
 
 from __future__ import annotations
@@ -20,10 +21,20 @@ INPUT_COLOURS = {"q": svg.CATEGORIES[0], "k": svg.CATEGORIES[1], "v": svg.CATEGO
 
 
 def drawn_edges(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    """The circuit's edges that its graph draws: the ``DRAWN_EDGES`` of largest |score|."""
+    """The circuit's edges that its graph draws: the ``DRAWN_EDGES`` of largest |score|, each
+    with ``stable`` (held in ≥ 90% of the bootstrap's circuits; True where the run has no
+    ``circuit_stability``)."""
     edges = tables["circuit_edges"]
     kept = edges[edges.in_circuit]
-    return kept.reindex(kept.score.abs().sort_values(ascending=False).index).head(DRAWN_EDGES)
+    kept = kept.reindex(kept.score.abs().sort_values(ascending=False).index).head(DRAWN_EDGES)
+    stability = tables.get("circuit_stability")
+    stable = [True] * len(kept)
+    if stability is not None and len(stability):
+        key = ["sender", "receiver", "input"]
+        found = {tuple(k): bool(v) for k, v in zip(stability[key].fillna("").to_numpy(),
+                                                    stability.stable, strict=True)}  # fmt: skip
+        stable = [found.get(tuple(k), True) for k in kept[key].fillna("").to_numpy()]
+    return kept.assign(stable=stable)
 
 
 def place(node: str, n_layers: int, n_heads: int) -> tuple[float, float]:
@@ -61,18 +72,21 @@ def graph_figure(tables: dict[str, pd.DataFrame]) -> Figure | None:
     biggest = float(kept.score.abs().max()) or 1.0
     alt = ("A graph of the circuit's strongest edges: the embeddings at the bottom, one row of "
            "heads per layer above, the logits on top; lines coloured by the input they enter "
-           "(query, key, value, or an MLP's or the logits'), thicker for larger "
-           "scores.")  # fmt: skip
+           "(query, key, value, or an MLP's or the logits'), thicker for larger scores, solid "
+           "where the edge is in at least 90% of the bootstrap's circuits, dashed "
+           "otherwise.")  # fmt: skip
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" role="img" viewBox="0 0 {width} {height}" '
              f'width="{width}" height="{height}"><title>{escape(alt)}</title>']  # fmt: skip
     for row in kept.itertuples():
         (x1, y1), (x2, y2) = at(row.sender), at(row.receiver)
         into = f" ({row.input})" if row.input else ""
         label = f"{row.sender} → {row.receiver}{into}: {row.score:.3g}"
+        label += "" if row.stable else " (not stable)"
+        dash = "" if row.stable else ' stroke-dasharray="5 3"'
         parts.append(
             f'<line x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2:.1f}" '
             f'stroke="{INPUT_COLOURS.get(row.input, svg.CATEGORIES[7])}" stroke-opacity="0.75" '
-            f'stroke-width="{0.8 + 4 * abs(row.score) / biggest:.2f}">'
+            f'stroke-width="{0.8 + 4 * abs(row.score) / biggest:.2f}"{dash}>'
             f"<title>{escape(label)}</title></line>"
         )
     nodes = dict.fromkeys([*kept.sender, *kept.receiver])
@@ -112,3 +126,40 @@ def faithfulness_figure(tables: dict[str, pd.DataFrame]) -> Figure | None:
         legend=False,
     )
     return Figure("circuit-faithfulness", "Faithfulness curve", alt, svg.charts([chart], alt=alt))
+
+
+def ablations_figure(tables: dict[str, pd.DataFrame]) -> Figure | None:
+    """The faithfulness of the top k edges against k under each ablation, as inline SVG."""
+    curves = tables.get("circuit_ablations")
+    if curves is None or curves.empty:
+        return None
+    alt = ("A line chart of the circuit's faithfulness against the number of top edges kept, "
+           "one line per ablation of the edges left out (corrupted patching, mean, zero, "
+           "resample), each normalised by its own run with no edge kept.")  # fmt: skip
+    series = [svg.Series(name, part.edges, part.faithfulness, colour=svg.CATEGORIES[i])
+              for i, (name, part) in enumerate(curves.groupby("ablation", sort=False))]  # fmt: skip
+    chart = svg.Chart("Faithfulness under each ablation", series,
+                      f"top edges kept (of {int(curves.total_edges.iloc[0])})",
+                      "faithfulness")  # fmt: skip
+    return Figure("circuit-ablations", "Faithfulness under each ablation", alt,
+                  svg.charts([chart], alt=alt))  # fmt: skip
+
+
+def pairs_figure(tables: dict[str, pd.DataFrame]) -> Figure | None:
+    """Each pair's faithfulness, lowest first, with the 0.5 line, as inline SVG."""
+    pairs = tables.get("circuit_pairs")
+    if pairs is None or pairs.empty:
+        return None
+    kept = pairs[~pairs.set_aside.astype(bool)].sort_values("faithfulness", kind="stable")
+    if kept.empty:
+        return None
+    rank = list(range(len(kept)))
+    alt = ("A dot plot of each prompt pair's faithfulness under the chosen ablation, lowest "
+           "first, with a dashed line at 0.5; pairs whose clean and ablated metrics are too "
+           "close to divide by are left out.")  # fmt: skip
+    chart = svg.Chart("Each pair's faithfulness", [
+        svg.Series("pair", rank, kept.faithfulness, line=False),
+        svg.Series("0.5", [0, len(kept) - 1], [0.5, 0.5], markers=False, dashed=True,
+                   colour=svg.CATEGORIES[7]),
+    ], "pairs, lowest first", "faithfulness", legend=False)  # fmt: skip
+    return Figure("circuit-pairs", "Each pair's faithfulness", alt, svg.charts([chart], alt=alt))

@@ -73,6 +73,10 @@ class RunCard:
     # and the model's loss on the run's inputs (probe.app.timeline_loss); None in probe analyze
     weights_sha256: str | None = None
     loss: dict[str, Any] | None = None
+    # The circuit's summary (analyses.circuit's circuit_run row: its size, faithfulness, the
+    # ablation that chose it, MIB's cpr and cmd, the stability's jaccard with its interval);
+    # None where it did not run.
+    circuit: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The card as ``run.json`` holds it, with the sentence and coreference counts also at

@@ -4,8 +4,10 @@ head grid of ``heads.csv``, and the layout's version (``schema`` in ``run.json``
 A folder comes from anywhere (cut by a full disk, edited by hand, written by an older probe), so
 each is checked where it is read, and a failure is one line naming the file and what to do.
 
-Layout versions: 1 is every folder written before ``schema`` was recorded; 2, today's, names
-importance's ``heads.csv`` column ``importance_effect``. A later probe that changes the layout
+Layout versions: 1 is every folder written before ``schema`` was recorded; 2 names
+importance's ``heads.csv`` column ``importance_effect``; 3, today's, adds the circuit's trust
+(``circuit_stability``, ``circuit_ablations``, ``circuit_scores``, ``circuit_pairs`` and the
+trust's columns of ``circuit_run``). A later probe that changes the layout
 raises ``SCHEMA`` and adds a step to ``MIGRATIONS`` that rewrites what an older folder's files
 hold in memory (its files are never changed), e.g. a ``head_stats`` column added with its value
 for the older folder, or left empty to say it was not measured. Without a step, a table that
@@ -25,7 +27,7 @@ from probe.errors import ProbeError
 if TYPE_CHECKING:
     import pandas as pd
 
-SCHEMA = 2
+SCHEMA = 3
 
 
 def _importance_effect(run: dict, tables: dict) -> None:
@@ -36,8 +38,40 @@ def _importance_effect(run: dict, tables: dict) -> None:
         tables["heads"] = heads.rename(columns={"ablation_effect": "importance_effect"})
 
 
+def _circuit_trust(run: dict, tables: dict) -> None:
+    """2 → 3: the circuit's trust (#63), not measured by the older probe: its tables empty, its
+    columns of ``circuit_run`` empty (numbers NaN, counts 0: ``resamples`` 0 says no resample
+    was drawn, and the page then states no trust)."""
+    if "circuit" not in run.get("analyses", []):
+        return
+    import pandas as pd
+
+    from analyses import DTYPES
+    from analyses.circuit import trust
+
+    for name, schema in trust.SCHEMAS.items():
+        if name not in tables:
+            tables[name] = pd.DataFrame({c: pd.Series(dtype=DTYPES[k]) for c, k in schema.items()})
+    circuit_run = tables.get("circuit_run")
+    if circuit_run is not None:
+        empty = {"int": 0, "float": math.nan, "str": ""}
+        for column, kind in trust.RUN.items():
+            if column not in circuit_run:
+                circuit_run[column] = empty[kind]
+
+
 # version -> the step that brings a run card and its tables from that version to the next
-MIGRATIONS: dict[int, Callable[[dict, dict], None]] = {1: _importance_effect}
+MIGRATIONS: dict[int, Callable[[dict, dict], None]] = {1: _importance_effect, 2: _circuit_trust}
+# version -> the tables that version added: an older folder lacks their files (see migrate)
+ADDED = {3: ("circuit_stability", "circuit_ablations", "circuit_scores", "circuit_pairs")}
+
+
+def added_since(run: dict) -> set[str]:
+    """The tables a layout later than the run's added, which its folder does not hold."""
+    return {name for version, names in ADDED.items() if version > run.get("schema", 1)
+            for name in names}  # fmt: skip
+
+
 CARD = {"model": str, "layers": int, "heads": int, "analyses": list}
 
 

@@ -60,8 +60,7 @@ def publish(plan: Plan, outcome: Outcome, folder: Path, status: Callable[[str], 
     tables["heads"] = table_io.typed(heads, schemas["heads"], "heads")
     written.append(helper.submit(table_io.write, tables["heads"], folder / "heads.csv"))
     tables = {name: tables[name] for name in schemas}
-    if "claims_run" in tables:
-        outcome.card.claims = json.loads(tables["claims_run"].to_json(orient="records"))
+    _summaries(outcome.card, tables)
     clock.lap("tables")
     examples = {"sentences": [], "heads": {}}
     if outcome.examples is not None:
@@ -134,3 +133,12 @@ def join_heads(
         ";".join(role for role, held in granted.items() if held[i]) for i in range(len(heads))
     ]
     return heads
+
+
+def _summaries(card, tables: dict) -> None:
+    """What ``run.json`` repeats of the tables: the claims' ablations (``claims_run``) and the
+    circuit's summary (``circuit_run``'s row)."""
+    if "claims_run" in tables:
+        card.claims = json.loads(tables["claims_run"].to_json(orient="records"))
+    if "circuit_run" in tables and len(tables["circuit_run"]):
+        card.circuit = json.loads(tables["circuit_run"].to_json(orient="records"))[0]

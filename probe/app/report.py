@@ -57,9 +57,12 @@ def read_report(folder: Path) -> tuple[dict, dict[str, pd.DataFrame], dict]:
     except (TypeError, ValueError) as e:
         raise ProbeError(f"{folder / 'run.json'}: bad thresholds ({e})") from None
     schemas, tables = table_io.schemas(classes), {}
+    later = layout.added_since(run)
     for step in ("load", "typed"):  # an older layout is migrated in between
         for name, schema in schemas.items():
             path = folder / f"{name}.csv"
+            if step == "load" and name in later and not path.exists():
+                continue  # a table its layout did not have: the migration adds it
             try:
                 if step == "load":
                     tables[name] = table_io.load(path, schema)

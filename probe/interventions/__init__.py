@@ -5,9 +5,10 @@ Ablation of chosen heads (``ablation``), activation patching from one input into
 gradients it reads, ``gradients``), the graph of edges between components (``graph``), edge
 attribution (``edge_scores``, with the gradients at the heads' inputs it multiplies,
 ``head_input_grads``), exact edge patching (``edge_patching``) and the circuit it finds
-(``circuit``; ``edges`` re-exports these for one release), the prompt pairs and metrics they
-take (``pairs``) and the guard that leaves the model as it was after every call (``guard``), all
-on the hook points of ``capture``.
+(``circuit``; ``edges`` re-exports these for one release), the circuit's stability and
+faithfulness (``stability``, ``faithfulness``, with MIB's scores, gathered by ``trust``), the
+prompt pairs and metrics they take (``pairs``) and the guard that leaves the model as it was
+after every call (``guard``), all on the hook points of ``capture``.
 
 May import: ``probe``'s foundation modules, ``capture`` and ``probe.attention``.
 """

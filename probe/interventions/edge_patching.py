@@ -2,8 +2,10 @@
 (``patch_edges``), several sets a forward pass.
 
 The model runs on the clean input, and every edge outside the set gives its receiver the
-sender's corrupted value instead of its value in this run: the receiver's input has that
-sender's difference, clean − corrupted, taken off. The edges are ``graph``'s.
+sender's ablated value instead of its value in this run: the receiver's input has that sender's
+difference, this run's − ablated, taken off. The ablated value is the sender's in the corrupted
+run (patching), its mean over the clean runs of every pair, zero, or its value in another pair's
+clean run (a resample, ``faithfulness.resample_partners``). The edges are ``graph``'s.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from probe.capture.hookpoints import Hook, hook_points, hooks, trace
 from probe.capture.modes import ungrouped
 from probe.capture.spec import describe
 from probe.errors import ProbeError
+from probe.interventions.faithfulness import check_ablation, resample_partners
 from probe.interventions.gradients import memory_budget, run_bytes
 from probe.interventions.graph import Graph, graph, result_points, sender_points
 from probe.interventions.guard import keeps_model
@@ -48,6 +51,8 @@ def patch_edges(
     max_rows: int = 256,
     *,
     max_bytes: int | None = None,
+    ablation: str = "corrupted",
+    seed: int = 0,
 ) -> torch.Tensor:
     """The metric with only the ``kept`` edges carrying their clean values, exactly.
 
@@ -64,6 +69,14 @@ def patch_edges(
     ----------
     kept : ``[sets, edges]`` bool
         Per set of edges, which of ``graph(model).edges`` (the rows of ``edges``) are kept.
+    ablation : {"corrupted", "mean", "zero", "resample"}
+        What an edge left out carries: the sender's value in the pair's corrupted run; its mean
+        over every pair's clean run, per position (over the positions the attention mask
+        holds, where the inputs have one); zero; or its value in the clean run of the pair's
+        partner (``resample_partners(seed, pairs)``). With every edge kept each gives the
+        clean run.
+    seed : int
+        Keys the resample ablation's partners.
 
     Returns
     -------
@@ -76,6 +89,7 @@ def patch_edges(
         does), or the pairs at once with a metric that cannot be split.
     """
     clean, corrupted, pairs = as_pairs(clean, corrupted)
+    check_ablation(ablation, pairs)
     max_bytes = memory_budget(model, max_bytes)
     g = graph(model)
     kept = torch.as_tensor(kept, dtype=torch.bool)
@@ -84,15 +98,20 @@ def patch_edges(
     shares = _PatchBytes(g, model, clean, pairs)
     parts = chunks(pairs, shares.fixed + shares.per_copy, max_bytes, metric,
                    "patched runs", fixed=shares.mask)  # fmt: skip
+    partners = torch.from_numpy(resample_partners(seed, pairs)) if ablation == "resample" else None
     out = []
     with hook_points(model), ungrouped():
+        means = _clean_means(model, clean, pairs, parts, g) if ablation == "mean" else None
         for rows in parts:
             k = rows.stop - rows.start
             copies = max(1, min(max_rows // k, (max_bytes - k * shares.fixed)
                                 // (k * shares.per_copy + shares.mask)))  # fmt: skip
-            values = _patched_chunk(model, rows_of(clean, rows, pairs),
-                                    rows_of(corrupted, rows, pairs), metric, rows, kept, g,
-                                    copies)  # fmt: skip
+            if ablation == "resample":
+                source = rows_of(clean, partners[rows], pairs)  # the partners' clean runs
+            else:
+                source = rows_of(corrupted, rows, pairs)
+            values = _patched_chunk(model, rows_of(clean, rows, pairs), source, metric, rows,
+                                    kept, g, copies, ablation, means)  # fmt: skip
             check_chunk(values[0], rows, pairs, len(parts))
             out.append(values)
             if len(parts) > 1:
@@ -118,9 +137,42 @@ class _PatchBytes:
         self.mask = 4 * len(g.senders) * len(g.receivers)
 
 
-def _patched_chunk(model, clean, corrupted, metric, rows, kept, g, copies) -> torch.Tensor:
+def _clean_means(model, clean, pairs, parts, g) -> dict[str, torch.Tensor]:
+    """Each sender point's mean over every pair's clean run, per position ``[1, pos, ...]``
+    (float64 sums, then the points' dtype): over the positions the attention mask holds where
+    the inputs have one (a position no pair holds is 0)."""
+    points, _ = sender_points(g)
+    sums: dict[str, torch.Tensor] = {}
+    count = None
+    for rows in parts:
+        inputs = rows_of(clean, rows, pairs)
+        with trace(model, points) as cache:
+            model(**inputs)
+        mask = inputs.get("attention_mask")
+        for p in points:
+            v = cache[p].double()
+            w = torch.ones(v.shape[:2], dtype=torch.float64, device=v.device)
+            if isinstance(mask, torch.Tensor) and mask.shape == v.shape[:2]:
+                w = mask.to(v.device, torch.float64)
+            w = w.reshape(*w.shape, *([1] * (v.dim() - 2)))
+            term = (v * w).sum(0, keepdim=True)
+            sums[p] = sums[p] + term if p in sums else term
+            if p == points[0]:
+                count = w.sum(0, keepdim=True) if count is None else count + w.sum(0, keepdim=True)
+        del cache
+    means = {}
+    for p, total in sums.items():
+        n = count.reshape(*count.shape[:2], *([1] * (total.dim() - 2)))
+        means[p] = torch.where(n > 0, total / n.clamp(min=1), 0.0).float()
+    return means
+
+
+def _patched_chunk(model, clean, source, metric, rows, kept, g, copies, ablation="corrupted",
+                   means=None) -> torch.Tensor:  # fmt: skip
     """A chunk of pairs' metric with each set of ``kept`` edges, ``[sets, pairs]`` float,
-    ``copies`` sets a forward pass."""
+    ``copies`` sets a forward pass; the edges left out carry the ``ablation``'s values:
+    ``source``'s run's (the corrupted inputs, or the partners' clean ones), ``means``' or
+    zero."""
     pairs = rows.stop - rows.start
     points, z_of = sender_points(g)
     result_of = {z: r for r, z in z_of.items()}
@@ -129,10 +181,15 @@ def _patched_chunk(model, clean, corrupted, metric, rows, kept, g, copies) -> to
     by_point, senders_of = _routes(g, points, result_of)
     W_O = dict(zip(result_points(model), (w.W_O for w in head_weights(model)), strict=True))
     out = []
-    with trace(model, points) as cache:
-        model(**corrupted)
-    corrupted_values = {p: cache[p] for p in points}
-    del cache
+    if ablation in ("corrupted", "resample"):
+        with trace(model, points) as cache:
+            model(**source)
+        corrupted_values = {p: cache[p] for p in points}
+        del cache
+    elif ablation == "mean":
+        corrupted_values = means
+    else:
+        corrupted_values = None  # zero: the difference is the value itself
     for begin in range(0, len(kept), copies):
         # removed[copy, sender, receiver]: the edge's receiver sees the sender's corrupted value.
         flags = kept[begin : begin + copies]
@@ -151,7 +208,7 @@ def _patched_chunk(model, clean, corrupted, metric, rows, kept, g, copies) -> to
                 mask = chunk[:, senders_of[point]][:, :, receivers]  # [copy, sender, recv.]
                 if not mask.any():
                     continue
-                diff = value - corrupted_values[point]
+                diff = value if corrupted_values is None else value - corrupted_values[point]
                 if point in result_of:  # each head's hook_result: z W_O
                     diff = torch.einsum("cbphe,hed->cbphd", diff, W_O[result_of[point]])
                 else:

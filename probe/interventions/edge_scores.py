@@ -40,6 +40,7 @@ from probe.interventions.pairs import (
     rows_of,
     same_form,
 )
+from probe.interventions.stability import RESAMPLES, BootstrapSums, check_resamples
 
 METHODS = ("eap", "eap-ig")
 
@@ -54,6 +55,8 @@ def edges(
     steps: int = 5,
     *,
     max_bytes: int | None = None,
+    resamples: int = RESAMPLES,
+    seed: int = 0,
 ) -> pd.DataFrame:
     """Score every edge from a sender's output into a receiver's input.
 
@@ -82,6 +85,10 @@ def edges(
         gradients are formed for a chunk of pairs and positions at a time within what is left. Pairs
         that do not fit at once run a chunk at a time, at least two (``probe.interventions.pairs``:
         the metric then takes ``pairs``). The scores do not depend on it (to float32 rounding).
+    resamples, seed : int
+        Bootstrap resamples of the pairs (at least 2), keyed by ``seed``, whose weighted sums
+        of the per-pair scores are kept for the circuit's stability (``BootstrapSums``, in
+        ``attrs["bootstrap"]``): no run more, and ``[resamples, edges]`` kept.
 
     Returns
     -------
@@ -93,7 +100,8 @@ def edges(
         its 95% interval ``score_low``, ``score_high`` (NaN for one pair or a scalar metric).
         ``attrs``: ``method``, ``steps``, ``pairs``, ``clean`` and ``corrupted`` mean metrics,
         ``chunks`` (of pairs and positions the scores were summed over) and the ``metric``'s
-        form (``"per pair"`` or ``"scalar"``).
+        form (``"per pair"`` or ``"scalar"``); ``bootstrap``, the ``BootstrapSums`` of the
+        per-pair scores (None for a scalar metric, whose per-pair terms are not the pairs').
 
     Raises
     ------
@@ -106,6 +114,7 @@ def edges(
         raise ProbeError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
     if steps < 1:
         raise ProbeError(f"steps must be at least 1, not {steps}")
+    resamples = check_resamples(resamples)
     clean, corrupted, pairs = as_pairs(clean, corrupted)
     max_bytes = memory_budget(model, max_bytes)
     # Attached once: graph and every run below share it; one key and value head per query head.
@@ -117,11 +126,12 @@ def edges(
         parts = chunks(pairs, kept + run_bytes(model, clean, pairs, backward=True), max_bytes,
                        metric, "runs", fixed=budget.smallest)  # fmt: skip
         moments, readings, count = Moments(), {"clean": [], "corrupted": []}, 0
+        boot = BootstrapSums(len(g.edges), resamples, seed)
         for rows in parts:
             left = max_bytes - (rows.stop - rows.start) * kept  # for the scores
             runs, n = _chunk_scores(model, rows_of(clean, rows, pairs),
                                     rows_of(corrupted, rows, pairs), metric, rows, alphas, g,
-                                    budget, moments, left)  # fmt: skip
+                                    budget, (moments, boot, rows.start), left)  # fmt: skip
             check_chunk(runs.clean, rows, pairs, len(parts))
             readings["clean"].append(runs.clean)
             readings["corrupted"].append(runs.corrupted)
@@ -153,6 +163,7 @@ def edges(
         "chunks": count,
         "metric": metric_form,
         "max_bytes": max_bytes,
+        "bootstrap": boot if metric_form == PER_PAIR else None,
     }
     return table
 
@@ -182,7 +193,8 @@ class _Runs:
 
 
 def _chunk_scores(model, clean, corrupted, metric, rows, alphas, g, budget, moments, left):
-    """A chunk of pairs' runs, and its edges' scores added to ``moments`` (``_edge_scores``,
+    """A chunk of pairs' runs, and its edges' scores added to ``moments`` (the ``Moments``,
+    ``BootstrapSums`` and the chunk's first pair: ``_edge_scores``,
     within ``left`` bytes). Returns the runs' metrics (``_Runs``) and the chunks of pairs and
     positions the scores were summed over."""
     pairs = rows.stop - rows.start
@@ -312,7 +324,7 @@ def _edge_scores(
     receivers: Mapping[str, Any],
     budget: _Budget,
     pairs: int,
-    moments: Moments,
+    moments: tuple[Moments, BootstrapSums, int],
     left: int,
 ) -> int:
     """Add a chunk of pairs' scores ``[sender, receiver]`` to ``moments``; return the number
@@ -322,7 +334,11 @@ def _edge_scores(
     d_model: per chunk of pairs and positions, one batched product per receiver point (all its
     heads at once) with the senders upstream of it only (those before the last that feeds it),
     summed over the chunks of a pair's positions; the pairs' scores then join ``moments``'
-    running means and sums of squared deviations, so that no ``[pairs, edge]`` table is kept."""
+    running means and sums of squared deviations and the bootstrap's weighted sums (the pairs'
+    indices from the chunk's first, ``start``), so that no ``[pairs, edge]`` table is kept."""
+    moments, boot, start = moments
+    s_index = torch.tensor([s for s, _ in g.edges])
+    r_index = torch.tensor([r for _, r in g.edges])
     upstream: dict[str, int] = {}
     for s, r in g.edges:
         upstream[g.receivers[r][2]] = max(upstream.get(g.receivers[r][2], 0), s + 1)
@@ -349,5 +365,6 @@ def _edge_scores(
         del delta
         if p.stop == pos:  # the chunk's pairs are complete
             moments.add(block.permute(1, 2, 0))
+            boot.add(block[:, s_index, r_index], slice(start + n.start, start + n.stop))
             block = None
     return len(chunks)

@@ -161,6 +161,8 @@ def test_patch_edges_and_circuit_in_chunks(model, task):
     assert list(curve_a.edges) == list(curve_b.edges)
     close(curve_a.faithfulness.values, curve_b.faithfulness.values)
     assert curve_a.attrs.pop("max_bytes") < curve_b.attrs.pop("max_bytes") == WHOLE
+    trust_a, trust_b = curve_a.attrs.pop("trust"), curve_b.attrs.pop("trust")
+    close(trust_a.ablations.faithfulness.values, trust_b.ablations.faithfulness.values)
     assert curve_a.attrs == curve_b.attrs and list(edges_a.index) == list(edges_b.index)
 
 
