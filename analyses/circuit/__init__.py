@@ -41,6 +41,7 @@ from analyses.circuit.task import REPEATS, TaskOption, file_task, repeats_task, 
 from analyses.figures import Plot
 from analyses.vocabulary import Thresholds
 from probe.errors import ProbeError
+from probe.interventions.gradients import MAX_BYTES
 from probe.lazy import lazy
 from probe.options import Option
 
@@ -66,7 +67,7 @@ PAIRS = Option("circuit_pairs", 16, "Prompt pairs of the circuit's task (repeats
 LENGTH = Option("circuit_length", 20, "Random tokens in each copy of the repeats task.", min=2)
 FAITHFULNESS = Option("circuit_faithfulness", 0.8, "Faithfulness the circuit's edges must reach.",
                       min=0.0, max=1.0)  # fmt: skip
-BUDGET = Option("circuit_max_bytes", 1 << 30, "What the circuit's runs may hold at once, in "
+BUDGET = Option("circuit_max_bytes", MAX_BYTES, "What the circuit's runs may hold at once, in "
                 "bytes (probe's max_bytes): more pairs take more chunks, not more memory.",
                 min=1 << 20)  # fmt: skip
 PATCHED = Option("circuit_patched", 24, "Heads (the attribution's highest) checked by exact "

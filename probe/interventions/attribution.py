@@ -99,12 +99,12 @@ def attribute(
     steps : int
         Interpolation steps of ``"ig"``, run one after the other.
     max_bytes : int, optional
-        By default (``memory_budget``) half the memory free on the model's device when the call
-        starts. What the call may hold at once: the runs (one forward and backward pass at a time,
-        ``run_bytes``' estimate), the point's activations and gradients, and their products
-        (float64). Pairs that do not fit at once run a chunk at a time, at least two
-        (``probe.interventions.pairs``: the metric then takes ``pairs``); the estimates do not
-        depend on it (to float32 rounding).
+        By default (``memory_budget``) a share (``gradients.FREE_SHARE``) of the memory free on the
+        model's device when the call starts. What the call may hold at once: the runs (one forward
+        and backward pass at a time, ``run_bytes``' estimate), the point's activations and
+        gradients, and their products (float64). Pairs that do not fit at once run a chunk at a
+        time, at least two (``probe.interventions.pairs``: the metric then takes ``pairs``); the
+        estimates do not depend on it (to float32 rounding).
 
     Returns
     -------

@@ -14,16 +14,15 @@ Patching stacks several patched copies of the batch along the batch dimension; t
 then read from each copy's rows of the output (``copies_of``), so a metric written for the
 user's batch works unchanged.
 
-Memory is bounded by a budget (``max_bytes``; by default half the memory free on the model's
-device, ``gradients.memory_budget``), not by the number of pairs: where the pairs' runs do not
-fit it at once, they run a chunk of pairs at a time (``chunks``), and the means and
-intervals over the pairs are running sums (``Moments``), the same to float rounding. A metric
-is then given a chunk's logits, so it must say which pairs they are to read per-pair data of
+Memory is bounded by a budget (``max_bytes``; by default a share, ``gradients.FREE_SHARE``, of the
+memory free on the model's device, ``gradients.memory_budget``), not by the number of pairs: where
+the pairs' runs do not fit it at once, they run a chunk of pairs at a time (``chunks``), and the
+means and intervals over the pairs are running sums (``Moments``), the same to float rounding. A
+metric is then given a chunk's logits, so it must say which pairs they are to read per-pair data of
 its own (answers, positions): one that takes a parameter ``pairs`` is called ``metric(logits,
-pairs=rows)``, ``rows`` the slice of the batch's pairs the logits hold (every pair where they
-fit at once). A metric of the logits alone is given every pair at once, and a scalar metric
-cannot be split: either, where the pairs do not fit, is refused in one line, never run on part
-of the batch.
+pairs=rows)``, ``rows`` the slice of the batch's pairs the logits hold (every pair where they fit
+at once). A metric of the logits alone is given every pair at once, and a scalar metric cannot be
+split: either, where the pairs do not fit, is refused in one line, never run on part of the batch.
 """
 
 from __future__ import annotations
