@@ -138,6 +138,14 @@ def attribute(
         if not names:
             raise ProbeError(f"the model has no {hook} points")
         fix = method == "atp*" and hook in PARTNER
+        rotated = hook.replace("hook_", "hook_rot_")
+        if fix and rotated in PARTNER and any(point_of(n) == rotated for n in points):
+            # The scores are made of the rotated queries and keys, not of these: atp* works there.
+            raise ProbeError(
+                f"atp* at {hook} needs the {hook[-1]} the scores are made of, and this model "
+                f"rotates them after {hook}: use hook={rotated!r} (after the rotation), or "
+                "method='atp' here"
+            )
         stems = [n[: -len(hook)] for n in names] if fix else []
         alphas = [k / steps for k in range(1, steps + 1)] if method == "ig" else [0.0]
         plan = _Plan(method, hook, names, stems, alphas, per_position, max_bytes)

@@ -108,12 +108,25 @@ def read(
                 f"the metric is given the logits, [batch, pos, vocab], as in TransformerLens, "
                 f"not the model's output object ({error}); write metric(logits)"
             ) from None
+        if isinstance(error, AttributeError) and seen is output and _of_tensors(error):
+            raise ProbeError(
+                f"the metric reads .{error.name} of the model's output, a "
+                f"{type(output).__name__}, which has no logits: load the model with its LM head "
+                "(probe.load(name, lm_head=True), or --lm-head) and write metric(logits)"
+            ) from None
         given = f"logits {list(seen.shape)}" if seen is logits else type(seen).__name__
         raise ProbeError(
             f"the metric raised {type(error).__name__}: {error}{_where(error)}; it was given "
             f"{given}"
         ) from None
     return per_pair(value, pairs, differentiable=differentiable)
+
+
+def _of_tensors(error: AttributeError) -> bool:
+    """Whether ``error`` is a tensor's attribute (``log_softmax``, ``argmax``) read from an object
+    that is not one: a metric written for logits, given an encoder's output object."""
+    name = getattr(error, "name", None)
+    return isinstance(name, str) and hasattr(torch.Tensor, name)
 
 
 def _where(error: Exception) -> str:
