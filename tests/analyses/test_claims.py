@@ -243,7 +243,7 @@ def test_the_repeats_loss_is_read_where_induction_can_predict_the_next_token(ind
 
     model, tokenizer = induction_model
     groups = repeat_groups(tokenizer, 0, 2, 16, model)
-    (inputs, tags, indices), = groups  # fmt: skip
+    ((_, tags, _),) = groups
     assert tuple(tags.shape) == (2, 33)
     effect = torch.arange(33, dtype=torch.float64).expand(1, 2, 33)  # [heads, batch, pos]: t
     claim = type("Claim", (), {"claim": "induction", "layer": 1, "head": 0})()
