@@ -56,6 +56,9 @@ ATTRIBUTION = "atp"  # probe.attribute's method (see the module's docstring)
 EDGE_METHOD = "eap-ig"
 STEPS = 5
 SHOWN = 10  # heads listed in the report
+# How far outside exact patching's interval, as a share of the effect, an attribution must fall
+# for the page to name the head: there the linear estimate misses, not only ranks differently.
+MISSED = 0.5
 
 
 TASK = TaskOption("task", REPEATS, "The circuit analysis's task: repeats, or a .jsonl file of "
@@ -289,5 +292,19 @@ class Circuit(Analysis):
             "run": info,
             "spearman": None if info["spearman"] != info["spearman"] else info["spearman"],
             "top": heads.head(SHOWN).to_dict("records"),
+            "missed": missed(heads).to_dict("records"),
+            "missed_share": MISSED,
             "edges": strongest.head(SHOWN).to_dict("records"),
         }
+
+
+def missed(heads: pd.DataFrame) -> pd.DataFrame:
+    """The patched heads of ``heads`` (``circuit_heads``) whose attribution falls outside exact
+    patching's 95% interval (the effect itself without one) by more than ``MISSED`` of the
+    effect, in attribution order: those whose effect the linear estimate misses, typically one
+    that acts through later heads' attention (the induction model's previous-token head)."""
+    patched = heads[heads.patched]
+    low = patched.effect_low.fillna(patched.effect)
+    high = patched.effect_high.fillna(patched.effect)
+    outside = np.maximum(low - patched.attribution, patched.attribution - high)
+    return patched[outside > MISSED * patched.effect.abs()]

@@ -64,6 +64,36 @@ def test_induction_heads_rank_high(report):
     assert run.spearman > 0.5
 
 
+def test_the_page_names_the_heads_attribution_misses(report):
+    """The previous-token head acts through the induction heads' attention: its attribution
+    (AtP) is near 0 where exact patching's effect is about −2, outside the interval by more than
+    half the effect, and the page names it, with the sentence that says why; the induction
+    heads, where AtP is close, are not named."""
+    from analyses.circuit import missed
+
+    heads = pd.read_csv(report / "circuit_heads.csv")
+    named = set(zip(*[missed(heads)[c] for c in ("layer", "head")], strict=True))
+    print(heads[["layer", "head", "attribution", "effect", "effect_low", "effect_high"]])
+    assert PREVIOUS_TOKEN in named and not named & INDUCTION_HEADS
+    html = (report / "index.html").read_text()
+    said = re.search(r"Attribution misses (.*?): outside exact patching's interval by more "
+                     r"than 50\.0% of the effect\.", html)  # fmt: skip
+    assert said and ">{}-{}</a>".format(*PREVIOUS_TOKEN) in said.group(1)
+    assert "A linear estimate such as attribution misses effects that act through later" in html
+
+
+def test_a_miss_is_outside_the_interval_by_more_than_half_the_effect():
+    from analyses.circuit import missed
+
+    heads = pd.DataFrame({
+        "layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "patched": [True, True, True, False],
+        "attribution": [-0.08, -1.0, 0.9, 5.0], "effect": [-1.95, -2.0, 1.0, math.nan],
+        "effect_low": [-2.3, -2.4, 0.8, math.nan], "effect_high": [-1.6, -1.6, 1.2, math.nan],
+    })  # fmt: skip
+    # 1.52 outside for a −1.95 effect: named; 0.6 outside for −2.0: not; inside: not; unpatched
+    assert missed(heads)[["layer", "head"]].values.tolist() == [[0, 0]]
+
+
 def test_previous_token_head_feeds_the_induction_keys(report):
     edges = pd.read_csv(report / "circuit_edges.csv", keep_default_na=False)
     keys = edges[(edges.input == "k") & edges.sender.str.startswith("0-")]
