@@ -41,9 +41,8 @@ from analyses.circuit.task import REPEATS, TaskOption, file_task, repeats_task, 
 from analyses.figures import Plot
 from analyses.vocabulary import Thresholds
 from probe.errors import ProbeError
-from probe.interventions.gradients import MAX_BYTES
 from probe.lazy import lazy
-from probe.options import Option
+from probe.options import MAX_BYTES, Option
 
 if TYPE_CHECKING:
     from probe.interventions.pairs import Metric

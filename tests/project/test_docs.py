@@ -286,8 +286,8 @@ def test_the_screenshot_script_draws_a_card_and_refuses_a_head_the_pages_misname
 
 def test_the_default_memory_budget_is_written_once_in_the_code():
     """``max_bytes``'s default (a share of the free memory, ``MAX_BYTES`` where that cannot be
-    read) and the command line's ``--circuit-max-bytes`` come from
-    ``probe.interventions.gradients``; every page and tutorial that gives the default takes it
+    read: ``probe.options.MAX_BYTES``, also ``--circuit-max-bytes``'s default) is written once in
+    the code; every page and tutorial that gives the default takes it
     from there, between markers, and none writes a size as the default by hand."""
     from analyses.circuit import BUDGET
     from probe.interventions.gradients import FREE_SHARE, MAX_BYTES
