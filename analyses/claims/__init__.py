@@ -377,6 +377,16 @@ class Claims(Analysis):
         return pd.DataFrame(rows, columns=columns).astype({"confirmed": "boolean"})
 
     @classmethod
+    def measure_unit(cls, measure: Measure, tables: dict[str, pd.DataFrame]) -> str:
+        """The ablation effect's unit: nats of next-token loss with an LM head, else a relative
+        change of the last hidden state."""
+        runs = tables.get("claims_run")
+        if measure.column not in ("ablation_effect", "ablation_baseline") or runs is None:
+            return measure.unit
+        lm = (runs.measure == "loss rise").all() if len(runs) else False
+        return "nats of next-token loss" if lm else "relative change of the last hidden state"
+
+    @classmethod
     def section(cls, tables: dict[str, pd.DataFrame], run: dict) -> dict:
         table = tables["claims"]
         counts = []

@@ -470,3 +470,47 @@ def test_more_pairs_than_memory_holds_give_the_same_tables(tmp_path):
                                            atol=1e-5 * scale)  # fmt: skip
             elif column != "in_circuit":
                 assert small[name][column].tolist() == table[column].tolist(), (name, column)
+
+
+def test_a_run_without_a_treebank_says_nothing_of_one(report):
+    """The circuit reads its own pairs, no treebank, and tests no role: the page says nothing of
+    treebank sentences, gold arcs or the syntax correction, gives each layer its heads, not
+    "4 no role", and the command line does not print "0 sentences"."""
+    from rich.console import Console
+
+    from probe.app.console import summary
+
+    html = (report / "index.html").read_text()
+    for text in ("gold arcs", "sentences of the treebank", "Benjamini", "no role"):
+        assert text not in html, text
+    assert re.search(r"<b>Layer 0</b>: 4 heads</summary>", html)
+    console = Console(record=True, width=400, color_system=None)
+    summary(console, report)
+    first = console.export_text().splitlines()[0]
+    assert "sentences" not in first and "2 layers x 4 heads" in first, first
+
+
+def test_the_figures_axis_ends_at_the_total_with_the_target_drawn_and_labels_fit(report):
+    """The faithfulness curve's x axis ends at the total of edges (not a round number past it)
+    with the target dashed across it; each node's label, measured in a wide sans-serif
+    (matplotlib's DejaVu Sans), fits inside its circle."""
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import TextPath
+
+    from analyses.circuit.figures import RADIUS, faithfulness_figure, graph_figure
+
+    tables = {name: pd.read_csv(report / f"{name}.csv", keep_default_na=False)
+              for name in ("circuit_faithfulness", "circuit_run", "circuit_edges",
+                           "circuit_heads")}  # fmt: skip
+    total = int(tables["circuit_faithfulness"].total_edges.iloc[0])
+    chart = faithfulness_figure(tables).figure
+    ticks = [int(t) for t in re.findall(r'text-anchor="middle"[^>]*>(\d+)</text>', chart)]
+    assert ticks[-1] == total and max(ticks) == total, ticks
+    assert "stroke-dasharray" in chart and "<title>target 0.80</title>" in chart
+    graph = graph_figure(tables).figure
+    labels = re.findall(r'font-size="([\d.]+)"[^>]*>([\w-]+)</text></g>', graph)
+    assert {"embed", "logits"} <= {label for _, label in labels}
+    sans = FontProperties(family="DejaVu Sans")
+    for size, label in labels:
+        width = TextPath((0, 0), label, size=float(size), prop=sans).get_extents().width
+        assert width < 2 * RADIUS - 2, (label, size, width)
