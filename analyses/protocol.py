@@ -60,6 +60,7 @@ class Measure:
     format: Literal["pct", "num", "text"] = "num"
     better: Literal["higher", "lower"] | None = None
     role: Role | None = None
+    unit: str = ""  # what the number is in, where "num" does not say (the summary's line)
 
     def show(self, value: Any) -> str:
         """``value`` as the report shows it (– for a missing one)."""
@@ -274,9 +275,17 @@ class Analysis:
             if values.notna().any():
                 best = values.idxmax() if measure.better == "higher" else values.idxmin()
                 row = heads.loc[best]
+                unit = cls.measure_unit(measure, tables)
                 lines.append(f"{measure.label}: best head {row.layer}-{row['head']} "
-                             f"({measure.show(row[measure.column])})")  # fmt: skip
+                             f"({measure.show(row[measure.column])}"
+                             + (f" {unit})" if unit else ")"))  # fmt: skip
         return lines
+
+    @classmethod
+    def measure_unit(cls, measure: Measure, tables: dict[str, pd.DataFrame]) -> str:
+        """What ``measure``'s numbers are in, for the summary: its ``unit`` by default; an
+        analysis whose unit depends on the run (a loss, or a relative change) says so here."""
+        return measure.unit
 
     @classmethod
     def template(cls) -> str:

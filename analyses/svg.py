@@ -177,6 +177,7 @@ class Chart:
     legend: bool = True
     log_x: bool = False
     x_labels: Sequence[str] | None = None
+    x_max: float | None = None  # where the x axis ends, labelled (a total), not a round tick
 
 
 def charts(panels: Sequence[Chart], *, alt: str, size: tuple[int, int] = (330, 210)) -> str:
@@ -236,8 +237,7 @@ def _chart(panel: Chart, x0: float, y0: float, pw: float, ph: float) -> list[str
         x_ticks = list(range(len(panel.x_labels)))
         to_x = _Axis(-0.5, len(x_ticks) - 0.5, x0, x0 + pw)
     else:
-        x_ticks = (_decades(xs) if panel.log_x
-                   else _nice_ticks(xs.min(), xs.max(), integer=panel.integer_x))  # fmt: skip
+        x_ticks = _x_ticks(panel, xs)
         to_x = _Axis(x_ticks[0], x_ticks[-1], x0, x0 + pw, log=panel.log_x)
     y_ticks = _decades(ys) if panel.log_y else _nice_ticks(min(ys.min(), 0.0), ys.max())
     to_y = _Axis(y_ticks[0], y_ticks[-1], y0 + ph, y0, log=panel.log_y)
@@ -279,6 +279,17 @@ def _chart(panel: Chart, x0: float, y0: float, pw: float, ph: float) -> list[str
             parts.append(f'{key}<text x="{lx + 18}" y="{ly + 3.5}" font-size="10" {FONT}>'
                          f"{label}</text>")  # fmt: skip
     return parts
+
+
+def _x_ticks(panel: Chart, xs: np.ndarray) -> list[float]:
+    """The x axis's ticks over ``xs``, ending at ``panel.x_max`` where it is given."""
+    if panel.log_x:
+        return _decades(xs)
+    ticks = _nice_ticks(xs.min(), xs.max(), integer=panel.integer_x)
+    if panel.x_max is not None:  # round ticks short of it, then it
+        near = 0.1 * (panel.x_max - ticks[0])  # a tick this close would overprint it
+        ticks = [t for t in ticks if t < panel.x_max - near] + [panel.x_max]
+    return ticks
 
 
 def _x_text(panel: Chart, v: float) -> str:

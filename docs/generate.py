@@ -171,8 +171,10 @@ def unmarked(markdown: str) -> str:
 
 
 def marked_pages() -> list[Path]:
-    """The Markdown files that may hold facts: every page of ``docs/`` and the README."""
-    return [*sorted((ROOT / "docs").rglob("*.md")), ROOT / "README.md"]
+    """The files that may hold facts: every page of ``docs/``, the README and the tutorials (their
+    Markdown cells, where a marker is an HTML comment the notebook does not show)."""
+    tutorials = sorted((ROOT / "docs" / "tutorials").glob("*.py"))
+    return [*sorted((ROOT / "docs").rglob("*.md")), ROOT / "README.md", *tutorials]
 
 
 def stale(write: bool = False) -> list[Path]:

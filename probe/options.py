@@ -118,6 +118,10 @@ def resolve(declared: Sequence[Option], given: Mapping[str, Any]) -> dict[str, A
 
 # Bytes a block of attention rows may take, by default (``probe analyze --attention-budget``).
 ATTENTION_BUDGET = "1GiB"
+# Bytes the circuit tools may hold at once where the memory free on the model's device cannot be
+# read (``probe.interventions.gradients.memory_budget``: a laptop's share), and the default of
+# ``--circuit-max-bytes``.
+MAX_BYTES = 1 << 30
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
 

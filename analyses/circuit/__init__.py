@@ -63,7 +63,7 @@ from analyses.figures import Plot
 from analyses.vocabulary import Thresholds
 from probe.errors import ProbeError
 from probe.lazy import lazy
-from probe.options import Option
+from probe.options import MAX_BYTES, Option
 
 if TYPE_CHECKING:
     from probe.interventions.pairs import Metric
@@ -76,6 +76,9 @@ ATTRIBUTION = "atp"  # probe.attribute's method (see the module's docstring)
 EDGE_METHOD = "eap-ig"
 STEPS = 5
 SHOWN = 10  # heads listed in the report
+# How far outside exact patching's interval, as a share of the effect, an attribution must fall
+# for the page to name the head: there the linear estimate misses, not only ranks differently.
+MISSED = 0.5
 
 
 TASK = TaskOption("task", REPEATS, "The circuit analysis's task: repeats, or a .jsonl file of "
@@ -87,7 +90,7 @@ PAIRS = Option("circuit_pairs", 16, "Prompt pairs of the circuit's task (repeats
 LENGTH = Option("circuit_length", 20, "Random tokens in each copy of the repeats task.", min=2)
 FAITHFULNESS = Option("circuit_faithfulness", 0.8, "Faithfulness the circuit's edges must reach.",
                       min=0.0, max=1.0)  # fmt: skip
-BUDGET = Option("circuit_max_bytes", 1 << 30, "What the circuit's runs may hold at once, in "
+BUDGET = Option("circuit_max_bytes", MAX_BYTES, "What the circuit's runs may hold at once, in "
                 "bytes (probe's max_bytes): more pairs take more chunks, not more memory.",
                 min=1 << 20)  # fmt: skip
 RESAMPLES = Option("circuit_resamples", 100, "Bootstrap resamples of the pairs for the "
@@ -354,5 +357,19 @@ class Circuit(Analysis):
             "names": trust_io.NAMES,
             "spearman": None if info["spearman"] != info["spearman"] else info["spearman"],
             "top": heads.head(SHOWN).to_dict("records"),
+            "missed": missed(heads).to_dict("records"),
+            "missed_share": MISSED,
             "edges": strongest.head(SHOWN).to_dict("records"),
         }
+
+
+def missed(heads: pd.DataFrame) -> pd.DataFrame:
+    """The patched heads of ``heads`` (``circuit_heads``) whose attribution falls outside exact
+    patching's 95% interval (the effect itself without one) by more than ``MISSED`` of the
+    effect, in attribution order: those whose effect the linear estimate misses, typically one
+    that acts through later heads' attention (the induction model's previous-token head)."""
+    patched = heads[heads.patched]
+    low = patched.effect_low.fillna(patched.effect)
+    high = patched.effect_high.fillna(patched.effect)
+    outside = np.maximum(low - patched.attribution, patched.attribution - high)
+    return patched[outside > MISSED * patched.effect.abs()]

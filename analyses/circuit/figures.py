@@ -15,9 +15,18 @@ if TYPE_CHECKING:
     import pandas as pd
 
 DRAWN_EDGES = 40  # at most this many of the circuit's edges drawn in its graph
+RADIUS = 13  # a node's circle, in px
+EM_WIDTH = 0.66  # a character's width, of the font size, at most for labels' characters
 
 INPUT_COLOURS = {"q": svg.CATEGORIES[0], "k": svg.CATEGORIES[1], "v": svg.CATEGORIES[2],
                  "": svg.CATEGORIES[7]}  # fmt: skip
+
+
+def label_size(label: str) -> float:
+    """The font size at which ``label`` fits inside a node's circle: 10 px, smaller for a long
+    label (``mlp1``, ``embed``, ``logits``), its width taken as ``EM_WIDTH`` of the size a
+    character (a sans-serif's widest digits and lower case; wider than most)."""
+    return min(10.0, (2 * RADIUS - 4) / (EM_WIDTH * max(len(label), 1)))
 
 
 def drawn_edges(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
@@ -92,11 +101,12 @@ def graph_figure(tables: dict[str, pd.DataFrame]) -> Figure | None:
     nodes = dict.fromkeys([*kept.sender, *kept.receiver])
     for node in nodes:
         x, y = at(node)
+        size = label_size(node)
         parts.append(
-            f'<g><title>{escape(node)}</title><circle cx="{x:.1f}" cy="{y:.1f}" r="13" '
-            f'fill="#f7f7f7" stroke="currentColor"/><text x="{x:.1f}" y="{y + 4:.1f}" '
-            f'text-anchor="middle" font-size="10" {svg.FONT.replace("currentColor", "#222")}>'
-            f"{escape(node)}</text></g>"
+            f'<g><title>{escape(node)}</title><circle cx="{x:.1f}" cy="{y:.1f}" r="{RADIUS}" '
+            f'fill="#f7f7f7" stroke="currentColor"/><text x="{x:.1f}" y="{y + size * 0.35:.1f}" '
+            f'text-anchor="middle" font-size="{size:.1f}" '
+            f"{svg.FONT.replace('currentColor', '#222')}>{escape(node)}</text></g>"
         )
     for k, (name, colour) in enumerate(
         (("query", INPUT_COLOURS["q"]), ("key", INPUT_COLOURS["k"]), ("value", INPUT_COLOURS["v"]),
@@ -117,14 +127,17 @@ def faithfulness_figure(tables: dict[str, pd.DataFrame]) -> Figure | None:
     if curve is None or curve.empty:
         return None
     alt = ("A line chart of the circuit's faithfulness (its metric over the full model's, "
-           "0 with every edge corrupted) against the number of top edges kept.")  # fmt: skip
-    chart = svg.Chart(
-        "Faithfulness",
-        [svg.Series("faithfulness", curve.edges, curve.faithfulness)],
-        f"top edges kept (of {int(curve.total_edges.iloc[0])})",
-        "faithfulness",
-        legend=False,
-    )
+           "0 with every edge corrupted) against the number of top edges kept, of all the "
+           "edges, the target dashed.")  # fmt: skip
+    total = int(curve.total_edges.iloc[0])
+    series = [svg.Series("faithfulness", curve.edges, curve.faithfulness)]
+    run = tables.get("circuit_run")
+    if run is not None and not run.empty:  # the target, dashed across the whole axis
+        target = float(run.target.iloc[0])
+        series.append(svg.Series(f"target {target:.2f}", [0, total], [target, target],
+                                 svg.CATEGORIES[1], markers=False, dashed=True))  # fmt: skip
+    chart = svg.Chart("Faithfulness", series, f"top edges kept (of {total})", "faithfulness",
+                      legend=False, x_max=total)  # fmt: skip
     return Figure("circuit-faithfulness", "Faithfulness curve", alt, svg.charts([chart], alt=alt))
 
 

@@ -22,7 +22,9 @@ each input, heads of the same layer that hold no claim, on a bounded sample of t
   predict the answer's tokens (where the model copies them from the needle).
 
 With a language-model head the measure is the rise of the next-token loss read at those tokens
-(for a decoder: the dependents' next tokens; the second copy's tokens after its first); without
+(for a decoder: the dependents' next tokens; the second copy's tokens after its first, which
+induction can predict, so read at the second copy's positions but its last: after BOS and L
+tokens, L + 1 to 2L − 1); without
 one, the relative change ‖h′ − h‖ / ‖h‖ of the last hidden state at them. Per input (a sentence,
 a sequence: the clusters), the claimed head's mean change is paired with the mean over its
 layer's unclaimed heads drawn for that input (the baseline: ``claims_baseline_heads`` of them,
@@ -373,6 +375,16 @@ class Claims(Analysis):
                                             for c in own.itertuples()),
             })  # fmt: skip
         return pd.DataFrame(rows, columns=columns).astype({"confirmed": "boolean"})
+
+    @classmethod
+    def measure_unit(cls, measure: Measure, tables: dict[str, pd.DataFrame]) -> str:
+        """The ablation effect's unit: nats of next-token loss with an LM head, else a relative
+        change of the last hidden state."""
+        runs = tables.get("claims_run")
+        if measure.column not in ("ablation_effect", "ablation_baseline") or runs is None:
+            return measure.unit
+        lm = (runs.measure == "loss rise").all() if len(runs) else False
+        return "nats of next-token loss" if lm else "relative change of the last hidden state"
 
     @classmethod
     def section(cls, tables: dict[str, pd.DataFrame], run: dict) -> dict:

@@ -187,8 +187,8 @@ def per_input_changes(claim, groups, samples, effects, draw, slot, lm: bool):
         if lm:  # the loss read at t is of token t + 1, which must be real
             where[:, -1] = False
             where[:, :-1] &= inputs["attention_mask"][:, 1:].bool().cpu()
-            if claim.claim in ON_REPEATS:  # the second copy's tokens after its first
-                where &= torch.roll(tags == target, 1, dims=1)
+            if claim.claim in ON_REPEATS:  # t and t + 1 in the second copy: its tokens after
+                where &= torch.roll(tags == target, -1, dims=1)  # its first, each predictable
         count = where.sum(1)
         positions += int(count.sum())
         at = torch.where(where, effect, 0.0).sum(-1) / count.clamp(min=1)  # [heads, batch]

@@ -43,7 +43,10 @@ model, tokenizer = probe.load(str(MODEL), lm_head=True)
 # metric that returns one value per pair, as this one does, gives every estimate a 95% interval
 # over the pairs; TransformerLens's usual batch mean, `metric(logits).mean()`, gives the same
 # estimates without them (the results' `attrs["metric"]` says which).
-# Memory is bounded by `max_bytes` (1 GiB by default), not by the pairs: where they do not fit at
+# Memory is bounded by `max_bytes`, not by the pairs. It is by default the share
+# <!-- generated: circuits.free_share -->50%<!-- end --> of the memory free on the model's device when the call starts (and
+# <!-- generated: circuits.max_bytes -->1 GiB<!-- end --> where that cannot be read); the result's `attrs["max_bytes"]` says
+# what was used. Where the pairs do not fit at
 # once, the runs take a chunk of pairs at a time, and a metric that reads data of its own per
 # pair, as this one reads `targets`, takes them as `metric(logits, pairs)`, `targets[pairs]`;
 # one of the logits alone is refused then, in one line, rather than given the wrong pairs' data.

@@ -23,6 +23,9 @@
 # with probe's source), so every line of TransformerLens can be checked against its probe
 # counterpart.
 #
+# It needs TransformerLens, probe's `parity` extra: `pip install -e '.[parity]'`. Without it
+# the first cell stops in one line saying so.
+#
 # | TransformerLens | probe |
 # |---|---|
 # | `logits, cache = model.run_with_cache(tokens)` | `with probe.trace(model) as cache: logits = model(tokens).logits` |
@@ -38,8 +41,15 @@ import copy
 from pathlib import Path
 
 import torch
-from transformer_lens.model_bridge import TransformerBridge
-from transformer_lens.utilities import get_act_name
+
+try:
+    from transformer_lens.model_bridge import TransformerBridge
+    from transformer_lens.utilities import get_act_name
+except ImportError as missing:
+    raise SystemExit(
+        f"this tutorial runs TransformerLens beside probe ({missing}): "
+        "install probe's parity extra, pip install -e '.[parity]'"
+    ) from None
 
 import probe
 from probe.capture.names import act_name

@@ -89,8 +89,10 @@ def summary(console: Console, path: Path) -> None:
 
     run, tables, _ = read_report(path)
     windows = run.get("inputs", {}).get("text", {}).get("windows", 0)
+    read = run.get("sentences_read", run["sentences_analysed"])  # none: no treebank was read
     console.print(
-        f"[bold]{escape(run['model'])}[/]: {run['sentences_analysed']} sentences, "
+        f"[bold]{escape(run['model'])}[/]: "
+        + (f"{run['sentences_analysed']} sentences, " if read else "")
         + (f"{windows} corpus windows, " if run.get("corpus") else "")
         + f"{run['layers']} layers x {run['heads']} heads, {run['timings_s']['total']:.1f} s"
     )

@@ -86,11 +86,12 @@ def spread(row: dict) -> str:
     return parts
 
 
-def describe(row: dict) -> str:
+def describe(row: dict, roles_tested: bool = True) -> str:
     """One line of what the head does: its first role's statistic, else "no role: attention
-    spread over …". A line claims only what the page claims, a role: a best relation named
-    without the syntactic role (a margin that held, but under the role's threshold) is given
-    as a number, and said to be under the threshold."""
+    spread over …" (without "no role" where the run tested no role: the circuit's alone). A line
+    claims only what the page claims, a role: a best relation named without the syntactic role
+    (a margin that held, but under the role's threshold) is given as a number, and said to be
+    under the threshold."""
     roles = [Role(r) for r in str(row.get("roles", "")).split(";") if r]
     for role in sorted(roles, key=DESCRIBED_FIRST.index):
         line = _role_line(role, row)
@@ -101,6 +102,8 @@ def describe(row: dict) -> str:
         parts.append(f"attention spread over {spread(row)}")
     if str(row.get("best_relation") or ""):
         parts.append(f"best relation {_relation(row)}, under the syntactic role's threshold")
+    if not roles_tested:
+        return "; ".join(parts)
     return "no role: " + "; ".join(parts) if parts else "no role"
 
 
@@ -138,7 +141,10 @@ def _confirmed(tables: dict[str, pd.DataFrame], role: Role) -> dict:
     own = claims[claims.claim == str(role)]
     if not own.tested.any():
         return {}
-    return {"tested": int(own.tested.sum()), "confirmed": int(own.confirmed.sum())}
+    confirmed = own[own.confirmed.astype(bool)]
+    ids = [HeadId(layer, head) for layer, head in zip(confirmed.layer, confirmed["head"],
+                                                      strict=True)]  # fmt: skip
+    return {"tested": int(own.tested.sum()), "confirmed": len(ids), "confirmed_heads": ids}
 
 
 def _tally(heads: pd.DataFrame) -> str:

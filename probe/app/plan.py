@@ -17,6 +17,7 @@ import analyses
 from analyses.vocabulary import Thresholds
 from probe.app import tables as table_io
 from probe.app.output import check_free, default_out, refuse_inputs
+from probe.capture.names import nearest
 from probe.errors import ProbeError
 from probe.inputs import units
 from probe.options import ATTENTION_BUDGET, Option, parse_size, resolve
@@ -176,7 +177,10 @@ def plan(settings: Settings) -> Plan:
     unknown = [a for a in names if a not in analyses.REGISTRY]
     if unknown or not names:
         known = ", ".join(analyses.REGISTRY)
-        raise ProbeError(f"unknown analysis {', '.join(unknown) or '(none)'}; choose from {known}")
+        close = [m for a in unknown for m in nearest(a, analyses.REGISTRY)]  # misspellings'
+        meant = f"; did you mean {' or '.join(map(repr, dict.fromkeys(close)))}?" if close else ""
+        raise ProbeError(f"unknown analysis {', '.join(unknown) or '(none)'}{meant}; "
+                         f"choose from {known}")  # fmt: skip
     names = list(dict.fromkeys(names))
     classes = tuple(analyses.get(n) for n in names)
     for name, cls in zip(names, classes, strict=True):

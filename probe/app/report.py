@@ -210,15 +210,16 @@ def render_html(run: dict, tables: dict[str, pd.DataFrame], examples: dict) -> s
         )
 
     heads = tables["heads"]
+    thresholds = Thresholds(**run.get("thresholds", {}))
+    tested = tested_roles(classes, tables, thresholds)
     cards = []
     for row in heads.to_dict("records"):
         head = HeadId(row["layer"], row["head"])
         view, miss = head_view(examples, head) or (None, None)
         roles = [r for r in row["roles"].split(";") if r]
         cards.append({"id": head, "row": row, "roles": roles, "view": view, "miss": miss,
-                      "line": findings.describe(row)})  # fmt: skip
+                      "line": findings.describe(row, bool(tested))})  # fmt: skip
     grid = _grid(heads, [m for cls in classes for m in cls.measures if m.role is not None])
-    thresholds = Thresholds(**run.get("thresholds", {}))
     answers = [{"name": cls.name, "title": cls.title, "text": a.text,
                 "heads": [HeadId(layer, head) for layer, head in a.heads]}
                for cls in classes if (a := cls.answer(tables, run)) is not None]  # fmt: skip
@@ -234,7 +235,7 @@ def render_html(run: dict, tables: dict[str, pd.DataFrame], examples: dict) -> s
         grid=grid,
         n_heads=int(heads["head"].max()) + 1,
         roles=list(Role),
-        tested=tested_roles(classes, tables, thresholds),
+        tested=tested,
         role_counts=role_counts,
         lead=findings.lead(heads, tables),
         answers=answers,

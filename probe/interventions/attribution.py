@@ -99,12 +99,12 @@ def attribute(
     steps : int
         Interpolation steps of ``"ig"``, run one after the other.
     max_bytes : int, optional
-        By default (``memory_budget``) half the memory free on the model's device when the call
-        starts. What the call may hold at once: the runs (one forward and backward pass at a time,
-        ``run_bytes``' estimate), the point's activations and gradients, and their products
-        (float64). Pairs that do not fit at once run a chunk at a time, at least two
-        (``probe.interventions.pairs``: the metric then takes ``pairs``); the estimates do not
-        depend on it (to float32 rounding).
+        By default (``memory_budget``) a share (``gradients.FREE_SHARE``) of the memory free on the
+        model's device when the call starts. What the call may hold at once: the runs (one forward
+        and backward pass at a time, ``run_bytes``' estimate), the point's activations and
+        gradients, and their products (float64). Pairs that do not fit at once run a chunk at a
+        time, at least two (``probe.interventions.pairs``: the metric then takes ``pairs``); the
+        estimates do not depend on it (to float32 rounding).
 
     Returns
     -------
@@ -138,6 +138,14 @@ def attribute(
         if not names:
             raise ProbeError(f"the model has no {hook} points")
         fix = method == "atp*" and hook in PARTNER
+        rotated = hook.replace("hook_", "hook_rot_")
+        if fix and rotated in PARTNER and any(point_of(n) == rotated for n in points):
+            # The scores are made of the rotated queries and keys, not of these: atp* works there.
+            raise ProbeError(
+                f"atp* at {hook} needs the {hook[-1]} the scores are made of, and this model "
+                f"rotates them after {hook}: use hook={rotated!r} (after the rotation), or "
+                "method='atp' here"
+            )
         stems = [n[: -len(hook)] for n in names] if fix else []
         alphas = [k / steps for k in range(1, steps + 1)] if method == "ig" else [0.0]
         plan = _Plan(method, hook, names, stems, alphas, per_position, max_bytes)

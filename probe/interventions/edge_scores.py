@@ -78,13 +78,14 @@ def edges(
     steps : int
         EAP-IG's interpolation steps.
     max_bytes : int, optional
-        By default (``memory_budget``) half the memory free on the model's device when the call
-        starts. What the call may hold at once: a chunk of pairs' runs (one forward and backward
-        pass at a time, ``run_bytes``' estimate) and the few ``[pairs, pos, d_model]`` tensors per
-        layer it keeps from them, then the scores' computation, whose senders' values and receivers'
-        gradients are formed for a chunk of pairs and positions at a time within what is left. Pairs
-        that do not fit at once run a chunk at a time, at least two (``probe.interventions.pairs``:
-        the metric then takes ``pairs``). The scores do not depend on it (to float32 rounding).
+        By default (``memory_budget``) a share (``gradients.FREE_SHARE``) of the memory free on the
+        model's device when the call starts. What the call may hold at once: a chunk of pairs' runs
+        (one forward and backward pass at a time, ``run_bytes``' estimate) and the few
+        ``[pairs, pos, d_model]`` tensors per layer it keeps from them, then the scores'
+        computation, whose senders' values and receivers' gradients are formed for a chunk of pairs
+        and positions at a time within what is left. Pairs that do not fit at once run a chunk at a
+        time, at least two (``probe.interventions.pairs``: the metric then takes ``pairs``). The
+        scores do not depend on it (to float32 rounding).
     resamples, seed : int
         Bootstrap resamples of the pairs (at least 2), keyed by ``seed``, whose weighted sums
         of the per-pair scores are kept for the circuit's stability (``BootstrapSums``, in

@@ -24,13 +24,14 @@ from probe.capture.names import hook_name
 from probe.capture.spec import describe
 from probe.errors import ProbeError
 from probe.interventions.pairs import SCALAR, Metric, copies_of, read, same_form, stacked
+from probe.options import MAX_BYTES
 
 START = hook_name("hook_resid_pre", 0)
-# What patching, attribution, edges and edge patching may hold at once (``max_bytes``) where
-# the memory free on the model's device cannot be read (``memory_budget``): a laptop's share.
-# Their runs take as many pairs at a time as it holds (``run_bytes``), and what they compute from
-# the runs a chunk at a time within it.
-MAX_BYTES = 1 << 30
+# MAX_BYTES (probe.options, where the command line, which imports no torch, reads it too): what
+# patching, attribution, edges and edge patching may hold at once (``max_bytes``) where the
+# memory free on the model's device cannot be read (``memory_budget``). Their runs take as many
+# pairs at a time as it holds (``run_bytes``), and what they compute from the runs a chunk at a
+# time within it.
 FREE_SHARE = 0.5  # of the memory free on the device when a call starts: its default budget
 
 

@@ -14,16 +14,15 @@ Patching stacks several patched copies of the batch along the batch dimension; t
 then read from each copy's rows of the output (``copies_of``), so a metric written for the
 user's batch works unchanged.
 
-Memory is bounded by a budget (``max_bytes``; by default half the memory free on the model's
-device, ``gradients.memory_budget``), not by the number of pairs: where the pairs' runs do not
-fit it at once, they run a chunk of pairs at a time (``chunks``), and the means and
-intervals over the pairs are running sums (``Moments``), the same to float rounding. A metric
-is then given a chunk's logits, so it must say which pairs they are to read per-pair data of
+Memory is bounded by a budget (``max_bytes``; by default a share, ``gradients.FREE_SHARE``, of the
+memory free on the model's device, ``gradients.memory_budget``), not by the number of pairs: where
+the pairs' runs do not fit it at once, they run a chunk of pairs at a time (``chunks``), and the
+means and intervals over the pairs are running sums (``Moments``), the same to float rounding. A
+metric is then given a chunk's logits, so it must say which pairs they are to read per-pair data of
 its own (answers, positions): one that takes a parameter ``pairs`` is called ``metric(logits,
-pairs=rows)``, ``rows`` the slice of the batch's pairs the logits hold (every pair where they
-fit at once). A metric of the logits alone is given every pair at once, and a scalar metric
-cannot be split: either, where the pairs do not fit, is refused in one line, never run on part
-of the batch.
+pairs=rows)``, ``rows`` the slice of the batch's pairs the logits hold (every pair where they fit
+at once). A metric of the logits alone is given every pair at once, and a scalar metric cannot be
+split: either, where the pairs do not fit, is refused in one line, never run on part of the batch.
 """
 
 from __future__ import annotations
@@ -109,12 +108,25 @@ def read(
                 f"the metric is given the logits, [batch, pos, vocab], as in TransformerLens, "
                 f"not the model's output object ({error}); write metric(logits)"
             ) from None
+        if isinstance(error, AttributeError) and seen is output and _of_tensors(error):
+            raise ProbeError(
+                f"the metric reads .{error.name} of the model's output, a "
+                f"{type(output).__name__}, which has no logits: load the model with its LM head "
+                "(probe.load(name, lm_head=True), or --lm-head) and write metric(logits)"
+            ) from None
         given = f"logits {list(seen.shape)}" if seen is logits else type(seen).__name__
         raise ProbeError(
             f"the metric raised {type(error).__name__}: {error}{_where(error)}; it was given "
             f"{given}"
         ) from None
     return per_pair(value, pairs, differentiable=differentiable)
+
+
+def _of_tensors(error: AttributeError) -> bool:
+    """Whether ``error`` is a tensor's attribute (``log_softmax``, ``argmax``) read from an object
+    that is not one: a metric written for logits, given an encoder's output object."""
+    name = getattr(error, "name", None)
+    return isinstance(name, str) and hasattr(torch.Tensor, name)
 
 
 def _where(error: Exception) -> str:

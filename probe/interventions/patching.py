@@ -96,11 +96,11 @@ def patch(
     max_rows : int
         At most this many rows (copies x pairs) in one forward pass; at least one copy.
     max_bytes : int, optional
-        By default (``memory_budget``) half the memory free on the model's device when the call
-        starts. What the runs may hold at once: the clean activations at ``hook`` and the patched
-        forward passes' (``run_bytes``' estimate), a chunk of pairs at a time where they do not fit
-        at once (``probe.interventions.pairs``: the metric then takes ``pairs``). The effects do not
-        depend on it.
+        By default (``memory_budget``) a share (``gradients.FREE_SHARE``) of the memory free on the
+        model's device when the call starts. What the runs may hold at once: the clean activations
+        at ``hook`` and the patched forward passes' (``run_bytes``' estimate), a chunk of pairs at a
+        time where they do not fit at once (``probe.interventions.pairs``: the metric then takes
+        ``pairs``). The effects do not depend on it.
 
     Returns
     -------

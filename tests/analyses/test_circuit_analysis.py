@@ -64,6 +64,36 @@ def test_induction_heads_rank_high(report):
     assert run.spearman > 0.5
 
 
+def test_the_page_names_the_heads_attribution_misses(report):
+    """The previous-token head acts through the induction heads' attention: its attribution
+    (AtP) is near 0 where exact patching's effect is about −2, outside the interval by more than
+    half the effect, and the page names it, with the sentence that says why; the induction
+    heads, where AtP is close, are not named."""
+    from analyses.circuit import missed
+
+    heads = pd.read_csv(report / "circuit_heads.csv")
+    named = set(zip(*[missed(heads)[c] for c in ("layer", "head")], strict=True))
+    print(heads[["layer", "head", "attribution", "effect", "effect_low", "effect_high"]])
+    assert PREVIOUS_TOKEN in named and not named & INDUCTION_HEADS
+    html = (report / "index.html").read_text()
+    said = re.search(r"Attribution misses (.*?): outside exact patching's interval by more "
+                     r"than 50\.0% of the effect\.", html)  # fmt: skip
+    assert said and ">{}-{}</a>".format(*PREVIOUS_TOKEN) in said.group(1)
+    assert "A linear estimate such as attribution misses effects that act through later" in html
+
+
+def test_a_miss_is_outside_the_interval_by_more_than_half_the_effect():
+    from analyses.circuit import missed
+
+    heads = pd.DataFrame({
+        "layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "patched": [True, True, True, False],
+        "attribution": [-0.08, -1.0, 0.9, 5.0], "effect": [-1.95, -2.0, 1.0, math.nan],
+        "effect_low": [-2.3, -2.4, 0.8, math.nan], "effect_high": [-1.6, -1.6, 1.2, math.nan],
+    })  # fmt: skip
+    # 1.52 outside for a −1.95 effect: named; 0.6 outside for −2.0: not; inside: not; unpatched
+    assert missed(heads)[["layer", "head"]].values.tolist() == [[0, 0]]
+
+
 def test_previous_token_head_feeds_the_induction_keys(report):
     edges = pd.read_csv(report / "circuit_edges.csv", keep_default_na=False)
     keys = edges[(edges.input == "k") & edges.sender.str.startswith("0-")]
@@ -441,3 +471,47 @@ def test_more_pairs_than_memory_holds_give_the_same_tables(tmp_path):
                                            atol=1e-5 * scale)  # fmt: skip
             elif column != "in_circuit":
                 assert small[name][column].tolist() == table[column].tolist(), (name, column)
+
+
+def test_a_run_without_a_treebank_says_nothing_of_one(report):
+    """The circuit reads its own pairs, no treebank, and tests no role: the page says nothing of
+    treebank sentences, gold arcs or the syntax correction, gives each layer its heads, not
+    "4 no role", and the command line does not print "0 sentences"."""
+    from rich.console import Console
+
+    from probe.app.console import summary
+
+    html = (report / "index.html").read_text()
+    for text in ("gold arcs", "sentences of the treebank", "Benjamini", "no role"):
+        assert text not in html, text
+    assert re.search(r"<b>Layer 0</b>: 4 heads</summary>", html)
+    console = Console(record=True, width=400, color_system=None)
+    summary(console, report)
+    first = console.export_text().splitlines()[0]
+    assert "sentences" not in first and "2 layers x 4 heads" in first, first
+
+
+def test_the_figures_axis_ends_at_the_total_with_the_target_drawn_and_labels_fit(report):
+    """The faithfulness curve's x axis ends at the total of edges (not a round number past it)
+    with the target dashed across it; each node's label, measured in a wide sans-serif
+    (matplotlib's DejaVu Sans), fits inside its circle."""
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import TextPath
+
+    from analyses.circuit.figures import RADIUS, faithfulness_figure, graph_figure
+
+    tables = {name: pd.read_csv(report / f"{name}.csv", keep_default_na=False)
+              for name in ("circuit_faithfulness", "circuit_run", "circuit_edges",
+                           "circuit_heads")}  # fmt: skip
+    total = int(tables["circuit_faithfulness"].total_edges.iloc[0])
+    chart = faithfulness_figure(tables).figure
+    ticks = [int(t) for t in re.findall(r'text-anchor="middle"[^>]*>(\d+)</text>', chart)]
+    assert ticks[-1] == total and max(ticks) == total, ticks
+    assert "stroke-dasharray" in chart and "<title>target 0.80</title>" in chart
+    graph = graph_figure(tables).figure
+    labels = re.findall(r'font-size="([\d.]+)"[^>]*>([\w-]+)</text></g>', graph)
+    assert {"embed", "logits"} <= {label for _, label in labels}
+    sans = FontProperties(family="DejaVu Sans")
+    for size, label in labels:
+        width = TextPath((0, 0), label, size=float(size), prop=sans).get_extents().width
+        assert width < 2 * RADIUS - 2, (label, size, width)

@@ -234,6 +234,26 @@ def test_the_induction_models_heads_are_confirmed_and_its_decoy_is_not(induction
     )
 
 
+def test_the_repeats_loss_is_read_where_induction_can_predict_the_next_token(induction_model):
+    """BOS, 16 random tokens, the same again (33 tokens): the loss read at t is of token t + 1,
+    so the positions read are t = 17 to 31, each predicting a second-copy token after its first
+    (18 to 32), position 17 included (its next token is the first induction can predict)."""
+    from analyses.claims.ablation_test import per_input_changes
+    from analyses.claims.inputs import repeat_groups
+
+    model, tokenizer = induction_model
+    groups = repeat_groups(tokenizer, 0, 2, 16, model)
+    ((_, tags, _),) = groups
+    assert tuple(tags.shape) == (2, 33)
+    effect = torch.arange(33, dtype=torch.float64).expand(1, 2, 33)  # [heads, batch, pos]: t
+    claim = type("Claim", (), {"claim": "induction", "layer": 1, "head": 0})()
+    per_input, positions = per_input_changes(
+        claim, groups, None, [effect], lambda layer, index: [], {(1, 0): 0}, lm=True
+    )
+    assert positions == 2 * 15
+    assert [mine for mine, _ in per_input] == [sum(range(17, 32)) / 15] * 2  # the mean of t
+
+
 def test_claims_are_listed_from_roles_and_relations():
     heads = heads_table(2, 3, {(0, 1): "sink;syntactic", (1, 2): "coreference;induction"},
                         {(0, 1): "obj", (1, 0): "nsubj"})  # fmt: skip

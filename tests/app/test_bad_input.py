@@ -30,6 +30,7 @@ runner = CliRunner()
         (["--threshold", "sink=nan"], "threshold sink must be between 0 and 1, not nan"),
         (["--threshold", "relation_min_words=0.5"], "must be a whole number ≥ 1, not 0.5"),
         (["--analyses", ","], "unknown analysis (none)"),
+        (["--analyses", "taxonmy"], "unknown analysis taxonmy; did you mean 'taxonomy'?"),
         (["--device", "tpu"], "unknown --device 'tpu'"),
         (
             ["--device", "cuda"] if not torch.cuda.is_available() else ["--device", "cuda:99"],

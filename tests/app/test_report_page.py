@@ -85,3 +85,49 @@ def test_a_readable_treebank_is_recorded_and_not_warned_of(tiny_report):
     measured = run["unknown_words"]["treebank"]
     assert measured["words"] == 711 and measured["share"] < MOSTLY_UNKNOWN
     assert run["warnings"] == [] and run["skipped"] == {}
+
+
+def summary_of(report) -> str:
+    """The command line's summary of the report folder, as printed."""
+    from rich.console import Console
+
+    from probe.app.console import summary
+
+    console = Console(record=True, width=400, color_system=None)
+    summary(console, report)
+    return console.export_text()
+
+
+def test_the_overview_marks_the_heads_confirmed_by_ablation(sample_report):
+    """ "k of n tested confirmed by ablation" is followed by the role's heads, the k confirmed
+    marked ✓, as claims.csv has them."""
+    import pandas as pd
+
+    html = (sample_report / "index.html").read_text()
+    claims = pd.read_csv(sample_report / "claims.csv")
+    lines = re.findall(r"<li><span class=\"role-[\w-]+\">.*?</li>", html)
+    counted = 0
+    for line in lines:
+        said = re.search(r"\((\d+) of (\d+) tested confirmed by ablation", line)
+        if not said:
+            continue
+        role = re.search(r"<b>\d+ ([\w-]+)</b>", line).group(1)
+        marked = re.findall(r">(\d+-\d+)</a><span class=\"confirmed\"", line)
+        own = claims[(claims.claim == role) & claims.confirmed.astype(bool)]
+        assert sorted(marked) == sorted(
+            f"{a}-{b}" for a, b in zip(own.layer, own["head"], strict=True)
+        )
+        assert len(marked) == int(said.group(1))
+        counted += 1
+    assert counted, "no role of the sample's report was tested by ablation"
+
+
+def test_the_claims_summary_gives_its_unit(sample_report):
+    """MiniLM without its LM head: the claims' best head's effect is a relative change."""
+    text = summary_of(sample_report)
+    said = (
+        r"claims: ablation effect of the claim: best head \d+-\d+ "
+        r"\(\d\.\d{3} relative change of the last hidden state\)"
+    )
+    assert re.search(said, text), text
+    assert re.search(r": \d+ sentences, ", text.splitlines()[0])  # a treebank was read

@@ -7,6 +7,7 @@ is a comment to Python), its command line run by this Python."""
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -139,3 +140,24 @@ def test_tutorials_compare_floats_with_tolerances_scaled_to_the_values(path):
                 s for s in sides if isinstance(s, ast.Constant) and isinstance(s.value, float)
             ]
             assert not floats, f"{where}: == against a float; compare with a tolerance"
+
+
+def test_the_transformerlens_tutorial_names_its_extra_and_stops_in_one_line_without_it():
+    """The tutorial that runs TransformerLens says in its first cell that it needs the ``parity``
+    extra, as the README does, and without TransformerLens stops in one line saying so, not in a
+    traceback."""
+    path = ROOT / "docs" / "tutorials" / "from_transformerlens.py"
+    first_cell = path.read_text(encoding="utf-8").split("# %%\n")[0]
+    assert "`parity` extra" in first_cell and "pip install -e '.[parity]'" in first_cell
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert re.search(r"`parity` for [^.]*from_transformerlens\.py", readme)
+    hidden = (  # None in sys.modules: an import of it fails, as where it is not installed
+        "import runpy, sys; sys.modules['transformer_lens'] = None; "
+        f"runpy.run_path({str(path)!r}, run_name='__main__')"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", hidden], capture_output=True, text=True, env=env)
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "pip install -e '.[parity]'" in lines[0]

@@ -47,6 +47,25 @@ def test_exact_where_the_model_is_linear(per_position):
         assert gap("atp", hook) > 1e-2  # the softmax's curvature, which atp* removes
 
 
+def test_atp_star_before_a_rotation_points_to_the_rotated_point():
+    """A rotary model's scores are made of the rotated queries and keys: atp* at ``hook_q`` or
+    ``hook_k`` is refused in one line naming ``hook_rot_q`` (``hook_rot_k``), where it works."""
+    from models import small_model
+
+    model = small_model("llama")
+    clean, corrupted = torch.randint(3, 99, (3, 6)), torch.randint(3, 99, (3, 6))
+
+    def metric(out):
+        return out.last_hidden_state[:, -1, 0]
+
+    for hook in ("hook_q", "hook_k"):
+        rotated = hook.replace("hook_", "hook_rot_")
+        with pytest.raises(probe.ProbeError, match=rf"use hook='{rotated}' \(after the rotat"):
+            probe.attribute(model, clean, corrupted, metric, "atp*", hook=hook)
+        fixed = probe.attribute(model, clean, corrupted, metric, "atp*", hook=rotated)
+        assert fixed.attribution.notna().all()
+
+
 def test_ranking_against_patching(model):
     """The repeats task on the induction model: every head's attribution beside its exact
     patching effect, and the Spearman correlation of the two."""

@@ -154,6 +154,20 @@ def test_a_metric_of_the_output_object_is_told_what_changed(model, tokens):
     assert "\n" not in str(e.value) and e.value.__suppress_context__
 
 
+def test_a_logits_metric_on_a_model_without_an_lm_head_is_told_to_load_it(tokens):
+    """A metric that reads ``.log_softmax``, given the output object of a model loaded without
+    its LM head (no logits), is told to load the head, not shown the metric's AttributeError."""
+    from transformers import GPT2Model
+
+    clean_tokens, corrupted_tokens = tokens
+    base = GPT2Model.from_pretrained(MODEL, dtype=torch.float32).eval()  # probe.load's default
+    with pytest.raises(probe.ProbeError, match=r"reads \.log_softmax of the model's output, a "
+                       r"BaseModelOutput\w*, which has no logits: load the model with its LM "
+                       r"head \(probe\.load\(name, lm_head=True\)") as e:  # fmt: skip
+        probe.patch(base, clean_tokens, corrupted_tokens, per_pair_metric(clean_tokens))
+    assert "\n" not in str(e.value) and e.value.__suppress_context__
+
+
 @pytest.mark.parametrize(
     ("bad", "said"),
     [

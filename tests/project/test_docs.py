@@ -282,3 +282,29 @@ def test_the_screenshot_script_draws_a_card_and_refuses_a_head_the_pages_misname
     assert pixels.std() > 0.05 and (pixels.mean(-1) < 0.9).mean() > 0.02  # text and figures
     with pytest.raises(SystemExit, match="best relation is"):
         screenshots.card(report, "0-2", tmp_path, tmp_path / "profile")  # previous-token
+
+
+def test_the_default_memory_budget_is_written_once_in_the_code():
+    """``max_bytes``'s default (a share of the free memory, ``MAX_BYTES`` where that cannot be
+    read: ``probe.options.MAX_BYTES``, also ``--circuit-max-bytes``'s default) is written once in
+    the code; every page and tutorial that gives the default takes it
+    from there, between markers, and none writes a size as the default by hand."""
+    from analyses.circuit import BUDGET
+    from probe.interventions.gradients import FREE_SHARE, MAX_BYTES
+
+    assert BUDGET.default == MAX_BYTES
+    assert generate.facts()["circuits.max_bytes"] == f"{MAX_BYTES / 2**30:g} GiB"
+    assert generate.facts()["circuits.free_share"] == f"{FREE_SHARE:.0%}"
+    tutorial = ROOT / "docs" / "tutorials" / "circuits.py"
+    assert tutorial in generate.marked_pages()
+    for path in (tutorial, ROOT / "docs" / "guide" / "python.md"):
+        text = path.read_text(encoding="utf-8")
+        assert generate.fill(text, path.name) == text, f"{path.name}: stale; generate.py --write"
+        assert "generated: circuits.free_share" in text and "generated: circuits.max_bytes" in text
+    by_default = re.compile(r"\d+(?:\.\d+)? ?[KMGT]i?B\)? by default"
+                            r"|by default,? \(?\d+ ?[KMGT]i?B"
+                            r"|by default,? half", re.IGNORECASE)  # fmt: skip
+    for path in generate.marked_pages():
+        by_hand = generate.REGION.sub("", path.read_text(encoding="utf-8"))
+        found = by_default.findall(by_hand)
+        assert not found, f"{path.relative_to(ROOT)} writes {found}: mark the fact instead"
