@@ -26,7 +26,7 @@ from analyses.vocabulary import Thresholds
 from probe.app.analyze import analyze as analyze_run
 from probe.app.console import bars, fail, link, make_console, run_progress, summary
 from probe.app.plan import Settings, plan
-from probe.app.signals import TerminatedError, catch_hangups, exit_status, hand_over, signal_name
+from probe.app.signals import TerminatedError, catch_hangups, commanded, exit_status, signal_name
 from probe.distributed import Ranks
 from probe.errors import ProbeError
 from probe.inputs.hub import bound_waits
@@ -96,15 +96,16 @@ def answered(
 
 def _answers_signals(command: Callable) -> Callable:
     """``command``, with a signal that arrives outside its own answer to one (while it imports
-    what it needs, or prints its summary) answered in one line too."""
+    what it needs, or prints its summary) answered in one line too; the handlers it set are put
+    back when it returns (``commanded``: nothing is left bound in a process that goes on)."""
 
     @functools.wraps(command)
     def answered_outside(*args, **kwargs):
-        try:
-            hand_over()  # from the start's answers (probe.app.start) to these
-            return command(*args, **kwargs)
-        except (KeyboardInterrupt, TerminatedError) as e:
-            fail(_who() + f"stopped by {signal_name(e)}", exit_status(e))
+        with commanded():  # from the start's answers (probe.app.start), or the caller's, to these
+            try:
+                return command(*args, **kwargs)
+            except (KeyboardInterrupt, TerminatedError) as e:
+                fail(_who() + f"stopped by {signal_name(e)}", exit_status(e))
 
     return answered_outside
 
@@ -432,13 +433,48 @@ def figures_command(
 
 
 def main() -> None:
-    """The ``probe`` command."""
+    """The ``probe`` command. Its output refused (a full disk, a closed pipe: ``probe --help >
+    /dev/full``) ends it in one line on stderr, with status 1, whatever it had done by then."""
     try:
         app()
+    except OSError as e:
+        if not _writing_stdout(e):
+            raise
+        _refused(e)
     finally:
         # The interpreter's last collections would walk every object torch and transformers made
         # (about a second); the process is ending, so nothing is left for them to free.
         gc.freeze()
+
+
+def _writing_stdout(e: OSError) -> bool:
+    """Whether ``e`` came from writing to stdout (click's ``echo``, rich's console), not from
+    the command's own work: a frame where it was raised holds stdout, or its ``write``."""
+    out = {id(sys.stdout), id(getattr(sys.stdout, "buffer", None)), id(sys.__stdout__)}
+    frames = []
+    tb = e.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for frame in frames[-3:]:  # the write, and the two calls around it
+        for value in frame.f_locals.values():
+            if id(value) in out or id(getattr(value, "__self__", None)) in out:
+                return True
+    return False
+
+
+def _refused(e: OSError) -> None:
+    """One line for an output that cannot be written, the unwritten rest dropped so that the
+    interpreter's own last flush cannot print a traceback of its own."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())  # what stdout holds goes nowhere, without an error
+        os.close(null)
+        sys.stdout.flush()
+    reason = e.strerror or str(e)
+    with contextlib.suppress(OSError):
+        os.write(2, f"error: could not write to standard output: {reason}\n".encode())
+    raise SystemExit(1)
 
 
 def command() -> None:

@@ -5,7 +5,6 @@ ends a command (``fail``), the progress bars of ``probe analyze`` (``run_progres
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import NoReturn
@@ -24,6 +23,8 @@ from rich.progress import (
 from rich.style import Style
 from rich.text import Text
 
+from probe.app.signals import stopping
+
 
 def make_console(*, stderr: bool = True, quiet: bool = False) -> Console:
     """A console that wraps to the terminal's width, at spaces, and where its output is not a
@@ -39,8 +40,7 @@ err = make_console()  # an error is one line even on a terminal (fail): whole wh
 
 def fail(message: str, status: int = 1) -> NoReturn:
     """End the command with ``message``, one line on stderr, and exit status ``status``."""
-    for stop in (signal.SIGTERM, signal.SIGHUP):  # the error is printed whole, then we exit
-        signal.signal(stop, signal.SIG_IGN)
+    stopping()  # a further signal is ignored: the error is printed whole, then we exit
     err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(status)
 

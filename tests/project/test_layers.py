@@ -30,8 +30,8 @@ LAYERS = (
     ("analyses", ("analyses",)),
     # ``probe.plot``, the notebook figures, draws what the analyses declare from report folders:
     # a module of the app's, at the package's top level so that ``from probe import plot`` finds
-    # it without the front door naming it.
-    ("app", ("probe.app", "probe.plot")),
+    # it without the front door naming it. ``probe.__main__`` is the command (``python -m probe``).
+    ("app", ("probe.app", "probe.plot", "probe.__main__")),
 )  # fmt: skip
 # Imports against the order that are allowed: none.
 ALLOWED: set[tuple[str, str]] = set()
