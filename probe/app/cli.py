@@ -24,7 +24,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from analyses import REGISTRY, ContractError, defaults
 from analyses.vocabulary import Thresholds
 from probe.app.analyze import analyze as analyze_run
-from probe.app.console import bars, fail, link, make_console, run_progress, summary
+from probe.app.console import (
+    bars,
+    fail,
+    link,
+    make_console,
+    refused,
+    run_progress,
+    summary,
+    writing_stdout,
+)
 from probe.app.plan import Settings, plan
 from probe.app.signals import TerminatedError, catch_hangups, commanded, exit_status, signal_name
 from probe.distributed import Ranks
@@ -438,43 +447,13 @@ def main() -> None:
     try:
         app()
     except OSError as e:
-        if not _writing_stdout(e):
+        if not writing_stdout(e):
             raise
-        _refused(e)
+        refused(e)
     finally:
         # The interpreter's last collections would walk every object torch and transformers made
         # (about a second); the process is ending, so nothing is left for them to free.
         gc.freeze()
-
-
-def _writing_stdout(e: OSError) -> bool:
-    """Whether ``e`` came from writing to stdout (click's ``echo``, rich's console), not from
-    the command's own work: a frame where it was raised holds stdout, or its ``write``."""
-    out = {id(sys.stdout), id(getattr(sys.stdout, "buffer", None)), id(sys.__stdout__)}
-    frames = []
-    tb = e.__traceback__
-    while tb is not None:
-        frames.append(tb.tb_frame)
-        tb = tb.tb_next
-    for frame in frames[-3:]:  # the write, and the two calls around it
-        for value in frame.f_locals.values():
-            if id(value) in out or id(getattr(value, "__self__", None)) in out:
-                return True
-    return False
-
-
-def _refused(e: OSError) -> None:
-    """One line for an output that cannot be written, the unwritten rest dropped so that the
-    interpreter's own last flush cannot print a traceback of its own."""
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, sys.stdout.fileno())  # what stdout holds goes nowhere, without an error
-        os.close(null)
-        sys.stdout.flush()
-    reason = e.strerror or str(e)
-    with contextlib.suppress(OSError):
-        os.write(2, f"error: could not write to standard output: {reason}\n".encode())
-    raise SystemExit(1)
 
 
 def command() -> None:

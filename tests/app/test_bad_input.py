@@ -246,3 +246,50 @@ def test_only_verifiable_splits_are_offered():
 
     with pytest.raises(probe.ProbeError, match=r"known: ud:en_ewt\[-dev\|-test\]"):
         download_ud("ud:en_ewt-train")
+
+
+INDUCTION = str(Path(__file__).parents[1] / "data" / "induction-gpt2")  # context: 128 tokens
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        # Work that cannot finish in a day, or fit the machine: refused before the weights load.
+        (["-a", "circuit", "--circuit-pairs", "1000000000"],
+         "--circuit-pairs 1,000,000,000 needs at least"),
+        (["-a", "claims", "--claims-sequences", "1000000000"], "--claims-sequences 1,000,000,000"),
+        (["-a", "claims", "--claims-needles", "1000000000"], "--claims-needles 1,000,000,000"),
+        # Lengths beyond the model's context, named by the option that set them.
+        (["-a", "claims", "--claims-repeat-length", "100"],
+         "--claims-repeat-length 100 makes sequences of 201 tokens, longer than the model's 128"),
+        (["-a", "circuit", "--circuit-length", "100"],
+         "--circuit-length 100 makes sequences of 201 tokens, longer than the model's 128"),
+        (["-a", "circuit", "--circuit-max-bytes", str(1 << 20), "--circuit-pairs", "2000"],
+         "--circuit-max-bytes"),
+    ],
+)  # fmt: skip
+def test_sizes_that_cannot_finish_or_fit_are_refused(tmp_path, options, message):
+    out = tmp_path / "r"
+    fails_in_one_line(["analyze", "-m", INDUCTION, "-t", "sample", "--lm-head", "-q", "-o",
+                       str(out), *options], message)  # fmt: skip
+    assert not out.exists()
+
+
+def test_a_size_that_finishes_is_not_refused():
+    """The bound is a bound: the default sizes, and a large but feasible count, pass."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from analyses.circuit import Circuit
+    from analyses.claims import Claims
+
+    config, tokenizer = (
+        AutoConfig.from_pretrained(INDUCTION),
+        AutoTokenizer.from_pretrained(INDUCTION),
+    )
+    Circuit.check_tokenizer(tokenizer, config, {"circuit_pairs": 10_000})
+    Claims.check_tokenizer(tokenizer, config, {"claims_sequences": 10_000})
+
+
+def test_a_circuit_on_a_model_without_a_head_says_so_before_asking_for_lm_head(tmp_path, minilm):
+    fails_in_one_line(["analyze", "-m", "minilm", "-a", "circuit", "-t", "sample", "-o",
+                       str(tmp_path / "r")], "minilm has no language-model head")  # fmt: skip

@@ -149,7 +149,8 @@ def test_every_package_says_what_it_holds_and_may_import():
 
 
 def test_the_top_level_holds_at_most_twelve_modules():
-    modules = sorted(p.name for p in (ROOT / "probe").glob("*.py"))
+    # ``__main__.py`` is ``python -m probe``'s entry (the command's, in the app), not a module.
+    modules = sorted(p.name for p in (ROOT / "probe").glob("*.py") if p.name != "__main__.py")
     assert len(modules) <= 12, modules
 
 
