@@ -131,7 +131,7 @@ def attribute(
         raise ProbeError(f"cannot attribute to {hook!r} per head; choose from {', '.join(LAYOUT)}")
     if method == "ig" and steps < 1:
         raise ProbeError(f"steps must be at least 1, not {steps}")
-    clean, corrupted, pairs = as_pairs(clean, corrupted)
+    clean, corrupted, pairs = as_pairs(clean, corrupted, model)
     max_bytes = memory_budget(model, max_bytes)
     with hook_points(model) as points:
         names = [name for name in points if point_of(name) == hook]

@@ -82,7 +82,7 @@ def circuit(
             flags[i, torch.from_numpy(order[:k])] = True
         return flags
 
-    clean, corrupted, pairs = as_pairs(clean, corrupted)
+    clean, corrupted, pairs = as_pairs(clean, corrupted, model)
     readings = []
 
     def measure(counts: list[int]) -> dict[int, float]:

@@ -106,7 +106,7 @@ def edges(
         raise ProbeError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
     if steps < 1:
         raise ProbeError(f"steps must be at least 1, not {steps}")
-    clean, corrupted, pairs = as_pairs(clean, corrupted)
+    clean, corrupted, pairs = as_pairs(clean, corrupted, model)
     max_bytes = memory_budget(model, max_bytes)
     # Attached once: graph and every run below share it; one key and value head per query head.
     with hook_points(model), ungrouped():

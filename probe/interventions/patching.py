@@ -117,7 +117,7 @@ def patch(
         raise ProbeError(f"cannot patch {hook!r} per head; choose from {', '.join(LAYOUT)}")
     if max_rows < 1:
         raise ProbeError(f"max_rows must be at least 1, not {max_rows}")
-    clean, corrupted, pairs = as_pairs(clean, corrupted)
+    clean, corrupted, pairs = as_pairs(clean, corrupted, model)
     max_bytes = memory_budget(model, max_bytes)
     # One mirror for the whole call: the nested trace and hooks blocks below share it.
     with hook_points(model) as points:
