@@ -293,3 +293,37 @@ def test_a_size_that_finishes_is_not_refused():
 def test_a_circuit_on_a_model_without_a_head_says_so_before_asking_for_lm_head(tmp_path, minilm):
     fails_in_one_line(["analyze", "-m", "minilm", "-a", "circuit", "-t", "sample", "-o",
                        str(tmp_path / "r")], "minilm has no language-model head")  # fmt: skip
+
+
+def _llama_checkpoint(folder: Path, kv_heads: int) -> Path:
+    """A tiny Llama of 4 query heads and ``kv_heads`` key/value heads, with the GQA induction
+    model's tokenizer."""
+    import transformers as tf
+
+    config = tf.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=kv_heads, head_dim=16,
+                            vocab_size=64, max_position_embeddings=128)  # fmt: skip
+    torch.manual_seed(0)
+    tf.LlamaForCausalLM(config).save_pretrained(folder)
+    source = Path(__file__).parents[1] / "data" / "induction-llama-gqa"
+    for file in source.glob("*token*"):
+        shutil.copy(file, folder)
+    return folder
+
+
+def test_query_heads_that_do_not_divide_among_key_value_heads_are_one_line(tmp_path):
+    """Four query heads over three key/value heads: refused at load, not deep in capture."""
+    model = _llama_checkpoint(tmp_path / "m", kv_heads=3)
+    fails_in_one_line(["analyze", "-m", str(model), "-t", "sample", "-a", "taxonomy", "-q", "-o",
+                       str(tmp_path / "r")],
+                      "its 4 query heads do not divide among its 3 key/value heads")  # fmt: skip
+    assert not (tmp_path / "r").exists()
+
+
+def test_weights_unlike_the_config_are_one_line(tmp_path):
+    model = _llama_checkpoint(tmp_path / "m", kv_heads=2)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(config | {"num_key_value_heads": 4}))
+    fails_in_one_line(["analyze", "-m", str(model), "-t", "sample", "-a", "taxonomy", "-q", "-o",
+                       str(tmp_path / "r")],
+                      "weights' shapes do not match its config.json")  # fmt: skip
