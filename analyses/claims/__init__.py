@@ -450,4 +450,6 @@ def verdict(row) -> str:
     """``confirmed by ablation``, ``pattern only`` (tested, not confirmed), or why untested."""
     if bool(row.tested):
         return "confirmed by ablation" if bool(row.confirmed) else "pattern only"
+    if getattr(row, "baseline_from", "") == "none":  # every head claimed: none to compare with
+        return "pattern only (untested: no unclaimed head to compare it with)"
     return "pattern only (too few inputs to test)"
