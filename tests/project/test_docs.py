@@ -7,6 +7,7 @@ placeholder; the site loads nothing from the web; the front page stays short."""
 import importlib.util
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -282,3 +283,15 @@ def test_the_screenshot_script_draws_a_card_and_refuses_a_head_the_pages_misname
     assert pixels.std() > 0.05 and (pixels.mean(-1) < 0.9).mean() > 0.02  # text and figures
     with pytest.raises(SystemExit, match="best relation is"):
         screenshots.card(report, "0-2", tmp_path, tmp_path / "profile")  # previous-token
+
+
+def test_the_screenshot_script_without_chromium_says_so_before_the_analysis(monkeypatch):
+    """No Chromium: one line at once, no half-minute of analysis first."""
+    screenshots = _screenshots()
+    monkeypatch.setattr(screenshots.shutil, "which", lambda name: None)
+    monkeypatch.setattr(sys, "argv", ["screenshots.py"])
+    ran = []
+    monkeypatch.setattr(screenshots, "analyze", lambda folder: ran.append(folder))
+    with pytest.raises(SystemExit, match="headless Chromium is needed"):
+        screenshots.main()
+    assert ran == []
