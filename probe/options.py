@@ -175,17 +175,20 @@ def _field(config: Any, *names: str) -> int:
     return 0
 
 
-def peak_rate() -> float:
-    """Operations a second no machine of this kind exceeds: its accelerators' where it has
-    them, else its cores'."""
-    try:
-        import torch
+def peak_rate(device: Any = None) -> float:
+    """Operations a second no machine of this kind exceeds: on ``device`` (a ``torch.device``
+    or its name) where given; else its accelerators' where it has them, else its cores'."""
+    kind = getattr(device, "type", str(device).split(":")[0]) if device is not None else None
+    gpus = 0
+    if kind in (None, "cuda"):
+        try:
+            import torch
 
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except (ImportError, RuntimeError):
-        gpus = 0
-    if gpus:
-        return gpus * PEAK_GPU
+            gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        except (ImportError, RuntimeError):
+            gpus = 0
+    if kind == "cuda" or (kind is None and gpus):
+        return max(1, gpus) * PEAK_GPU
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return (cores or 1) * PEAK_CPU_CORE
 

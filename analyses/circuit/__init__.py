@@ -190,7 +190,7 @@ class Circuit(Analysis):
 
         model, L, H = self.context.model, self.context.n_layers, self.context.n_heads
         clean, corrupted, metric, kind = self._task()
-        budget = {"max_bytes": self.max_bytes}
+        budget = {"max_bytes": self.max_bytes, "progress": False}  # the command draws its own
         attribution = probe.attribute(model, clean, corrupted, metric, ATTRIBUTION, **budget)
         attribution["attribution_rank"] = (
             (-attribution.attribution.abs()).rank(method="first").astype(int)

@@ -15,6 +15,7 @@ from probe.interventions.edge_scores import edges
 from probe.interventions.gradients import memory_budget
 from probe.interventions.guard import keeps_model
 from probe.interventions.pairs import Batch, Metric, as_pairs, same_form
+from probe.interventions.progress import advance, finish, long_work, shown
 
 
 @keeps_model
@@ -30,6 +31,7 @@ def circuit(
     steps: int = 5,
     points: int = 16,
     max_bytes: int | None = None,
+    progress: bool | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The fewest top-scoring edges whose circuit reaches ``faithfulness``, and the curve.
 
@@ -51,6 +53,9 @@ def circuit(
     scores : pandas.DataFrame, optional
         ``edges``'s table, where it was computed already; else ``edges`` runs with ``method``
         and ``steps``.
+    progress : bool, optional
+        tqdm progress bars on stderr (the edges', then the curve's): by default where stderr is a
+        terminal (``probe.interventions.progress``); ``False`` never, ``True`` always.
 
     Returns
     -------
@@ -72,7 +77,9 @@ def circuit(
         raise ProbeError(f"points must be at least 2 (no edge and every edge), not {points}")
     max_bytes = memory_budget(model, max_bytes)  # once: every call below holds the same
     if scores is None:
-        scores = edges(model, clean, corrupted, metric, method, steps, max_bytes=max_bytes)
+        scores = edges(
+            model, clean, corrupted, metric, method, steps, max_bytes=max_bytes, progress=progress
+        )
     total = len(scores)
     order = scores.score.abs().to_numpy().argsort(kind="stable")[::-1].copy()
 
@@ -83,31 +90,37 @@ def circuit(
         return flags
 
     clean, corrupted, pairs = as_pairs(clean, corrupted, model)
+    measured = _measured(model, clean, pairs, points, total)
     readings = []
 
     def measure(counts: list[int]) -> dict[int, float]:
         flags = kept_for(counts)
         values = patch_edges(model, clean, corrupted, metric, flags, max_bytes=max_bytes)
         readings.append(values)
+        advance(len(counts))
         return {k: float(v) for k, v in zip(counts, values.mean(-1), strict=True)}
 
-    ends = measure([total, 0])
-    spread = ends[total] - ends[0]
-    if abs(spread) < 1e-12:
-        raise ProbeError("the clean and corrupted inputs score alike: faithfulness is undefined")
-    grid = sorted({round(total * (i / (points - 1)) ** 2) for i in range(points)} - {0, total})
-    found = ends | measure(grid)
+    with shown("circuit", measured, progress, "curve point") as bar:
+        ends = measure([total, 0])
+        spread = ends[total] - ends[0]
+        if abs(spread) < 1e-12:
+            raise ProbeError(
+                "the clean and corrupted inputs score alike: faithfulness is undefined"
+            )
+        grid = sorted({round(total * (i / (points - 1)) ** 2) for i in range(points)} - {0, total})
+        found = ends | measure(grid)
 
-    def faith(k: int) -> float:
-        return (found[k] - ends[0]) / spread
+        def faith(k: int) -> float:
+            return (found[k] - ends[0]) / spread
 
-    counts = sorted(found)
-    above = next(k for k in counts if faith(k) >= faithfulness or k == total)
-    below = max((k for k in counts if k < above), default=0)
-    while above - below > 1:
-        middle = (above + below) // 2
-        found |= measure([middle])
-        above, below = (middle, below) if faith(middle) >= faithfulness else (above, middle)
+        counts = sorted(found)
+        above = next(k for k in counts if faith(k) >= faithfulness or k == total)
+        below = max((k for k in counts if k < above), default=0)
+        while above - below > 1:
+            middle = (above + below) // 2
+            found |= measure([middle])
+            above, below = (middle, below) if faith(middle) >= faithfulness else (above, middle)
+        finish(bar)  # the bisection ended, often before its bound: full
     curve = pd.DataFrame(
         {
             "edges": sorted(found),
@@ -118,3 +131,12 @@ def circuit(
     curve.attrs = {"target": faithfulness, "chosen": above, "metric": same_form(readings, pairs),
                    "max_bytes": max_bytes}  # fmt: skip
     return scores.iloc[order[:above]], curve
+
+
+def _measured(model: nn.Module, clean: dict, pairs: int, points: int, total: int) -> int:
+    """The curve's runs at most (the grid, then the bisection), warned of where every pair's
+    cannot finish in a day."""
+    measured = points + max(1, total).bit_length()
+    tokens = clean["input_ids"].shape[-1] if "input_ids" in clean else 1
+    long_work("probe.circuit()", f"{pairs:,} pairs", model, pairs * tokens * measured)
+    return measured

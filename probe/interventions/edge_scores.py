@@ -40,6 +40,7 @@ from probe.interventions.pairs import (
     rows_of,
     same_form,
 )
+from probe.interventions.progress import advance, long_work, shown
 
 METHODS = ("eap", "eap-ig")
 
@@ -54,6 +55,7 @@ def edges(
     steps: int = 5,
     *,
     max_bytes: int | None = None,
+    progress: bool | None = None,
 ) -> pd.DataFrame:
     """Score every edge from a sender's output into a receiver's input.
 
@@ -82,6 +84,9 @@ def edges(
         gradients are formed for a chunk of pairs and positions at a time within what is left. Pairs
         that do not fit at once run a chunk at a time, at least two (``probe.interventions.pairs``:
         the metric then takes ``pairs``). The scores do not depend on it (to float32 rounding).
+    progress : bool, optional
+        A tqdm progress bar on stderr: by default where stderr is a terminal
+        (``probe.interventions.progress``); ``False`` never, ``True`` always.
 
     Returns
     -------
@@ -108,6 +113,9 @@ def edges(
         raise ProbeError(f"steps must be at least 1, not {steps}")
     clean, corrupted, pairs = as_pairs(clean, corrupted, model)
     max_bytes = memory_budget(model, max_bytes)
+    tokens = clean["input_ids"].shape[-1] if "input_ids" in clean else 1
+    runs = 2 + 3 * (steps if method == "eap-ig" else 1)  # a backward counts as two forwards
+    long_work("probe.edges()", f"{pairs:,} pairs and steps={steps:,}", model, pairs * tokens * runs)
     # Attached once: graph and every run below share it; one key and value head per query head.
     with hook_points(model), ungrouped():
         g = graph(model)
@@ -117,17 +125,18 @@ def edges(
         parts = chunks(pairs, kept + run_bytes(model, clean, pairs, backward=True), max_bytes,
                        metric, "runs", fixed=budget.smallest)  # fmt: skip
         moments, readings, count = Moments(), {"clean": [], "corrupted": []}, 0
-        for rows in parts:
-            left = max_bytes - (rows.stop - rows.start) * kept  # for the scores
-            runs, n = _chunk_scores(model, rows_of(clean, rows, pairs),
-                                    rows_of(corrupted, rows, pairs), metric, rows, alphas, g,
-                                    budget, moments, left)  # fmt: skip
-            check_chunk(runs.clean, rows, pairs, len(parts))
-            readings["clean"].append(runs.clean)
-            readings["corrupted"].append(runs.corrupted)
-            count += n
-            if len(parts) > 1:
-                release()
+        with shown(f"edges ({method})", pairs * len(alphas), progress, "pair-step"):
+            for rows in parts:
+                left = max_bytes - (rows.stop - rows.start) * kept  # for the scores
+                runs, n = _chunk_scores(model, rows_of(clean, rows, pairs),
+                                        rows_of(corrupted, rows, pairs), metric, rows, alphas, g,
+                                        budget, moments, left)  # fmt: skip
+                check_chunk(runs.clean, rows, pairs, len(parts))
+                readings["clean"].append(runs.clean)
+                readings["corrupted"].append(runs.corrupted)
+                count += n
+                if len(parts) > 1:
+                    release()
     metric_form = same_form([torch.cat(v) for v in readings.values()], pairs)
     s_index = torch.tensor([s for s, _ in g.edges])
     r_index = torch.tensor([r for _, r in g.edges])
@@ -225,6 +234,7 @@ def _receivers(model, corrupted, metric, pairs, start, alphas, g, points, runs, 
             term = grads.pop(point)[0].double() / len(alphas)
             mean_grads[point] = mean_grads[point] + term if point in mean_grads else term
         add_head_input_grads(model, heads, grads, kept, len(alphas))
+        advance(pairs)
         if alpha == 0:
             runs.corrupted = values[0]
             runs.corrupted_senders = {p: kept[p][0] for p in points}

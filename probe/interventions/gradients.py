@@ -174,6 +174,22 @@ def _objective(values: list[torch.Tensor], pairs: int) -> torch.Tensor:
     return total * pairs if same_form(values, pairs) == SCALAR else total
 
 
+def check_grad_mode() -> None:
+    """Refuse to take gradients inside ``torch.inference_mode()``: ``enable_grad`` cannot undo
+    it, and the metric would be blamed for a value without one.
+
+    Raises
+    ------
+    ProbeError
+        Saying to call outside the block.
+    """
+    if torch.is_inference_mode_enabled():
+        raise ProbeError(
+            "this call takes gradients, which torch.inference_mode() turns off: call it outside "
+            "the inference_mode block (torch.no_grad() is fine)"
+        )
+
+
 def metric_gradients(
     model: nn.Module,
     corrupted: Mapping[str, Any],
@@ -210,11 +226,7 @@ def metric_gradients(
     kept : dict
         Hook name -> activation (detached), ``[copies, pairs, ...]``, for the names in ``keep``.
     """
-    if torch.is_inference_mode_enabled():  # enable_grad cannot undo it: no gradient exists
-        raise ProbeError(
-            "this call takes gradients, which torch.inference_mode() turns off: call it outside "
-            "the inference_mode block (torch.no_grad() is fine)"
-        )
+    check_grad_mode()
     copies = len(alphas)
     alpha = torch.tensor(list(alphas), dtype=torch.float32)
     clean_start = start
