@@ -146,7 +146,10 @@ class Claims(Analysis):
         from probe.options import check_memory, check_time, forward_flops
 
         settings = {o.name: o.default for o in cls.options} | options
-        first, last = specials(tokenizer)
+        try:
+            first, last = specials(tokenizer)
+        except ProbeError:  # no token to begin with: the repeats' own check says so, if run
+            first, last = [], []
         length, limit = int(settings["claims_repeat_length"]), max_tokens(config, tokenizer)
         tokens = len(first) + 2 * length + len(last)
         if tokens > limit:
@@ -450,6 +453,6 @@ def verdict(row) -> str:
     """``confirmed by ablation``, ``pattern only`` (tested, not confirmed), or why untested."""
     if bool(row.tested):
         return "confirmed by ablation" if bool(row.confirmed) else "pattern only"
-    if getattr(row, "baseline_from", "") == "none":  # every head claimed: none to compare with
+    if row.baseline_from == "none" and row.clusters > 0:  # inputs, but every head claimed
         return "pattern only (untested: no unclaimed head to compare it with)"
     return "pattern only (too few inputs to test)"

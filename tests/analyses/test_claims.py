@@ -689,8 +689,11 @@ def test_a_claim_with_no_head_to_compare_with_says_so():
     untested for want of a baseline, not of inputs."""
     from analyses.claims import verdict
 
-    rows = pd.DataFrame({"tested": [False, False, True], "confirmed": [False, False, True],
-                         "baseline_from": ["none", "unclaimed", "unclaimed"]})  # fmt: skip
+    rows = pd.DataFrame({"tested": [False, False, False, True],
+                         "confirmed": [False, False, False, True],
+                         "baseline_from": ["none", "none", "unclaimed", "unclaimed"],
+                         "clusters": [12, 0, 2, 12]})  # fmt: skip
     said = [verdict(row) for row in rows.itertuples(index=False)]
     assert said == ["pattern only (untested: no unclaimed head to compare it with)",
+                    "pattern only (too few inputs to test)",
                     "pattern only (too few inputs to test)", "confirmed by ablation"]  # fmt: skip
