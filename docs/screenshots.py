@@ -57,12 +57,19 @@ addEventListener("load", () => {
 </script>"""
 
 
-def chromium(url: str, profile: Path, size: tuple[int, int], *args: str) -> str:
-    """Headless Chromium on ``url`` with a window of ``size``, its network chatter off; returns
-    what it printed (the DOM, for ``--dump-dom``)."""
+def chromium_binary() -> str:
+    """The Chromium to run, or the script ends in one line: checked before anything else, so
+    that a machine without it learns so at once, not after the analysis."""
     binary = next(filter(None, map(shutil.which, ("chromium", "chromium-browser"))), None)
     if binary is None:
         sys.exit("headless Chromium is needed: apt-get install chromium")
+    return binary
+
+
+def chromium(url: str, profile: Path, size: tuple[int, int], *args: str) -> str:
+    """Headless Chromium on ``url`` with a window of ``size``, its network chatter off; returns
+    what it printed (the DOM, for ``--dump-dom``)."""
+    binary = chromium_binary()
     flags = [
         "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -128,6 +135,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "docs", help="where the pictures go")
     parser.add_argument("--card", default="4-7", help="the head whose card card.png shows, L-H")
     args = parser.parse_args()
+    chromium_binary()  # before the analysis's half-minute
     with tempfile.TemporaryDirectory(prefix="probe-screenshots-") as tmp:
         folder = Path(tmp)
         profile = folder / "profile"

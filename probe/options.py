@@ -1,7 +1,9 @@
 """Options declared once, where they are used: by an analysis (``Analysis.options``) or an input
 unit (``Unit.options``). From the one declaration come the command line's option, its
 validation and its line in ``run.json``. Also the sizes in bytes that options take, as people
-write them (``512MiB``, ``4GiB``, ``2GB``): ``parse_size``.
+write them (``512MiB``, ``4GiB``, ``2GB``): ``parse_size``. And sizes whose work cannot finish
+in a day, or whose inputs cannot fit the machine, refused before they start: ``check_time``,
+``check_memory``.
 
 Imports nothing heavy: the command line builds ``probe analyze`` from these before torch.
 """
@@ -9,6 +11,7 @@ Imports nothing heavy: the command line builds ``probe analyze`` from these befo
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -139,3 +142,118 @@ def parse_size(text: str, flag: str = "--attention-budget") -> int:
     if not found or unit not in _UNITS or float(found.group(1)) * _UNITS[unit] < 1:
         raise ProbeError(f"{flag} takes a size such as 512MiB, 4GiB or 2GB, not {text!r}")
     return int(float(found.group(1)) * _UNITS[unit])
+
+
+# -- work that cannot finish ----------------------------------------------------------------
+# A size refused before it starts: a lower bound on a run's time from its arithmetic alone, and on
+# its memory from the inputs it holds at once. The time is a bound, not a forecast: the
+# floating-point operations a size asks for (two per weight per token per forward pass,
+# ``forward_flops``; a backward pass counts as two forwards), divided by a rate no machine of the
+# kind reaches (``PEAK_CPU_CORE`` per core, ``PEAK_GPU`` per accelerator). A size refused as
+# taking more than ``LIMIT_S`` so takes longer on any such machine; one allowed may still take
+# hours (a small model's runs are not at their peak).
+
+LIMIT_S = 86_400.0  # a day
+# Rates above any machine's of the kind, so that the bound holds: a core's fp32 fused
+# multiply-adds at 4 GHz on two AVX-512 units is 2.6e11 operations a second; an H200's dense
+# bf16 tensor cores about 1e15.
+PEAK_CPU_CORE = 3e11
+PEAK_GPU = 2e15
+
+
+def forward_flops(config: Any) -> float:
+    """A lower bound on the operations of one token's forward pass: two per weight of the
+    attention's query and output projections and of the MLP (the key and value projections,
+    fewer under grouped queries, and the attention's own products left out)."""
+    d = _field(config, "hidden_size", "n_embd", "d_model", "dim")
+    layers = _field(config, "num_hidden_layers", "n_layer", "num_layers", "n_layers")
+    mlp = _field(config, "intermediate_size", "n_inner", "ffn_dim", "d_ff", "hidden_dim") or 4 * d
+    return 2.0 * layers * (2 * d * d + 2 * d * mlp)
+
+
+def _field(config: Any, *names: str) -> int:
+    for name in names:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 0
+
+
+def peak_rate(device: Any = None) -> float:
+    """Operations a second no machine of this kind exceeds: on ``device`` (a ``torch.device``
+    or its name) where given; else its accelerators' where it has them, else its cores'."""
+    kind = getattr(device, "type", str(device).split(":")[0]) if device is not None else None
+    gpus = 0
+    if kind in (None, "cuda"):
+        try:
+            import torch
+
+            gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        except (ImportError, RuntimeError):
+            gpus = 0
+    if kind == "cuda" or (kind is None and gpus):
+        return max(1, gpus) * PEAK_GPU
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return (cores or 1) * PEAK_CPU_CORE
+
+
+def check_time(flag: str, value: int, flops: float, unit: float) -> None:
+    """Refuse ``flag value`` where its ``flops`` take more than ``LIMIT_S`` at the machine's
+    peak, naming the estimate and the most that fits (``unit``: the operations of one more).
+
+    Raises
+    ------
+    ProbeError
+        ``--circuit-pairs 1,000,000,000 needs at least 4.5e+17 floating-point operations: over
+        13 days on this machine at its peak (6e+11 a second); use at most 76,000``.
+    """
+    rate = peak_rate()
+    seconds = flops / rate
+    if seconds <= LIMIT_S:
+        return
+    most = max(1, int(LIMIT_S * rate // max(unit, 1.0)))
+    raise ProbeError(
+        f"{flag} {value:,} needs at least {flops:.1e} floating-point operations: over "
+        f"{_duration(seconds)} on this machine at its peak ({rate:.0e} a second); use at most "
+        f"{_round_down(most):,}"
+    )
+
+
+def check_memory(flag: str, value: int, needed: float) -> None:
+    """Refuse ``flag value`` where the inputs it holds at once (``needed`` bytes, a lower bound)
+    exceed the machine's memory.
+
+    Raises
+    ------
+    ProbeError
+        Naming the flag, the bytes and the machine's.
+    """
+    total = physical_memory()
+    if total is None or needed <= total:
+        return
+    most = max(1, int(value * total // needed))
+    raise ProbeError(
+        f"{flag} {value:,} holds at least {needed / 2**30:,.0f} GiB of inputs at once, more than "
+        f"this machine's {total / 2**30:,.0f} GiB; use at most {_round_down(most):,}"
+    )
+
+
+def physical_memory() -> int | None:
+    """The machine's memory in bytes, where the system says."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _duration(seconds: float) -> str:
+    days = seconds / 86_400
+    return f"{days:,.0f} days" if days < 3650 else f"{days / 365:,.0e} years"
+
+
+def _round_down(n: int) -> int:
+    """``n`` to two significant digits, down: a limit to type, not to the unit."""
+    if n < 100:
+        return n
+    scale = 10 ** (int(math.log10(n)) - 1)
+    return n // scale * scale

@@ -40,6 +40,7 @@ page's graph and curves) and ``plots`` (their figures for papers).
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -57,13 +58,14 @@ from analyses.circuit.task import (
     file_task,
     read_task,
     repeats_task,
+    repeats_unit,
     task_name,
 )
 from analyses.figures import Plot
 from analyses.vocabulary import Thresholds
 from probe.errors import ProbeError
 from probe.lazy import lazy
-from probe.options import MAX_BYTES, Option
+from probe.options import MAX_BYTES, Option, check_time, forward_flops
 
 if TYPE_CHECKING:
     from probe.interventions.pairs import Metric
@@ -164,18 +166,25 @@ class Circuit(Analysis):
         from probe.inputs.corpus import max_tokens
 
         settings = {o.name: o.default for o in cls.options} | options
+        pairs, limit = int(settings["circuit_pairs"]), max_tokens(config, tokenizer)
         if settings["task"] != REPEATS:
-            clean, *_ = file_task(
-                Path(settings["task"]),
-                tokenizer,
-                int(settings["circuit_pairs"]),
-                max_tokens(config, tokenizer),
-            )
+            clean = file_task(Path(settings["task"]), tokenizer, pairs, limit)[0]
+            tokens = clean["input_ids"].shape[1]
             given = len(clean["input_ids"])
             if settings["circuit_ablation"] == "resample" and given < 2:
                 raise ProbeError(f"--circuit-ablation resample takes values from another "
                                  f"pair's run: {settings['task']} gives {given} pair; give at "
                                  "least 2 or another ablation")  # fmt: skip
+        else:
+            tokens = repeats_unit(tokenizer, 0, 1, int(settings["circuit_length"]), limit).length
+        # Per pair, at least: attribution's clean run and corrupted run and backward, patching's
+        # two runs and one a head patched, the edges' two runs and a run and backward a step,
+        # and the circuit's curve's two ends. A backward counts as two forwards.
+        heads = getattr(config, "num_hidden_layers", 0) * getattr(config, "num_attention_heads", 0)
+        patched = min(int(settings["circuit_patched"]), heads or 1)
+        forwards = 4 + 2 + patched + 2 + 3 * STEPS + 2
+        per_pair = forwards * tokens * forward_flops(config)
+        check_time(PAIRS.flag, pairs, pairs * per_pair, per_pair)
 
     @classmethod
     def unsupported(cls, model) -> str | None:
@@ -204,11 +213,17 @@ class Circuit(Analysis):
     # -- the forward and backward passes, once ------------------------------------------
 
     def _tables(self) -> dict[str, pd.DataFrame]:
+        try:
+            return self._runs()
+        except ProbeError as e:  # the library's budget is this option here
+            raise ProbeError(re.sub(r"\bmax_bytes=?", BUDGET.flag + " ", str(e))) from None
+
+    def _runs(self) -> dict[str, pd.DataFrame]:
         import probe
 
         model, L, H = self.context.model, self.context.n_layers, self.context.n_heads
         clean, corrupted, metric, kind = self._task()
-        budget = {"max_bytes": self.max_bytes}
+        budget = {"max_bytes": self.max_bytes, "progress": False}  # the command draws its own
         attribution = probe.attribute(model, clean, corrupted, metric, ATTRIBUTION, **budget)
         attribution["attribution_rank"] = (
             (-attribution.attribution.abs()).rank(method="first").astype(int)

@@ -110,16 +110,26 @@ def task_name(task: str) -> str:
     return f"task {Path(task).name}"
 
 
+def repeats_unit(tokenizer, seed: int, pairs: int, n: int, limit: int):
+    """The repeated sequences the repeats task draws its pairs from
+    (``probe.inputs.units.repeats``), a length beyond the model's refused naming
+    ``--circuit-length``, the option that set it."""
+    from probe.inputs.units import Source
+    from probe.inputs.units.repeats import RepeatedSequences
+
+    try:
+        options = {"repeat_length": n, "repeat_sequences": pairs}
+        return RepeatedSequences(Source(seed=seed), tokenizer, limit, options=options)
+    except ProbeError as e:
+        raise ProbeError(str(e).replace("--repeat-length", "--circuit-length")) from None
+
+
 def repeats_task(tokenizer, seed: int, pairs: int, n: int, limit: int):
     """The repeats task's inputs ``{"input_ids": [pairs, T]}``, clean and corrupted, and its
     metric: clean is the specials before, A, A and the specials after; corrupted has A' (fresh
     tokens) in place of the first A. Drawn as ``probe.inputs.units.repeats`` draws its sequences
     (pair i: the repeat and null of sequence i, keyed to the seed)."""
-    from probe.inputs.units import Source
-    from probe.inputs.units.repeats import RepeatedSequences
-
-    unit = RepeatedSequences(Source(seed=seed), tokenizer, limit,
-                             options={"repeat_length": n, "repeat_sequences": pairs})  # fmt: skip
+    unit = repeats_unit(tokenizer, seed, pairs, n, limit)
     s = len(unit.first)
     clean, corrupted = [], []
     for i in range(pairs):

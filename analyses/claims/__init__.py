@@ -48,7 +48,7 @@ baselines and each claim's statistics).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from analyses import Analysis, Context, Measure, Schema
 from analyses.claims import inputs as claim_inputs
@@ -63,6 +63,7 @@ from analyses.claims.inputs import (
 )
 from analyses.figures import Plot
 from analyses.vocabulary import DESCRIBED_FIRST, Role, Thresholds
+from probe.errors import ProbeError
 from probe.inference import FDR, MIN_CLUSTERS, benjamini_hochberg
 from probe.inputs.treebank import RELATIONS
 from probe.keys import uniform
@@ -135,6 +136,35 @@ class Claims(Analysis):
         Measure("claim_verdicts", "claims", "text"),
     )
     options = (SENTENCES, SEQUENCES, LENGTH, WINDOWS, NEEDLES, HAYSTACK, NEIGHBOURS, ABLATION)
+
+    @classmethod
+    def check_tokenizer(cls, tokenizer, config, options: dict[str, Any]) -> None:
+        """Sizes refused before the weights load: repeated sequences longer than the model
+        reads, and inputs that cannot fit the machine or finish in a day (``check_memory``,
+        ``check_time``; the claims' inputs are held at once: a token's id in a list, then in a
+        tensor of ids and one of tags, at least 24 bytes)."""
+        from probe.inputs.corpus import max_tokens
+        from probe.inputs.units.repeats import specials
+        from probe.options import check_memory, check_time, forward_flops
+
+        settings = {o.name: o.default for o in cls.options} | options
+        try:
+            first, last = specials(tokenizer)
+        except ProbeError:  # no token to begin with: the repeats' own check says so, if run
+            first, last = [], []
+        length, limit = int(settings["claims_repeat_length"]), max_tokens(config, tokenizer)
+        tokens = len(first) + 2 * length + len(last)
+        if tokens > limit:
+            raise ProbeError(
+                f"{LENGTH.flag} {length} makes sequences of {tokens} tokens, longer than the "
+                f"model's {limit}; use at most {(limit - len(first) - len(last)) // 2}"
+            )
+        hay = min(int(settings["claims_haystack"]), limit)
+        for option, each in ((SEQUENCES, tokens), (NEEDLES, hay)):
+            n = int(settings[option.name])
+            check_memory(option.flag, n, 24.0 * n * each)
+            per_input = 2 * each * forward_flops(config)  # at least its run and one ablated
+            check_time(option.flag, n, n * per_input, per_input)
 
     @classmethod
     def unsupported(cls, model) -> str | None:
@@ -435,4 +465,6 @@ def verdict(row) -> str:
     """``confirmed by ablation``, ``pattern only`` (tested, not confirmed), or why untested."""
     if bool(row.tested):
         return "confirmed by ablation" if bool(row.confirmed) else "pattern only"
+    if row.baseline_from == "none" and row.clusters > 0:  # inputs, but every head claimed
+        return "pattern only (untested: no unclaimed head to compare it with)"
     return "pattern only (too few inputs to test)"

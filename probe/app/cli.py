@@ -27,9 +27,24 @@ from analyses import REGISTRY, ContractError, defaults
 from analyses.vocabulary import Thresholds
 from probe.app.analyze import analyze as analyze_run
 from probe.app.command_options import settings_of, warmups, with_declared_options
-from probe.app.console import bars, fail, link, make_console, run_progress, summary
+from probe.app.console import (
+    bars,
+    fail,
+    link,
+    make_console,
+    refused,
+    run_progress,
+    summary,
+    writing_stdout,
+)
 from probe.app.plan import Settings, plan
-from probe.app.signals import TerminatedError, catch_hangups, exit_status, hand_over, signal_name
+from probe.app.signals import (
+    TerminatedError,
+    catch_hangups,
+    commanded,
+    exit_status,
+    signal_name,
+)
 from probe.app.timeline_run import plan_timeline, run_timeline
 from probe.distributed import Ranks
 from probe.errors import ProbeError
@@ -100,15 +115,16 @@ def answered(
 
 def _answers_signals(command: Callable) -> Callable:
     """``command``, with a signal that arrives outside its own answer to one (while it imports
-    what it needs, or prints its summary) answered in one line too."""
+    what it needs, or prints its summary) answered in one line too; the handlers it set are put
+    back when it returns (``commanded``: nothing is left bound in a process that goes on)."""
 
     @functools.wraps(command)
     def answered_outside(*args, **kwargs):
-        try:
-            hand_over()  # from the start's answers (probe.app.start) to these
-            return command(*args, **kwargs)
-        except (KeyboardInterrupt, TerminatedError) as e:
-            fail(_who() + f"stopped by {signal_name(e)}", exit_status(e))
+        with commanded():  # from the start's answers (probe.app.start), or the caller's, to these
+            try:
+                return command(*args, **kwargs)
+            except (KeyboardInterrupt, TerminatedError) as e:
+                fail(_who() + f"stopped by {signal_name(e)}", exit_status(e))
 
     return answered_outside
 
@@ -401,9 +417,14 @@ def figures_command(
 
 
 def main() -> None:
-    """The ``probe`` command."""
+    """The ``probe`` command. Its output refused (a full disk, a closed pipe: ``probe --help >
+    /dev/full``) ends it in one line on stderr, with status 1, whatever it had done by then."""
     try:
         app()
+    except OSError as e:
+        if not writing_stdout(e):
+            raise
+        refused(e)
     finally:
         # The interpreter's last collections would walk every object torch and transformers made
         # (about a second); the process is ending, so nothing is left for them to free.

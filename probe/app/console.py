@@ -1,11 +1,14 @@
 """What the ``probe`` command prints: its consoles (``make_console``), the one-line error that
 ends a command (``fail``), the progress bars of ``probe analyze`` (``run_progress``,
-``bars``), the summary of what a run found (``summary``), and a path as a link (``link``).
+``bars``), the summary of what a run found (``summary``), a path as a link (``link``), and
+the one line for an output that cannot be written (``refused``).
 """
 
 from __future__ import annotations
 
-import signal
+import contextlib
+import os
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import NoReturn
@@ -24,6 +27,8 @@ from rich.progress import (
 from rich.style import Style
 from rich.text import Text
 
+from probe.app.signals import stopping
+
 
 def make_console(*, stderr: bool = True, quiet: bool = False) -> Console:
     """A console that wraps to the terminal's width, at spaces, and where its output is not a
@@ -39,8 +44,7 @@ err = make_console()  # an error is one line even on a terminal (fail): whole wh
 
 def fail(message: str, status: int = 1) -> NoReturn:
     """End the command with ``message``, one line on stderr, and exit status ``status``."""
-    for stop in (signal.SIGTERM, signal.SIGHUP):  # the error is printed whole, then we exit
-        signal.signal(stop, signal.SIG_IGN)
+    stopping()  # a further signal is ignored: the error is printed whole, then we exit
     err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(status)
 
@@ -109,3 +113,33 @@ def summary(console: Console, path: Path) -> None:
     if len(counts):
         console.print("roles: " + ", ".join(f"{n} {role}" for role, n in counts.items()))
     console.print(link("report: ", path / "index.html"))
+
+
+def writing_stdout(e: OSError) -> bool:
+    """Whether ``e`` came from writing to stdout (click's ``echo``, rich's console), not from
+    the command's own work: a frame where it was raised holds stdout, or its ``write``."""
+    out = {id(sys.stdout), id(getattr(sys.stdout, "buffer", None)), id(sys.__stdout__)}
+    frames = []
+    tb = e.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for frame in frames[-3:]:  # the write, and the two calls around it
+        for value in frame.f_locals.values():
+            if id(value) in out or id(getattr(value, "__self__", None)) in out:
+                return True
+    return False
+
+
+def refused(e: OSError) -> NoReturn:
+    """One line for an output that cannot be written, the unwritten rest dropped so that the
+    interpreter's own last flush cannot print a traceback of its own."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())  # what stdout holds goes nowhere, without an error
+        os.close(null)
+        sys.stdout.flush()
+    reason = e.strerror or str(e)
+    with contextlib.suppress(OSError):
+        os.write(2, f"error: could not write to standard output: {reason}\n".encode())
+    raise SystemExit(1)

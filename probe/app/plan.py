@@ -229,9 +229,8 @@ def _check_lm_head(settings: Settings, classes: Iterable[type[analyses.Analysis]
     if not needing:
         return
     name = needing[0]
-    if not settings.lm_head:
-        raise ProbeError(f"--analyses {name} reads the model's predictions; add --lm-head")
     config = read_config(settings.model, settings.revision)
+    # A checkpoint without a head first: --lm-head would not help it.
     if config is not None and has_lm_head(config) is False:
         saved = ", ".join(config["architectures"])
         raise ProbeError(
@@ -239,6 +238,8 @@ def _check_lm_head(settings: Settings, classes: Iterable[type[analyses.Analysis]
             f"language-model head (its config.json names {saved}); give a checkpoint saved "
             "with its head (a *LMHeadModel, *ForCausalLM or *ForMaskedLM class)"
         )
+    if not settings.lm_head:
+        raise ProbeError(f"--analyses {name} reads the model's predictions; add --lm-head")
 
 
 def _source(settings: Settings, inputs: set[str | None], reads: dict) -> units.Source:

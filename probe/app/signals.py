@@ -2,8 +2,12 @@
 signal's number), never with a traceback or a half-written output. While the command starts
 (Python imports typer, the analyses' registry and what the command needs, about a second) a
 signal ends it at once (``answer_start``, nothing has been written then); once the command
-begins (``hand_over``), SIGINT raises ``KeyboardInterrupt`` and SIGTERM and SIGHUP raise
-``TerminatedError`` (``catch_hangups``), which unwind it.
+begins (``commanded``), SIGINT raises ``KeyboardInterrupt`` and SIGTERM and SIGHUP raise
+``TerminatedError`` (``catch_hangups``), which unwind it. A second signal while it unwinds is
+ignored (``stopping``): the command is already ending, and says so in one line. When the command
+returns, every handler it set is put back as it was (``commanded``), so that a command run in a
+process that goes on (typer's ``CliRunner``, a notebook) leaves no handler of its own behind. A
+signal ignored when the command began (nohup's SIGHUP, a background shell's SIGINT) stays ignored.
 
 It imports nothing but the standard library: ``probe.app.start`` installs its first answers
 before anything else is imported.
@@ -11,8 +15,11 @@ before anything else is imported.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import threading
+from collections.abc import Iterator
 
 STARTING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -24,15 +31,48 @@ class TerminatedError(BaseException):
     line it arrives on (transformers has many) would swallow it, and the run would go on."""
 
 
+def _again(signum, frame) -> None:
+    """A signal while the command already unwinds from one (two Ctrl-Cs 20 ms apart): ignored,
+    as the first one's answer is under way; the command ends in a moment."""
+
+
+def _main_thread() -> bool:
+    # Python sets handlers only from the main thread; a command run from another (a notebook's
+    # worker) leaves the signals to its process.
+    return threading.current_thread() is threading.main_thread()
+
+
+def stopping() -> None:
+    """From here, a further SIGINT, SIGTERM or SIGHUP is ignored (``_again``): the command
+    unwinds or prints its last line whole. A signal ignored (``SIG_IGN``) stays so."""
+    if not _main_thread():
+        return
+    for stop in STARTING:
+        if signal.getsignal(stop) is not signal.SIG_IGN:
+            signal.signal(stop, _again)
+
+
+def interrupted(signum, frame) -> None:
+    """Ctrl-C: unwind the command with ``KeyboardInterrupt``, the next signals ignored."""
+    stopping()
+    raise KeyboardInterrupt
+
+
 def terminated(signum, frame) -> None:
+    """SIGTERM or SIGHUP: unwind the command with ``TerminatedError``, the next ignored."""
+    stopping()
     raise TerminatedError(signal.Signals(signum).name)
 
 
 def catch_hangups() -> None:
     """SIGTERM and SIGHUP (a closed terminal, a dropped ssh) unwind the command like an error,
-    so that no staging folder or lock is left beside the output."""
-    signal.signal(signal.SIGTERM, terminated)
-    signal.signal(signal.SIGHUP, terminated)
+    so that no staging folder or lock is left beside the output. One ignored stays ignored (a
+    run under nohup must outlive its terminal), and one already answered stays answered."""
+    if not _main_thread():
+        return
+    for stop in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(stop) not in (signal.SIG_IGN, _again):
+            signal.signal(stop, terminated)
 
 
 def signal_name(stop: BaseException) -> str:
@@ -64,7 +104,31 @@ def answer_start() -> None:
 
 def hand_over() -> None:
     """The command's own answers from here: SIGINT raises ``KeyboardInterrupt``, SIGTERM and
-    SIGHUP raise ``TerminatedError``; a signal ignored when the process started stays ignored."""
+    SIGHUP raise ``TerminatedError``; a signal ignored when the command began stays ignored."""
+    if not _main_thread():
+        return
     for stop in STARTING:
-        if signal.getsignal(stop) is _starting:
-            signal.signal(stop, signal.default_int_handler if stop == signal.SIGINT else terminated)
+        if signal.getsignal(stop) is not signal.SIG_IGN:
+            signal.signal(stop, interrupted if stop == signal.SIGINT else terminated)
+
+
+@contextlib.contextmanager
+def commanded() -> Iterator[None]:
+    """A command's answers to signals (``hand_over``) while it runs; when it returns, or fails,
+    the handlers as they were before it. Where they were the start's (``answer_start``: the
+    installed command, whose process ends with it), a signal from here is ignored instead: the
+    command has answered, and its process ends in a moment (a start's answer would wrongly say
+    "while starting")."""
+    if not _main_thread():
+        yield
+        return
+    before = {stop: signal.getsignal(stop) for stop in STARTING}
+    hand_over()
+    try:
+        yield
+    finally:
+        for stop, handler in before.items():
+            if handler is _starting:
+                handler = signal.SIG_IGN if signal.getsignal(stop) is signal.SIG_IGN else _again
+            # None: a handler set outside Python; the default is the closest we can put back.
+            signal.signal(stop, signal.SIG_DFL if handler is None else handler)

@@ -138,6 +138,13 @@ def _derive(model: nn.Module) -> ModelSpec:
 
 def _attention(model: nn.Module, name: Attention) -> AttentionSpec:
     first = next(iter_head_weights(model, name))  # layer 0's, split into heads
+    heads, kv_heads = first.W_Q.shape[0], first.W_K.shape[0]
+    if kv_heads < 1 or heads % kv_heads:
+        raise arch.UnsupportedModelError(
+            f"its {heads} query heads do not divide among its {kv_heads} key/value heads "
+            "(grouped-query attention shares each key/value head among as many query heads): "
+            "the checkpoint's config.json and weights do not describe a model that can run"
+        )
     return AttentionSpec(
         name=str(name),
         n_layers=len(arch.blocks(model, name)),

@@ -49,6 +49,7 @@ from probe.interventions.pairs import (
     rows_of,
 )
 from probe.interventions.patching import LAYOUT
+from probe.interventions.progress import advance, shown
 
 METHODS = ("atp", "atp*", "ig")
 # The query and key points, each with the point it meets in the scores.
@@ -72,6 +73,7 @@ def attribute(
     per_position: bool = False,
     steps: int = 5,
     max_bytes: int | None = None,
+    progress: bool | None = None,
 ) -> pd.DataFrame:
     """Estimate every head's patching effect (``probe.patch``'s ``effect``) from gradients.
 
@@ -105,6 +107,9 @@ def attribute(
         gradients, and their products (float64). Pairs that do not fit at once run a chunk at a
         time, at least two (``probe.interventions.pairs``: the metric then takes ``pairs``); the
         estimates do not depend on it (to float32 rounding).
+    progress : bool, optional
+        A tqdm progress bar on stderr: by default where stderr is a terminal
+        (``probe.interventions.progress``); ``False`` never, ``True`` always.
 
     Returns
     -------
@@ -131,7 +136,7 @@ def attribute(
         raise ProbeError(f"cannot attribute to {hook!r} per head; choose from {', '.join(LAYOUT)}")
     if method == "ig" and steps < 1:
         raise ProbeError(f"steps must be at least 1, not {steps}")
-    clean, corrupted, pairs = as_pairs(clean, corrupted)
+    clean, corrupted, pairs = as_pairs(clean, corrupted, model)
     max_bytes = memory_budget(model, max_bytes)
     with hook_points(model) as points:
         names = [name for name in points if point_of(name) == hook]
@@ -152,16 +157,17 @@ def attribute(
         parts = chunks(pairs, plan.pair_bytes(model, clean, pairs), max_bytes, metric,
                        "runs and products")  # fmt: skip
         moments, readings, rows_seen = Moments(), [], []
-        for rows in parts:
-            found = plan.chunk(model, rows_of(clean, rows, pairs),
-                               rows_of(corrupted, rows, pairs), metric, rows)  # fmt: skip
-            check_chunk(found[0], rows, pairs, len(parts))
-            readings.append(found[:2])
-            table_rows, values = _values(found[2], per_position)
-            moments.add(values)
-            rows_seen = table_rows
-            if len(parts) > 1:
-                release()
+        with shown(f"attribute ({method})", pairs * len(alphas), progress, "pair-step"):
+            for rows in parts:
+                found = plan.chunk(model, rows_of(clean, rows, pairs),
+                                   rows_of(corrupted, rows, pairs), metric, rows)  # fmt: skip
+                check_chunk(found[0], rows, pairs, len(parts))
+                readings.append(found[:2])
+                table_rows, values = _values(found[2], per_position)
+                moments.add(values)
+                rows_seen = table_rows
+                if len(parts) > 1:
+                    release()
     metric_form = form(readings[0][0], parts[0].stop)
     table = _table(rows_seen, moments, "attribution", metric_form == PER_PAIR)
     table.attrs = {
@@ -260,6 +266,7 @@ def _mean_over_steps(model, corrupted, metric, pairs, points, start, alphas, kee
             term = grad.double() / len(alphas)
             grads[point] = grads[point] + term if point in grads else term
         del found
+        advance(pairs)
     return values, grads, kept
 
 

@@ -20,6 +20,7 @@ from probe.interventions.faithfulness import ABLATIONS, check_ablation
 from probe.interventions.gradients import memory_budget
 from probe.interventions.guard import keeps_model
 from probe.interventions.pairs import PER_PAIR, Batch, Metric, as_pairs, same_form
+from probe.interventions.progress import advance, finish, long_work, shown
 from probe.interventions.stability import RESAMPLES, check_resamples
 from probe.interventions.trust import assess, sizes_for
 
@@ -42,6 +43,7 @@ def circuit(
     resamples: int = RESAMPLES,
     seed: int = 0,
     ids: Sequence | None = None,
+    progress: bool | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The fewest top-scoring edges whose circuit reaches ``faithfulness``, and the curve.
 
@@ -81,6 +83,9 @@ def circuit(
     scores : pandas.DataFrame, optional
         ``edges``'s table, where it was computed already; else ``edges`` runs with ``method``
         and ``steps``.
+    progress : bool, optional
+        tqdm progress bars on stderr (the edges', then the curve's): by default where stderr is a
+        terminal (``probe.interventions.progress``); ``False`` never, ``True`` always.
 
     Returns
     -------
@@ -103,32 +108,42 @@ def circuit(
     if points < 2:
         raise ProbeError(f"points must be at least 2 (no edge and every edge), not {points}")
     resamples = check_resamples(resamples)
-    clean, corrupted, pairs = as_pairs(clean, corrupted)
+    clean, corrupted, pairs = as_pairs(clean, corrupted, model)
     wanted = _ablations(ablation, ablations, pairs)
     max_bytes = memory_budget(model, max_bytes)  # once: every call below holds the same
     if scores is None:
         scores = edges(model, clean, corrupted, metric, method, steps, max_bytes=max_bytes,
-                       resamples=resamples, seed=seed)  # fmt: skip
+                       resamples=resamples, seed=seed, progress=progress)  # fmt: skip
     total = len(scores)
     order = scores.score.abs().to_numpy().argsort(kind="stable")[::-1].copy()
     measure = _Measure(model, (clean, corrupted, metric), order, wanted, max_bytes, seed)
-    ends = measure([total, 0])
-    spread = ends[total] - ends[0]
-    if abs(spread) < 1e-12:
-        raise ProbeError("the clean and corrupted inputs score alike: faithfulness is undefined")
-    grid = sorted({round(total * (i / (points - 1)) ** 2) for i in range(points)} - {0, total})
-    found = ends | measure(grid)
+    sizes = sizes_for(total, total)  # the points each other ablation adds, at most
+    runs = _measured(model, clean, pairs, points, total) + (len(wanted) - 1) * len(sizes)
+    with shown("circuit", runs, progress, "curve point") as bar:
+        ends = measure([total, 0])
+        spread = ends[total] - ends[0]
+        if abs(spread) < 1e-12:
+            raise ProbeError(
+                "the clean and corrupted inputs score alike: faithfulness is undefined"
+            )
+        grid = sorted({round(total * (i / (points - 1)) ** 2) for i in range(points)} - {0, total})
+        found = ends | measure(grid)
 
-    def faith(k: int) -> float:
-        return (found[k] - ends[0]) / spread
+        def faith(k: int) -> float:
+            return (found[k] - ends[0]) / spread
 
-    counts = sorted(found)
-    above = next(k for k in counts if faith(k) >= faithfulness or k == total)
-    below = max((k for k in counts if k < above), default=0)
-    while above - below > 1:
-        middle = (above + below) // 2
-        found |= measure([middle])
-        above, below = (middle, below) if faith(middle) >= faithfulness else (above, middle)
+        counts = sorted(found)
+        above = next(k for k in counts if faith(k) >= faithfulness or k == total)
+        below = max((k for k in counts if k < above), default=0)
+        while above - below > 1:
+            middle = (above + below) // 2
+            found |= measure([middle])
+            above, below = (middle, below) if faith(middle) >= faithfulness else (above, middle)
+        for name in wanted:
+            if name != ablation:  # every edge kept is the clean run, whatever the ablation
+                measure.measured[name][total] = measure.measured[ablation][total]
+            measure(sizes_for(total, above), name)
+        finish(bar)  # the bisection ended, often before its bound: full
     curve = pd.DataFrame(
         {
             "edges": sorted(found),
@@ -137,10 +152,6 @@ def circuit(
         }
     )
     form = same_form(measure.readings, pairs)
-    for name in wanted:
-        if name != ablation:  # every edge kept is the clean run, whatever the ablation
-            measure.measured[name][total] = measure.measured[ablation][total]
-        measure(sizes_for(total, above), name)
     trust = assess(measure.measured, ablation, total, above, scores, order, form == PER_PAIR,
                    seed, ids)  # fmt: skip
     curve.attrs = {"target": faithfulness, "chosen": above, "metric": form,
@@ -182,4 +193,14 @@ class _Measure:
                                  ablation=name, seed=self.seed)  # fmt: skip
             self.readings.append(values)
             self.measured[name] |= dict(zip(todo, values.double().numpy(), strict=True))
+            advance(len(todo))
         return {k: float(self.measured[name][k].mean()) for k in counts}
+
+
+def _measured(model: nn.Module, clean: dict, pairs: int, points: int, total: int) -> int:
+    """The curve's runs at most (the grid, then the bisection), warned of where every pair's
+    cannot finish in a day."""
+    measured = points + max(1, total).bit_length()
+    tokens = clean["input_ids"].shape[-1] if "input_ids" in clean else 1
+    long_work("probe.circuit()", f"{pairs:,} pairs", model, pairs * tokens * measured)
+    return measured

@@ -88,7 +88,7 @@ def patch_edges(
         Where ``max_bytes`` does not hold one copy of two pairs (naming the smallest that
         does), or the pairs at once with a metric that cannot be split.
     """
-    clean, corrupted, pairs = as_pairs(clean, corrupted)
+    clean, corrupted, pairs = as_pairs(clean, corrupted, model)
     check_ablation(ablation, pairs)
     max_bytes = memory_budget(model, max_bytes)
     g = graph(model)

@@ -41,6 +41,7 @@ from probe.interventions.pairs import (
     same_form,
 )
 from probe.interventions.stability import RESAMPLES, BootstrapSums, check_resamples
+from probe.interventions.progress import advance, long_work, shown
 
 METHODS = ("eap", "eap-ig")
 
@@ -57,6 +58,7 @@ def edges(
     max_bytes: int | None = None,
     resamples: int = RESAMPLES,
     seed: int = 0,
+    progress: bool | None = None,
 ) -> pd.DataFrame:
     """Score every edge from a sender's output into a receiver's input.
 
@@ -90,6 +92,9 @@ def edges(
         Bootstrap resamples of the pairs (at least 2), keyed by ``seed``, whose weighted sums
         of the per-pair scores are kept for the circuit's stability (``BootstrapSums``, in
         ``attrs["bootstrap"]``): no run more, and ``[resamples, edges]`` kept.
+    progress : bool, optional
+        A tqdm progress bar on stderr: by default where stderr is a terminal
+        (``probe.interventions.progress``); ``False`` never, ``True`` always.
 
     Returns
     -------
@@ -116,8 +121,11 @@ def edges(
     if steps < 1:
         raise ProbeError(f"steps must be at least 1, not {steps}")
     resamples = check_resamples(resamples)
-    clean, corrupted, pairs = as_pairs(clean, corrupted)
+    clean, corrupted, pairs = as_pairs(clean, corrupted, model)
     max_bytes = memory_budget(model, max_bytes)
+    tokens = clean["input_ids"].shape[-1] if "input_ids" in clean else 1
+    runs = 2 + 3 * (steps if method == "eap-ig" else 1)  # a backward counts as two forwards
+    long_work("probe.edges()", f"{pairs:,} pairs and steps={steps:,}", model, pairs * tokens * runs)
     # Attached once: graph and every run below share it; one key and value head per query head.
     with hook_points(model), ungrouped():
         g = graph(model)
@@ -128,17 +136,18 @@ def edges(
                        metric, "runs", fixed=budget.smallest)  # fmt: skip
         moments, readings, count = Moments(), {"clean": [], "corrupted": []}, 0
         boot = BootstrapSums(len(g.edges), resamples, seed)
-        for rows in parts:
-            left = max_bytes - (rows.stop - rows.start) * kept  # for the scores
-            runs, n = _chunk_scores(model, rows_of(clean, rows, pairs),
-                                    rows_of(corrupted, rows, pairs), metric, rows, alphas, g,
-                                    budget, (moments, boot, rows.start), left)  # fmt: skip
-            check_chunk(runs.clean, rows, pairs, len(parts))
-            readings["clean"].append(runs.clean)
-            readings["corrupted"].append(runs.corrupted)
-            count += n
-            if len(parts) > 1:
-                release()
+        with shown(f"edges ({method})", pairs * len(alphas), progress, "pair-step"):
+            for rows in parts:
+                left = max_bytes - (rows.stop - rows.start) * kept  # for the scores
+                runs, n = _chunk_scores(model, rows_of(clean, rows, pairs),
+                                        rows_of(corrupted, rows, pairs), metric, rows, alphas, g,
+                                        budget, (moments, boot, rows.start), left)  # fmt: skip
+                check_chunk(runs.clean, rows, pairs, len(parts))
+                readings["clean"].append(runs.clean)
+                readings["corrupted"].append(runs.corrupted)
+                count += n
+                if len(parts) > 1:
+                    release()
     metric_form = same_form([torch.cat(v) for v in readings.values()], pairs)
     s_index = torch.tensor([s for s, _ in g.edges])
     r_index = torch.tensor([r for _, r in g.edges])
@@ -238,6 +247,7 @@ def _receivers(model, corrupted, metric, pairs, start, alphas, g, points, runs, 
             term = grads.pop(point)[0].double() / len(alphas)
             mean_grads[point] = mean_grads[point] + term if point in mean_grads else term
         add_head_input_grads(model, heads, grads, kept, len(alphas))
+        advance(pairs)
         if alpha == 0:
             runs.corrupted = values[0]
             runs.corrupted_senders = {p: kept[p][0] for p in points}

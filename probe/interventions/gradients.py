@@ -13,6 +13,8 @@ head's backward multiplies only the rows of the logits that the metric's gradien
 from __future__ import annotations
 
 import contextlib
+import math
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -43,10 +45,25 @@ def memory_budget(model: nn.Module, max_bytes: int | None) -> int:
     unchanged wherever its pairs fit the machine, and is refused in one line where they do not,
     rather than run out of memory."""
     if max_bytes is not None:
-        return int(max_bytes)
+        return check_budget(max_bytes)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     free = free_bytes(device)
     return MAX_BYTES if free is None else int(free * FREE_SHARE)
+
+
+def check_budget(max_bytes: Any) -> int:
+    """``max_bytes`` as a whole number of bytes, checked.
+
+    Raises
+    ------
+    ProbeError
+        For what is not a positive, finite number of bytes (NaN, inf, a string, 0).
+    """
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, numbers.Real):
+        raise ProbeError(f"max_bytes must be a number of bytes (e.g. 2**30), not {max_bytes!r}")
+    if not math.isfinite(max_bytes) or max_bytes < 1:
+        raise ProbeError(f"max_bytes must be a positive, finite number of bytes, not {max_bytes!r}")
+    return int(max_bytes)
 
 
 def free_bytes(device: torch.device) -> int | None:
@@ -158,6 +175,22 @@ def _objective(values: list[torch.Tensor], pairs: int) -> torch.Tensor:
     return total * pairs if same_form(values, pairs) == SCALAR else total
 
 
+def check_grad_mode() -> None:
+    """Refuse to take gradients inside ``torch.inference_mode()``: ``enable_grad`` cannot undo
+    it, and the metric would be blamed for a value without one.
+
+    Raises
+    ------
+    ProbeError
+        Saying to call outside the block.
+    """
+    if torch.is_inference_mode_enabled():
+        raise ProbeError(
+            "this call takes gradients, which torch.inference_mode() turns off: call it outside "
+            "the inference_mode block (torch.no_grad() is fine)"
+        )
+
+
 def metric_gradients(
     model: nn.Module,
     corrupted: Mapping[str, Any],
@@ -194,6 +227,7 @@ def metric_gradients(
     kept : dict
         Hook name -> activation (detached), ``[copies, pairs, ...]``, for the names in ``keep``.
     """
+    check_grad_mode()
     copies = len(alphas)
     alpha = torch.tensor(list(alphas), dtype=torch.float32)
     clean_start = start

@@ -47,14 +47,59 @@ Batch = Mapping[str, Any] | torch.Tensor
 PER_PAIR, SCALAR = "per pair", "scalar"  # attrs["metric"]: the form the metric returned
 
 
-def as_pairs(clean: Batch, corrupted: Batch) -> tuple[dict[str, Any], dict[str, Any], int]:
-    """The pairs as the model's keyword arguments, and their number, checked (``check_pairs``).
+# Keyword arguments that are one row a sequence of token positions: [batch, pos].
+PER_TOKEN = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
+
+
+def as_pairs(
+    clean: Batch, corrupted: Batch, model: Any = None
+) -> tuple[dict[str, Any], dict[str, Any], int]:
+    """The pairs as the model's keyword arguments, and their number, checked (``check_pairs``;
+    with ``model``, token ids within its vocabulary too, ``check_ids``).
 
     A tensor of token ids ``[batch, pos]`` (TransformerLens's ``tokens``) becomes
     ``{"input_ids": tokens}``; a dict is taken as it is.
     """
     clean, corrupted = _keywords(clean, "clean"), _keywords(corrupted, "corrupted")
-    return clean, corrupted, check_pairs(clean, corrupted)
+    for batch, side in ((clean, "clean"), (corrupted, "corrupted")):
+        for key in PER_TOKEN:
+            value = batch.get(key)
+            if isinstance(value, torch.Tensor) and value.dim() != 2:
+                raise ProbeError(
+                    f"{side}[{key!r}] has shape {tuple(value.shape)}; it must be [batch, pos] "
+                    f"(one sequence: add the batch dimension, {key}[None])"
+                )
+    pairs = check_pairs(clean, corrupted)
+    if model is not None:
+        for batch, side in ((clean, "clean"), (corrupted, "corrupted")):
+            check_ids(model, batch, side)
+    return clean, corrupted, pairs
+
+
+def check_ids(model: Any, batch: Mapping[str, Any], side: str) -> None:
+    """Refuse token ids outside the model's vocabulary (its input embedding's rows), which
+    would fail deep inside the model as an ``IndexError``.
+
+    Raises
+    ------
+    ProbeError
+        Naming the argument, the id and the vocabulary's size.
+    """
+    ids = batch.get("input_ids")
+    if not isinstance(ids, torch.Tensor) or not ids.numel():
+        return
+    embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    vocabulary = getattr(embedding, "num_embeddings", None)
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise ProbeError(f"{side}['input_ids'] must hold integer token ids, not {ids.dtype}")
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or (vocabulary is not None and high >= vocabulary):
+        bad = low if low < 0 else high
+        within = f"0 … {vocabulary - 1}" if vocabulary is not None else "non-negative"
+        raise ProbeError(
+            f"{side}['input_ids'] holds token id {bad}, outside the model's vocabulary "
+            f"({within}): tokenize with the model's own tokenizer"
+        )
 
 
 def _keywords(batch: Batch, side: str) -> dict[str, Any]:
@@ -75,9 +120,11 @@ def _keywords(batch: Batch, side: str) -> dict[str, Any]:
 
 
 def takes_pairs(metric: Metric) -> bool:
-    """Whether ``metric`` takes a parameter ``pairs`` (the slice of pairs it is given)."""
+    """Whether ``metric`` takes a parameter ``pairs`` (the slice of pairs it is given): an
+    ``nn.Module``'s ``forward`` is what it is called with, its ``__call__`` takes anything."""
+    target = metric.forward if isinstance(metric, torch.nn.Module) else metric
     try:
-        return "pairs" in inspect.signature(metric).parameters
+        return "pairs" in inspect.signature(target).parameters
     except (TypeError, ValueError):  # a builtin without a signature
         return False
 
@@ -254,6 +301,8 @@ def per_pair(value: Any, pairs: int, *, differentiable: bool = False) -> torch.T
         )
     if not isinstance(value, torch.Tensor):
         try:
+            if isinstance(value, str | bytes):  # float("0.5") reads it; a metric returns numbers
+                raise TypeError
             value = torch.tensor(float(value))
         except (TypeError, ValueError):
             raise ProbeError(

@@ -31,6 +31,7 @@ from probe.interventions.pairs import (
     same_form,
     stacked,
 )
+from probe.interventions.progress import advance, shown
 
 # Per-head hook points: (head dimension, position dimension) of their tensors.
 LAYOUT = {
@@ -59,6 +60,7 @@ def patch(
     heads: Iterable[tuple[int, int]] | None = None,
     max_rows: int = 256,
     max_bytes: int | None = None,
+    progress: bool | None = None,
 ) -> pd.DataFrame:
     """Patch each head's activation from a clean run into a corrupted one, and measure.
 
@@ -101,6 +103,9 @@ def patch(
         at ``hook`` and the patched forward passes' (``run_bytes``' estimate), a chunk of pairs at a
         time where they do not fit at once (``probe.interventions.pairs``: the metric then takes
         ``pairs``). The effects do not depend on it.
+    progress : bool, optional
+        A tqdm progress bar on stderr: by default where stderr is a terminal
+        (``probe.interventions.progress``); ``False`` never, ``True`` always.
 
     Returns
     -------
@@ -117,7 +122,7 @@ def patch(
         raise ProbeError(f"cannot patch {hook!r} per head; choose from {', '.join(LAYOUT)}")
     if max_rows < 1:
         raise ProbeError(f"max_rows must be at least 1, not {max_rows}")
-    clean, corrupted, pairs = as_pairs(clean, corrupted)
+    clean, corrupted, pairs = as_pairs(clean, corrupted, model)
     max_bytes = memory_budget(model, max_bytes)
     # One mirror for the whole call: the nested trace and hooks blocks below share it.
     with hook_points(model) as points:
@@ -136,17 +141,18 @@ def patch(
         parts = chunks(pairs, kept + forward, max_bytes, metric, "patched runs")
         readings: list[torch.Tensor] = []
         effects, metrics = Moments(), Moments()
-        for rows in parts:
-            k = rows.stop - rows.start
-            copies = max(1, min(max_rows // k, (max_bytes - k * kept) // (k * forward)))
-            found = _chunk(model, rows_of(clean, rows, pairs), rows_of(corrupted, rows, pairs),
-                           metric, rows, names, patches, hook, copies)  # fmt: skip
-            check_chunk(found[0], rows, pairs, len(parts))
-            readings += found[:2]
-            metrics.add(found[2])
-            effects.add(found[2] - found[1].double())
-            if len(parts) > 1:
-                release()
+        with shown("patch", len(patches) * pairs, progress, "patched pair"):
+            for rows in parts:
+                k = rows.stop - rows.start
+                copies = max(1, min(max_rows // k, (max_bytes - k * kept) // (k * forward)))
+                found = _chunk(model, rows_of(clean, rows, pairs), rows_of(corrupted, rows, pairs),
+                               metric, rows, names, patches, hook, copies)  # fmt: skip
+                check_chunk(found[0], rows, pairs, len(parts))
+                readings += found[:2]
+                metrics.add(found[2])
+                effects.add(found[2] - found[1].double())
+                if len(parts) > 1:
+                    release()
     clean_values = torch.cat(readings[0::2]).double()
     corrupted_values = torch.cat(readings[1::2]).double()
     metric_form = same_form([clean_values, corrupted_values], pairs)
@@ -197,6 +203,7 @@ def _chunk(model, clean, corrupted, metric, rows, names, patches, hook, copies):
             output = model(**stacked(corrupted, len(chunk), pairs))
         for seen in copies_of(output, len(chunk), pairs):
             patched.append(read(metric, seen, pairs, rows=rows))
+        advance(len(chunk) * pairs)
     same_form([clean_values, corrupted_values, *patched], pairs)
     width = clean_values.shape[-1]
     values = torch.stack(patched).double() if patched else torch.zeros(0, width)

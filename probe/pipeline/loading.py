@@ -142,6 +142,12 @@ def load(
     except SafetensorError as e:  # a file in the hub's cache, cut or damaged
         raise ProbeError(f"{name_or_path}: a weight file cannot be read ({e}); it is cut or "
                          "damaged: download it again") from None  # fmt: skip
+    except RuntimeError as e:  # transformers' report of weights unlike the config's shapes
+        if "mismatch" not in str(e):
+            raise
+        raise ProbeError(f"{name_or_path}: its weights' shapes do not match its config.json's "
+                         "(heads, widths or vocabulary edited?); give the config the weights "
+                         "were saved with") from None  # fmt: skip
     except (OSError, ValueError) as e:
         if device_map is not None and "offload" in str(e).lower():
             raise ProbeError(

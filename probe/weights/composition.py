@@ -15,6 +15,7 @@ matrices of the same shapes.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable
 
 import pandas as pd
@@ -62,6 +63,8 @@ def composition_scores(
         layer_to``, 0-based: ``kind``, ``layer_from``, ``head_from``, ``layer_to``,
         ``head_to``, ``score`` and ``baseline``.
     """
+    if isinstance(samples, bool) or not isinstance(samples, numbers.Integral) or samples < 2:
+        raise ProbeError(f"samples must be a whole number of at least 2, not {samples!r}")
     weights, folded = _weights(model, fold_ln)
     if len(weights) < 2:
         raise ProbeError("composition needs at least two layers of heads")

@@ -702,3 +702,18 @@ def test_a_smaller_token_budget_a_pass_changes_nothing_but_the_passes(induction_
     assert claims.max_rows((4, 34)) == 5
     small = claims_of(model, tokenizer, heads).finish()["claims"]
     pd.testing.assert_frame_equal(table, small, rtol=1e-6)
+
+
+def test_a_claim_with_no_head_to_compare_with_says_so():
+    """Every head claimed (or a layer of one head, and no other unclaimed): the claim is
+    untested for want of a baseline, not of inputs."""
+    from analyses.claims import verdict
+
+    rows = pd.DataFrame({"tested": [False, False, False, True],
+                         "confirmed": [False, False, False, True],
+                         "baseline_from": ["none", "none", "unclaimed", "unclaimed"],
+                         "clusters": [12, 0, 2, 12]})  # fmt: skip
+    said = [verdict(row) for row in rows.itertuples(index=False)]
+    assert said == ["pattern only (untested: no unclaimed head to compare it with)",
+                    "pattern only (too few inputs to test)",
+                    "pattern only (too few inputs to test)", "confirmed by ablation"]  # fmt: skip

@@ -247,3 +247,84 @@ def test_only_verifiable_splits_are_offered():
 
     with pytest.raises(probe.ProbeError, match=r"known: ud:en_ewt\[-dev\|-test\]"):
         download_ud("ud:en_ewt-train")
+
+
+INDUCTION = str(Path(__file__).parents[1] / "data" / "induction-gpt2")  # context: 128 tokens
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        # Work that cannot finish in a day, or fit the machine: refused before the weights load.
+        (["-a", "circuit", "--circuit-pairs", "1000000000"],
+         "--circuit-pairs 1,000,000,000 needs at least"),
+        (["-a", "claims", "--claims-sequences", "1000000000"], "--claims-sequences 1,000,000,000"),
+        (["-a", "claims", "--claims-needles", "1000000000"], "--claims-needles 1,000,000,000"),
+        # Lengths beyond the model's context, named by the option that set them.
+        (["-a", "claims", "--claims-repeat-length", "100"],
+         "--claims-repeat-length 100 makes sequences of 201 tokens, longer than the model's 128"),
+        (["-a", "circuit", "--circuit-length", "100"],
+         "--circuit-length 100 makes sequences of 201 tokens, longer than the model's 128"),
+        (["-a", "circuit", "--circuit-max-bytes", str(1 << 20), "--circuit-pairs", "2000"],
+         "--circuit-max-bytes"),
+    ],
+)  # fmt: skip
+def test_sizes_that_cannot_finish_or_fit_are_refused(tmp_path, options, message):
+    out = tmp_path / "r"
+    fails_in_one_line(["analyze", "-m", INDUCTION, "-t", "sample", "--lm-head", "-q", "-o",
+                       str(out), *options], message)  # fmt: skip
+    assert not out.exists()
+
+
+def test_a_size_that_finishes_is_not_refused():
+    """The bound is a bound: the default sizes, and a large but feasible count, pass."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from analyses.circuit import Circuit
+    from analyses.claims import Claims
+
+    config, tokenizer = (
+        AutoConfig.from_pretrained(INDUCTION),
+        AutoTokenizer.from_pretrained(INDUCTION),
+    )
+    Circuit.check_tokenizer(tokenizer, config, {"circuit_pairs": 10_000})
+    Claims.check_tokenizer(tokenizer, config, {"claims_sequences": 10_000})
+
+
+def test_a_circuit_on_a_model_without_a_head_says_so_before_asking_for_lm_head(tmp_path, minilm):
+    fails_in_one_line(["analyze", "-m", "minilm", "-a", "circuit", "-t", "sample", "-o",
+                       str(tmp_path / "r")], "minilm has no language-model head")  # fmt: skip
+
+
+def _llama_checkpoint(folder: Path, kv_heads: int) -> Path:
+    """A tiny Llama of 4 query heads and ``kv_heads`` key/value heads, with the GQA induction
+    model's tokenizer."""
+    import transformers as tf
+
+    config = tf.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=kv_heads, head_dim=16,
+                            vocab_size=64, max_position_embeddings=128)  # fmt: skip
+    torch.manual_seed(0)
+    tf.LlamaForCausalLM(config).save_pretrained(folder)
+    source = Path(__file__).parents[1] / "data" / "induction-llama-gqa"
+    for file in source.glob("*token*"):
+        shutil.copy(file, folder)
+    return folder
+
+
+def test_query_heads_that_do_not_divide_among_key_value_heads_are_one_line(tmp_path):
+    """Four query heads over three key/value heads: refused at load, not deep in capture."""
+    model = _llama_checkpoint(tmp_path / "m", kv_heads=3)
+    fails_in_one_line(["analyze", "-m", str(model), "-t", "sample", "-a", "taxonomy", "-q", "-o",
+                       str(tmp_path / "r")],
+                      "its 4 query heads do not divide among its 3 key/value heads")  # fmt: skip
+    assert not (tmp_path / "r").exists()
+
+
+def test_weights_unlike_the_config_are_one_line(tmp_path):
+    model = _llama_checkpoint(tmp_path / "m", kv_heads=2)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(config | {"num_key_value_heads": 4}))
+    fails_in_one_line(["analyze", "-m", str(model), "-t", "sample", "-a", "taxonomy", "-q", "-o",
+                       str(tmp_path / "r")],
+                      "weights' shapes do not match its config.json")  # fmt: skip

@@ -97,3 +97,15 @@ def test_a_module_that_is_no_hugging_face_model_is_one_line():
 
     with pytest.raises(probe.ProbeError, match="no Hugging Face model"):
         describe(torch.nn.Linear(2, 2))
+
+
+def test_query_heads_that_do_not_divide_among_key_value_heads_are_refused():
+    import transformers as tf
+
+    from probe.capture.architectures import UnsupportedModelError
+
+    config = tf.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                            num_attention_heads=4, num_key_value_heads=3, head_dim=16,
+                            vocab_size=64)  # fmt: skip
+    with pytest.raises(UnsupportedModelError, match="its 4 query heads do not divide among its 3"):
+        describe(tf.LlamaForCausalLM(config))

@@ -196,3 +196,96 @@ def test_one_pair_is_per_pair_either_way(model, tokens):
     )
     assert table.attrs["metric"] == "per pair" and table.attrs["pairs"] == 1
     assert math.isnan(table.effect_low[0])
+
+
+def _state(model) -> list:
+    """What a call must leave as it was: every parameter, flag and gradient, and the hooks."""
+    return [(p.detach().clone(), p.requires_grad, p.grad) for p in model.parameters()] + [
+        (len(m._forward_hooks), len(m._forward_pre_hooks)) for m in model.modules()
+    ]
+
+
+def _same(before: list, after: list) -> bool:
+    return len(before) == len(after) and all(
+        torch.equal(a[0], b[0]) and a[1:] == b[1:] if isinstance(a[0], torch.Tensor) else a == b
+        for a, b in zip(before, after, strict=True)
+    )
+
+
+@pytest.mark.parametrize(
+    ("inputs", "said"),
+    [
+        ({"input_ids": torch.tensor([0, 1, 2])}, r"clean\['input_ids'\] has shape \(3,\); it must "
+         r"be \[batch, pos\] \(one sequence: add the batch dimension, input_ids\[None\]\)"),
+        (torch.tensor([[0, 1, 10**6]]), r"clean\['input_ids'\] holds token id 1000000, outside "
+         r"the model's vocabulary \(0 … 63\)"),
+        (torch.tensor([[0, -5, 2]]), r"clean\['input_ids'\] holds token id -5"),
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("call", ["patch", "attribute", "edges"])
+def test_inputs_the_model_cannot_read_name_the_argument(model, inputs, said, call):
+    corrupted = {k: v.clamp(0, 63) for k, v in inputs.items()} if isinstance(inputs, dict) else (
+        inputs.clamp(0, 63))  # fmt: skip
+    before = _state(model)
+    with pytest.raises(probe.ProbeError, match=said) as e:
+        getattr(probe, call)(model, inputs, corrupted, lambda logits: logits[:, -1, 0])
+    assert "\n" not in str(e.value) and _same(before, _state(model))
+
+
+def test_a_metric_module_taking_pairs_is_given_them(model, tokens):
+    """An ``nn.Module`` metric is called as its ``forward`` says: with ``pairs`` where it takes
+    them, and the same numbers as the function it wraps."""
+    clean_tokens, corrupted_tokens = tokens
+    plain = per_pair_metric(clean_tokens)
+    seen = []
+
+    class WithPairs(torch.nn.Module):
+        def forward(self, logits, pairs):
+            seen.append(pairs)
+            return plain(logits)
+
+    class Without(torch.nn.Module):
+        def forward(self, logits):
+            return plain(logits)
+
+    expected = probe.patch(model, clean_tokens, corrupted_tokens, plain, heads=[(1, 0)])
+    for metric in (WithPairs(), Without()):
+        got = probe.patch(model, clean_tokens, corrupted_tokens, metric, heads=[(1, 0)])
+        torch.testing.assert_close(torch.tensor(got.effect.values),
+                                   torch.tensor(expected.effect.values))  # fmt: skip
+    assert seen and all(p == slice(0, PAIRS) for p in seen)
+
+
+@pytest.mark.parametrize("value", ["0.5", b"0.5"])
+def test_a_metric_returning_text_is_refused(model, tokens, value):
+    clean_tokens, corrupted_tokens = tokens
+    with pytest.raises(probe.ProbeError, match=r"the metric returned a (str|bytes); return a"):
+        probe.patch(model, clean_tokens, corrupted_tokens, lambda logits: value)
+
+
+@pytest.mark.parametrize("budget", [math.nan, math.inf, "lots", 0, -1, True])
+@pytest.mark.parametrize("call", ["patch", "attribute", "edges", "circuit"])
+def test_a_budget_that_is_no_number_of_bytes_names_max_bytes(model, tokens, budget, call):
+    clean_tokens, corrupted_tokens = tokens
+    with pytest.raises(probe.ProbeError, match=r"^max_bytes must be a .*number of bytes"):
+        getattr(probe, call)(model, clean_tokens, corrupted_tokens,
+                             per_pair_metric(clean_tokens), max_bytes=budget)  # fmt: skip
+
+
+@pytest.mark.parametrize("call", ["attribute", "edges"])
+def test_a_gradient_call_under_inference_mode_says_so(model, tokens, call):
+    """Not the metric's fault: inference mode turns gradients off for good; no_grad does not."""
+    clean_tokens, corrupted_tokens = tokens
+    metric = per_pair_metric(clean_tokens)
+    before = _state(model)
+    with torch.inference_mode(), pytest.raises(probe.ProbeError, match=r"torch\.inference_mode"):
+        getattr(probe, call)(model, clean_tokens, corrupted_tokens, metric)
+    assert _same(before, _state(model))
+    with torch.no_grad():
+        getattr(probe, call)(model, clean_tokens, corrupted_tokens, metric)
+
+
+@pytest.mark.parametrize("samples", [-3, 0, 1, 2.5, "100"])
+def test_composition_samples_are_checked(model, samples):
+    with pytest.raises(probe.ProbeError, match=r"^samples must be a whole number of at least 2"):
+        probe.composition_scores(model, samples=samples)

@@ -7,6 +7,7 @@ placeholder; the site loads nothing from the web; the front page stays short."""
 import importlib.util
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -308,3 +309,15 @@ def test_the_default_memory_budget_is_written_once_in_the_code():
         by_hand = generate.REGION.sub("", path.read_text(encoding="utf-8"))
         found = by_default.findall(by_hand)
         assert not found, f"{path.relative_to(ROOT)} writes {found}: mark the fact instead"
+
+
+def test_the_screenshot_script_without_chromium_says_so_before_the_analysis(monkeypatch):
+    """No Chromium: one line at once, no half-minute of analysis first."""
+    screenshots = _screenshots()
+    monkeypatch.setattr(screenshots.shutil, "which", lambda name: None)
+    monkeypatch.setattr(sys, "argv", ["screenshots.py"])
+    ran = []
+    monkeypatch.setattr(screenshots, "analyze", lambda folder: ran.append(folder))
+    with pytest.raises(SystemExit, match="headless Chromium is needed"):
+        screenshots.main()
+    assert ran == []
