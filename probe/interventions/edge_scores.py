@@ -40,8 +40,8 @@ from probe.interventions.pairs import (
     rows_of,
     same_form,
 )
-from probe.interventions.stability import RESAMPLES, BootstrapSums, check_resamples
 from probe.interventions.progress import advance, long_work, shown
+from probe.interventions.stability import RESAMPLES, BootstrapSums, check_resamples
 
 METHODS = ("eap", "eap-ig")
 
