@@ -1,0 +1,651 @@
+"""Why a head attends where it does: each attention score split exactly into what wrote its query
+and what wrote its key (QK attribution).
+
+A head's pre-softmax score is s_ij = q_i · k_j · scaling (+ a position bias). The query q_i is
+a linear function of the residual stream at i once the norm's scale is frozen at the value the
+clean run computed (TransformerLens's ``apply_ln_to_stack`` convention), and the stream is a sum
+of what wrote it: the embeddings, every earlier head, every earlier MLP and the biases. So is the
+key k_j. s_ij is then the sum, over every (query source a, key source b), of
+``q_a(i) · k_b(j) · scaling``: the terms this module returns, which add up to the score the model
+computed, to float rounding.
+
+- Rotary models: each source's part of the query and the key is rotated as the whole is (the
+  rotation is linear).
+- Grouped-query attention: each query head with the key/value head it reads.
+- Soft-capped scores (Gemma 2): the split is of the score before the cap.
+- Position biases (T5's relative bias): a term of their own, ``pos_bias``.
+- Post-LayerNorm models (BERT): the stream is renormalised after each sum; each source's
+  contribution is carried through every later norm with its scale frozen, so that the split
+  stays exact. Gemma's norms of each attention's output are frozen the same way.
+
+Memory: a head's terms are formed for a chunk of (query, key) pairs at a time, within
+``max_bytes``; an earlier head's contribution is carried as its z (``d_head`` wide) and the
+fixed map its W_O and the frozen norms make, never as a ``d_model`` vector per position.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+from probe.capture.architectures import architecture, blocks, head_weights, model_part
+from probe.capture.hookpoints import trace
+from probe.capture.names import NORM_POINTS, hook_name
+from probe.capture.spec import describe
+from probe.errors import ProbeError
+from probe.heads import HeadId
+from probe.interventions.gradients import memory_budget
+from probe.interventions.guard import keeps_model
+
+SCALE = NORM_POINTS[0]  # a norm's hook_scale
+# Architectures whose streams this module knows how to split (the others are refused in one
+# line): pre-LayerNorm decoders, post-LayerNorm encoders with an embedding norm, T5's encoder.
+SPLITS = ("bert", "roberta", "distilbert", "electra", "gpt2", "gpt_neox", "opt", "llama",
+          "mistral", "qwen2", "gemma2", "t5")  # fmt: skip
+TOP_SHARE = 10  # the share of |terms| the ten largest hold, per score
+# Bytes per row of the returned table (codes, positions and the float), for the budget check.
+ROW_BYTES = 40
+
+
+@dataclass
+class _Norm:
+    """A norm with its scale frozen at the clean run's: x -> centre(x) * weight / scale."""
+
+    centre: bool
+    weight: torch.Tensor  # [d_model]
+    scale: torch.Tensor  # [batch, pos, 1]
+    bias: torch.Tensor | None  # [d_model]
+
+    def dense(self, x: torch.Tensor) -> torch.Tensor:
+        """A contribution ``[batch, pos, d_model]`` as the norm passes it on."""
+        x = x - x.mean(-1, keepdim=True) if self.centre else x
+        return x * self.weight / self.scale
+
+    def basis(self, basis: torch.Tensor) -> torch.Tensor:
+        """A fixed map ``[r, d_model]`` into the stream, as the norm passes it on (the scale,
+        per position, goes to the source's gain)."""
+        basis = basis - basis.mean(-1, keepdim=True) if self.centre else basis
+        return basis * self.weight
+
+
+@dataclass
+class _Stream:
+    """The residual stream as a sum of sources. Dense ones are ``[batch, pos, d_model]`` tensors
+    (embeddings, MLP outputs, biases); a head's is its z ``[batch, pos, d_head]`` times a fixed
+    ``[d_head, d_model]`` map (its W_O and the norms since), times a gain per position (the
+    frozen norms' 1/scale)."""
+
+    dense_names: list[str] = field(default_factory=list)
+    dense: list[torch.Tensor] = field(default_factory=list)
+    head_names: list[str] = field(default_factory=list)
+    z: list[torch.Tensor] = field(default_factory=list)
+    basis: list[torch.Tensor] = field(default_factory=list)
+    gain: list[torch.Tensor | None] = field(default_factory=list)
+
+    @property
+    def names(self) -> list[str]:
+        return self.dense_names + self.head_names
+
+    def add(self, name: str, x: torch.Tensor) -> None:
+        self.dense_names.append(name)
+        self.dense.append(x)
+
+    def add_head(self, name: str, z: torch.Tensor, basis: torch.Tensor) -> None:
+        self.head_names.append(name)
+        self.z.append(z)
+        self.basis.append(basis)
+        self.gain.append(None)
+
+    def normed(self, norm: _Norm, bias_name: str) -> _Stream:
+        """The stream as ``norm`` (frozen) passes it on, its bias a source of its own."""
+        out = _Stream(
+            list(self.dense_names), [norm.dense(x) for x in self.dense], list(self.head_names),
+            list(self.z), [norm.basis(b) for b in self.basis],
+            [1 / norm.scale if g is None else g / norm.scale for g in self.gain],
+        )  # fmt: skip
+        if norm.bias is not None:
+            out.add(bias_name, norm.bias.expand(*norm.scale.shape[:-1], -1))
+        return out
+
+    def parts(self, b: torch.Tensor, i: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+        """Each source's part of ``x W`` at rows ``(b, i)`` (``[pairs]`` each), ``W [d_model,
+        d_head]``: ``[source, pairs, d_head]`` in the order of ``names``."""
+        out = []
+        if self.dense:
+            out.append(torch.stack([x[b, i] for x in self.dense]) @ W)
+        if self.z:
+            z = torch.stack([z[b, i] for z in self.z])  # [head source, pairs, d_head]
+            maps = torch.stack(self.basis) @ W  # [head source, d_head, d_head]
+            part = torch.bmm(z, maps)
+            gains = [torch.ones_like(z[0, :, :1]) if g is None else g[b, i] for g in self.gain]
+            out.append(part * torch.stack(gains))
+        return torch.cat(out)
+
+
+@keeps_model
+@torch.no_grad()
+def qk_attribution(
+    model: nn.Module,
+    inputs: Mapping[str, Any] | torch.Tensor,
+    heads: Sequence[tuple[int, int]] | None = None,
+    *,
+    query_positions: int | Sequence[int] | None = None,
+    key_positions: int | Sequence[int] | Mapping[int, int | Sequence[int]] | None = None,
+    top: int | None = None,
+    max_bytes: int | None = None,
+) -> pd.DataFrame:
+    """Split each chosen attention score into what wrote its query times what wrote its key.
+
+    For head h of layer L and query i, key j, the pre-softmax score s_ij is split into terms
+    ``q_a(i) · k_b(j) · scaling``, one per query-side source a and key-side source b, which
+    sum to s_ij. Sources: ``embed``, ``pos_embed`` (where the model adds one; BERT's
+    ``token_type_embed``), each earlier head ``"L-H"``, each earlier MLP ``"mlpL"``, and the
+    biases, each its own row: the norms' (``ln1_biasL``, ``ln2_biasL``, ``embed_ln_bias``), the
+    attention outputs' (``attn_biasL``) and the query and key projections' (``b_Q``, ``b_K``);
+    T5's relative position bias is the term ``pos_bias`` (both sources). Norm scales are frozen
+    at the clean run's values (TransformerLens's ``apply_ln_to_stack``), which makes the split
+    linear and exact; rotary queries and keys are rotated part by part; under grouped-query
+    attention each query head meets the key head it reads; Gemma 2's soft cap is left out (the
+    split is of the score before it).
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel
+        One of ``SPLITS``, in eval mode; an encoder-decoder model's encoder self-attention. It is
+        left exactly as it was (hooks removed, even on error).
+    inputs : mapping or torch.Tensor
+        What the model is called with (a tokenizer's output, with ``attention_mask`` for a
+        padded batch; T5 also needs ``decoder_input_ids``), or input ids ``[batch, pos]``.
+    heads : sequence of (layer, head), optional
+        The heads to split (default: every head).
+    query_positions : int or sequence of int, optional
+        The queries, the same for every input (default: every position that is not padding).
+    key_positions : int, sequence of int, or mapping, optional
+        Default: for each head and query, the key it attends to most. An int or sequence: each
+        of those keys for every query. A mapping ``{query: key or keys}``: those pairs (then
+        ``query_positions`` is its keys).
+    top : int, optional
+        Keep the ``top`` largest terms (by magnitude) of each score and put the rest in one row
+        (``query_source`` and ``key_source`` ``"rest"``), so that each score's rows still sum to
+        it. Default: every term (refused where the table would not fit ``max_bytes``).
+    max_bytes : int, optional
+        The memory budget (default: half the memory free on the model's device, as the other
+        interventions): the terms are formed a head and a chunk of pairs at a time within it.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per term: ``input`` (the row of the batch), ``layer``, ``head``, ``query_pos``,
+        ``key_pos``, ``query_source``, ``key_source``, ``contribution``. ``attrs["scores"]``
+        has one row per score (input, layer, head, query_pos, key_pos): ``score`` (before any
+        mask or soft cap, from the captured queries and keys: what the terms sum to),
+        ``captured`` (``hook_attn_scores``: after the mask and Gemma 2's cap), ``top10_share``
+        (the share of Σ|terms| the ten largest hold), and the largest query-side and key-side
+        source (a side's terms summed over the other side's sources: the score the source
+        gives through its side with the other side whole), ``query_top``,
+        ``query_top_contribution``, ``key_top``, ``key_top_contribution``.
+        ``attrs["conventions"]`` says how norms, rotation, soft caps and biases are treated.
+
+    Raises
+    ------
+    ValueError
+        Naming the argument: a head the model does not have, a position out of range, a key
+        after its query in a causal model, ``top`` below 1.
+    ProbeError
+        A model probe cannot trace, or whose stream this function cannot split (a fused
+        [Q | K | V] projection such as Phi-3's, query and key norms, an embedding projection);
+        a table that does not fit ``max_bytes`` (pass ``top``).
+
+    Examples
+    --------
+    >>> terms = probe.qk_attribution(model, batch, heads=[(1, 1)])
+    >>> terms.groupby("key_source", observed=True).contribution.sum().nlargest(3)
+    """
+    spec = describe(model)  # a model probe cannot trace is refused here
+    attention = spec.attention()
+    _check_model(model, spec)
+    batch = _batch(inputs)
+    T = batch["input_ids"].shape[1]
+    chosen = _heads(heads, attention.n_layers, attention.n_heads)
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 1):
+        raise ValueError(f"top must be a whole number of at least 1, not {top!r}")
+    positions = _positions(query_positions, key_positions, T, spec.causal)
+    budget = memory_budget(model, max_bytes)
+    last = max(layer for layer, _ in chosen)
+    cache, rotations = _capture(model, batch, attention.name, last, attention.rotary)
+    return _split(model, spec, cache, rotations, batch, chosen, positions, top, budget)
+
+
+def _check_model(model: nn.Module, spec) -> None:
+    kind = spec.model_type
+    arch = architecture(model)
+    if arch.fused == "linear":
+        raise ProbeError(
+            f"qk_attribution cannot split {kind}'s fused [Q | K | V] projection into per-head "
+            "query and key maps; use a model with separate or GPT-2-style projections"
+        )
+    if arch.q_norm:
+        raise ProbeError(f"qk_attribution does not split {kind}'s query and key norms yet")
+    if kind not in SPLITS or getattr(model.base_model, "embeddings_project", None) is not None:
+        raise ProbeError(
+            f"qk_attribution does not split {kind}'s residual stream (supported: "
+            f"{', '.join(SPLITS)}; ELECTRA only with its embeddings as wide as its stream)"
+        )
+
+
+def _batch(inputs: Mapping[str, Any] | torch.Tensor) -> dict[str, Any]:
+    if isinstance(inputs, torch.Tensor):
+        inputs = {"input_ids": inputs}
+    if not isinstance(inputs, Mapping) or "input_ids" not in inputs:
+        raise TypeError("inputs must be a tensor of input ids or a mapping with input_ids")
+    batch = dict(inputs)
+    ids = batch["input_ids"]
+    if not isinstance(ids, torch.Tensor) or ids.dim() not in (1, 2) or ids.numel() == 0:
+        raise ValueError("inputs: input_ids must be a non-empty tensor [pos] or [batch, pos]")
+    if ids.dim() == 1:
+        batch = {k: v[None] if isinstance(v, torch.Tensor) and v.dim() == 1 else v
+                 for k, v in batch.items()}  # fmt: skip
+    return batch
+
+
+def _heads(heads, n_layers: int, n_heads: int) -> list[HeadId]:
+    if heads is None:
+        return [HeadId(layer, head) for layer in range(n_layers) for head in range(n_heads)]
+    if isinstance(heads, tuple) and len(heads) == 2 and all(isinstance(h, int) for h in heads):
+        heads = [heads]  # one head
+    chosen = []
+    for h in heads:
+        try:
+            layer, head = (int(x) for x in h)
+        except (TypeError, ValueError):
+            raise ValueError(f"heads: {h!r} is not a (layer, head) pair") from None
+        if not (0 <= layer < n_layers and 0 <= head < n_heads):
+            raise ValueError(
+                f"heads: ({layer}, {head}) does not exist; the model has {n_layers} layers of "
+                f"{n_heads} heads (0-based)"
+            )
+        chosen.append(HeadId(layer, head))
+    if not chosen:
+        raise ValueError("heads: give at least one (layer, head), or None for every head")
+    return sorted(set(chosen))
+
+
+def _positions(query_positions, key_positions, T: int, causal: bool):
+    """The queries (None: every unpadded one of each input), the keys (None: each query's
+    most-attended key, per head), the pairs asked for (or None) and whether keys after their
+    query are left out."""
+
+    def listed(value, name) -> list[int]:
+        values = [value] if isinstance(value, int | np.integer) else list(value)
+        for p in values:
+            if isinstance(p, bool) or not isinstance(p, int | np.integer):
+                raise TypeError(f"{name} must be ints, not {p!r}")
+            if not 0 <= p < T:
+                raise ValueError(f"{name}: position {p} is out of range; the inputs have {T}")
+        return [int(p) for p in values]
+
+    queries = keys = pairs = None
+    if isinstance(key_positions, Mapping):
+        if query_positions is not None:
+            raise ValueError("give the queries once: as key_positions' keys or query_positions")
+        pairs = [(q, k) for q, ks in key_positions.items() for k in listed(ks, "key_positions")]
+        listed([q for q, _ in pairs], "key_positions' queries")
+        if not pairs:
+            raise ValueError("key_positions: no (query, key) pair to split")
+    else:
+        if query_positions is not None:
+            queries = listed(query_positions, "query_positions")
+        if key_positions is not None:
+            keys = listed(key_positions, "key_positions")
+        if queries is not None and keys is not None:
+            pairs = [(q, k) for q in queries for k in keys]
+    if causal and pairs is not None:
+        late = [(q, k) for q, k in pairs if k > q]
+        if late:
+            q, k = late[0]
+            raise ValueError(
+                f"key_positions: key {k} is after query {q}, which a causal model's query "
+                "cannot see"
+            )
+    return queries, keys, pairs, causal
+
+
+def _capture(model, batch, site: str, last: int, rotary: bool):
+    """Trace what the split reads, up to layer ``last``; on rotary models also each layer's
+    (cos, sin), taken from its attention's call."""
+    names = [hook_name(p) for p in ("hook_embed", "hook_pos_embed")]  # the model's own
+    names += [hook_name(f"embed_ln.{SCALE}")]
+    for layer in range(last + 1):
+        names += [hook_name(p, layer, site) for p in ("hook_z", "hook_attn_scores", "hook_pattern",
+                  "hook_q", "hook_k", "hook_resid_pre", "hook_mlp_out")]  # fmt: skip
+        names += [hook_name(f"{n}.{SCALE}", layer, site) for n in ("ln1", "ln2", "ln1_post")]
+        if rotary:
+            names += [hook_name(p, layer, site) for p in ("hook_rot_q", "hook_rot_k")]
+    rotations: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    handles = []
+    if rotary:
+        arch = architecture(model, site)
+        for layer, block in enumerate(blocks(model, site)[: last + 1]):
+
+            def keep(_module, args, kwargs, layer=layer):
+                found = kwargs.get("position_embeddings")
+                if found is None:
+                    found = next((a for a in args[1:] if isinstance(a, tuple)), None)
+                rotations[layer] = found
+
+            module = block.get_submodule(arch.attention)
+            handles.append(module.register_forward_pre_hook(keep, with_kwargs=True))
+    try:
+        wanted = set(names)
+        with trace(model, lambda name: name in wanted) as cache:
+            model(**batch)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return cache, rotations
+
+
+def _norm(module: nn.Module, scale: torch.Tensor, dtype) -> _Norm:
+    weight = module.weight.to(dtype)
+    weight = weight + 1 if "Gemma" in type(module).__name__ else weight  # Gemma's 1 + weight
+    bias = getattr(module, "bias", None)
+    bias = None if bias is None or not bias.any() else bias.to(dtype)
+    return _Norm(isinstance(module, nn.LayerNorm), weight, scale.to(dtype), bias)
+
+
+def _first_stream(model, spec, cache, dtype, ids) -> _Stream:
+    """The stream entering layer 0, as a sum of its sources."""
+    arch = architecture(model)
+    site = spec.attention().name
+    stream = _Stream()
+    resid = cache[hook_name("hook_resid_pre", 0, site)].to(dtype)
+    pos_name = hook_name("hook_pos_embed")
+    relative = spec.model_type == "t5"  # its hook_pos_embed is the bias of the scores
+    pos = None if relative or pos_name not in cache else cache[pos_name].to(dtype)
+    pos = None if pos is None else pos.expand_as(resid)
+    if not arch.post_ln:
+        if pos is not None:
+            stream.add("embed", resid - pos)  # the token embedding as the model scaled it
+            stream.add("pos_embed", pos)
+        else:
+            stream.add("embed", resid)
+        return stream
+    embed_ln = model_part(model, "embed_ln")
+    if embed_ln is None:
+        raise ProbeError(f"qk_attribution cannot split {spec.model_type}'s embeddings")
+    norm = _norm(embed_ln, cache[hook_name(f"embed_ln.{SCALE}")], dtype)
+    stream.add("embed", norm.dense(cache[hook_name("hook_embed")].to(dtype)))
+    if pos is not None:
+        stream.add("pos_embed", norm.dense(pos))
+    if norm.bias is not None:
+        stream.add("embed_ln_bias", norm.bias.expand_as(resid))
+    embeddings = getattr(model.base_model, "embeddings", None)
+    if getattr(embeddings, "token_type_embeddings", None) is not None:
+        # What the norm made of the token types: the rest of the stream, exactly.
+        stream.add("token_type_embed", resid - sum(stream.dense))
+    return stream
+
+
+def _split(model, spec, cache, rotations, batch, chosen, positions, top, budget):
+    attention = spec.attention()
+    site = attention.name
+    arch = architecture(model)
+    layers = blocks(model)
+    dtype = torch.promote_types(next(model.parameters()).dtype, torch.float32)
+    ids = batch["input_ids"]
+    B, T = ids.shape
+    mask = batch.get("attention_mask")
+    valid = torch.ones(B, T, dtype=torch.bool) if mask is None else mask.bool().cpu()
+    relative = spec.model_type == "t5"
+    position_bias = cache[hook_name("hook_pos_embed")].to(dtype) if relative else None
+
+    stream = _first_stream(model, spec, cache, dtype, ids)
+    rows: list[dict[str, np.ndarray]] = []
+    scores: list[pd.DataFrame] = []
+    names: dict[str, int] = {}
+    last = chosen[-1].layer
+    for layer, weights in enumerate(head_weights(model)):
+        if layer > last:
+            break
+        block = layers[layer]
+        here = [h.head for h in chosen if h.layer == layer]
+        if arch.post_ln:
+            read = stream
+        else:
+            ln1 = _norm(block.get_submodule(arch.ln1), _scale(cache, "ln1", layer, site), dtype)
+            read = stream.normed(ln1, f"ln1_bias{layer}")
+        if here:
+            module = block.get_submodule(arch.attention)
+            rotate = _rotation(module, rotations.get(layer), dtype) if attention.rotary else None
+            found = _layer_terms(cache, site, layer, here, weights, read, rotate, module, valid,
+                                 positions, top, budget, dtype, position_bias, names)  # fmt: skip
+            rows += found[0]
+            scores += found[1]
+        if layer == last:
+            break
+        stream = _next_stream(model, arch, cache, site, layer, block, weights, stream, dtype)
+
+    sources = pd.CategoricalDtype(list(names))
+    table = pd.DataFrame({
+        key: np.concatenate([r[key] for r in rows]) if rows else np.array([], dtype=np.int64)
+        for key in ("input", "layer", "head", "query_pos", "key_pos", "query_source",
+                    "key_source", "contribution")
+    })  # fmt: skip
+    for side in ("query_source", "key_source"):
+        table[side] = pd.Categorical.from_codes(table[side].astype(np.int64), dtype=sources)
+    table.attrs["scores"] = pd.concat(scores, ignore_index=True) if scores else pd.DataFrame()
+    table.attrs["conventions"] = {
+        "norms": "each norm's scale frozen at the clean run's value (TransformerLens's "
+        "apply_ln_to_stack), its bias a source of its own; post-LayerNorm models' later norms "
+        "frozen the same way",
+        "rotary": attention.rotary and "each source's query and key part rotated as the whole",
+        "softcap": getattr(model.config, "attn_logit_softcapping", None) is not None
+        and "the split is of the score before the soft cap (attrs['scores'].captured is after)",
+        "position_bias": relative and "T5's relative position bias: the term pos_bias",
+        "scaling": "each term is q_a(i) · k_b(j) times the attention's own scaling",
+    }
+    table.attrs["max_bytes"] = budget
+    return table
+
+
+def _scale(cache, part: str, layer: int, site: str) -> torch.Tensor:
+    return cache[hook_name(f"{part}.{SCALE}", layer, site)]
+
+
+def _next_stream(model, arch, cache, site, layer, block, weights, stream, dtype) -> _Stream:
+    """The stream entering layer + 1: this layer's heads (z times W_O), its attention bias and
+    its MLP added, and in post-LayerNorm blocks both norms (frozen) after their sums."""
+    z = cache[hook_name("hook_z", layer, site)].to(dtype)
+    attn = _Stream()
+    for h in range(weights.n_heads):
+        attn.add_head(str(HeadId(layer, h)), z[:, :, h], weights.W_O[h].to(dtype))
+    if weights.b_O.any():
+        attn.add(f"attn_bias{layer}", weights.b_O.to(dtype).expand(*z.shape[:2], -1))
+    if arch.ln1_post:  # Gemma: the attention's output normalised before its sum
+        post = _norm(block.get_submodule(arch.ln1_post), _scale(cache, "ln1_post", layer, site),
+                     dtype)  # fmt: skip
+        attn = attn.normed(post, f"ln1_post_bias{layer}")
+    stream = _joined(stream, attn)
+    if arch.post_ln:
+        ln1 = _norm(block.get_submodule(arch.ln1), _scale(cache, "ln1", layer, site), dtype)
+        stream = stream.normed(ln1, f"ln1_bias{layer}")
+    stream.add(f"mlp{layer}", cache[hook_name("hook_mlp_out", layer, site)].to(dtype))
+    if arch.post_ln:
+        ln2 = _norm(block.get_submodule(arch.ln2), _scale(cache, "ln2", layer, site), dtype)
+        stream = stream.normed(ln2, f"ln2_bias{layer}")
+    return stream
+
+
+def _joined(a: _Stream, b: _Stream) -> _Stream:
+    return _Stream(a.dense_names + b.dense_names, a.dense + b.dense, a.head_names + b.head_names,
+                   a.z + b.z, a.basis + b.basis, a.gain + b.gain)  # fmt: skip
+
+
+def _rotation(module: nn.Module, cos_sin, dtype):
+    """A function rotating parts ``[source, pairs, d_head]`` at rows (b, i), as the model's own
+    ``apply_rotary_pos_emb`` rotates its queries and keys."""
+    if cos_sin is None:
+        raise ProbeError(
+            f"qk_attribution did not see {type(module).__name__}'s rotary position embeddings"
+        )
+    apply = getattr(sys.modules[type(module).__module__], "apply_rotary_pos_emb", None)
+    if apply is None:
+        raise ProbeError(f"qk_attribution cannot rotate {type(module).__name__}'s queries")
+    cos, sin = (t.to(dtype) for t in cos_sin)
+    if cos.dim() == 2:
+        cos, sin = cos[None], sin[None]
+
+    def rotate(parts: torch.Tensor, b: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        c, s = cos[b % cos.shape[0], i], sin[b % sin.shape[0], i]  # [pairs, rotary dims]
+        return apply(parts, parts, c, s, unsqueeze_dim=0)[0]
+
+    return rotate
+
+
+def _layer_terms(cache, site, layer, here, weights, read, rotate, module, valid, positions, top,
+                 budget, dtype, position_bias, names):  # fmt: skip
+    """One layer's chosen heads: the rows of the table and of its scores."""
+    q_ref = cache[hook_name("hook_rot_q" if rotate else "hook_q", layer, site)].to(dtype)
+    k_ref = cache[hook_name("hook_rot_k" if rotate else "hook_k", layer, site)].to(dtype)
+    captured = cache[hook_name("hook_attn_scores", layer, site)]
+    pattern = cache[hook_name("hook_pattern", layer, site)]
+    scaling = float(getattr(module, "scaling", q_ref.shape[-1] ** -0.5))
+    # A projection's bias is a source where the model has one.
+    q_bias, k_bias = bool(weights.b_Q.any()), bool(weights.b_K.any())
+    q_names = [*read.names, *(["b_Q"] if q_bias else [])]
+    k_names = [*read.names, *(["b_K"] if k_bias else [])]
+    extra = ["pos_bias"] if position_bias is not None else []
+    for name in [*q_names, *k_names, *extra, *(["rest"] if top else [])]:
+        names.setdefault(name, len(names))
+    q_codes = torch.tensor([names[n] for n in q_names])
+    k_codes = torch.tensor([names[n] for n in k_names])
+    Sq, Sk = len(q_names), len(k_names)
+    n_terms = Sq * Sk + len(extra)
+    # Per pair: the gathered dense rows, both sides' parts, the terms and their sort.
+    per_pair = 4 * (len(read.dense) * weights.W_Q.shape[1] + (Sq + Sk) * weights.W_Q.shape[2]
+                    + 3 * n_terms)  # fmt: skip
+    fixed = sum(x.numel() * 4 for x in read.dense if x.is_contiguous())
+    if budget < fixed + 2 * per_pair:
+        raise ProbeError(
+            f"max_bytes={budget:,} is too small for layer {layer}'s sources; give at least "
+            f"max_bytes={fixed + 2 * per_pair:,}"
+        )
+    chunk = max(1, (budget - fixed) // per_pair)
+    rows, scores = [], []
+    for head in here:
+        kv = int(weights.kv_head[head])
+        b, i, j = _pairs_of(pattern[:, head], valid, positions)
+        kept = len(b) * (min(n_terms, top + 1) if top else n_terms)
+        if not top and kept * ROW_BYTES > budget:
+            raise ProbeError(
+                f"the table would hold {kept:,} rows for head {layer}-{head} alone "
+                f"({kept * ROW_BYTES / 2**20:,.0f} MiB), over max_bytes={budget:,}; pass top=10 "
+                "(each score's ten largest terms and the rest in one row), or fewer heads or "
+                "positions"
+            )
+        W_Q, W_K = weights.W_Q[head].to(dtype), weights.W_K[kv].to(dtype)
+        b_Q, b_K = weights.b_Q[head].to(dtype), weights.b_K[kv].to(dtype)
+        for start in range(0, len(b), chunk):
+            cb, ci, cj = (t[start : start + chunk] for t in (b, i, j))
+            db, di, dj = (t.to(q_ref.device) for t in (cb, ci, cj))
+            q, k = read.parts(db, di, W_Q), read.parts(db, dj, W_K)
+            if q_bias:
+                q = torch.cat([q, b_Q.expand(1, len(cb), -1)])
+            if k_bias:
+                k = torch.cat([k, b_K.expand(1, len(cb), -1)])
+            if rotate is not None:
+                q, k = rotate(q, db, di), rotate(k, db, dj)
+            terms = torch.einsum("apd,bpd->pab", q, k).mul_(scaling)  # [pairs, Sq, Sk]
+            flat = terms.flatten(1)
+            score = (q_ref[db, di, head] * k_ref[db, dj, kv]).sum(-1) * scaling
+            if position_bias is not None:
+                bias = position_bias[di, dj, head]
+                flat = torch.cat([flat, bias[:, None]], dim=1)
+                score = score + bias
+            rows.append(_rows(flat, top, q_codes, k_codes, names, Sk, layer, head, cb, ci, cj))
+            scores.append(_scores(terms, flat, score, captured[db, head, di, dj], q_names,
+                                  k_names, layer, head, cb, ci, cj))  # fmt: skip
+    return rows, scores
+
+
+def _pairs_of(pattern, valid, positions):
+    """Rows (input, query, key) of one head, ``[pairs]`` each: the pairs asked for in every
+    input; else each query (every unpadded one by default) with each key asked for (in a causal
+    model, those it can see) or with the key this head attends to most."""
+    queries, keys, pairs, causal = positions
+    B = valid.shape[0]
+    if pairs is not None:
+        qk = torch.tensor(pairs)
+        b = torch.arange(B).repeat_interleave(len(qk))
+        return b, qk[:, 0].repeat(B), qk[:, 1].repeat(B)
+    if queries is None:
+        b, i = valid.nonzero(as_tuple=True)
+    else:
+        q = torch.tensor(queries)
+        b, i = torch.arange(B).repeat_interleave(len(q)), q.repeat(B)
+    if keys is None:
+        return b, i, pattern.float().cpu()[b, i].argmax(-1)
+    k = torch.tensor(keys)
+    b, i, j = b.repeat_interleave(len(k)), i.repeat_interleave(len(k)), k.repeat(len(i))
+    seen = j <= i if causal else torch.ones_like(j, dtype=torch.bool)
+    return b[seen], i[seen], j[seen]
+
+
+def _rows(flat, top, q_codes, k_codes, names, Sk, layer, head, b, i, j):
+    P, n = flat.shape
+    pair_terms = q_codes.numel() * Sk
+    index = torch.arange(n).expand(P, n)
+    values = flat
+    if top and top < n:
+        order = flat.abs().topk(top, dim=1).indices
+        values = flat.gather(1, order)
+        rest = flat.sum(1, keepdim=True) - values.sum(1, keepdim=True)
+        values = torch.cat([values, rest], dim=1)
+        index = torch.cat([order, torch.full((P, 1), -1)], dim=1)
+    count = values.shape[1]
+    index = index.reshape(-1).cpu()
+    is_term = (index >= 0) & (index < pair_terms)
+    q_src = torch.where(is_term, q_codes[(index.clamp(0, pair_terms - 1) // Sk)], -1)
+    k_src = torch.where(is_term, k_codes[(index.clamp(0, pair_terms - 1) % Sk)], -1)
+    if "pos_bias" in names:
+        q_src = torch.where(index == pair_terms, names["pos_bias"], q_src)
+        k_src = torch.where(index == pair_terms, names["pos_bias"], k_src)
+    if "rest" in names:
+        q_src = torch.where(index < 0, names["rest"], q_src)
+        k_src = torch.where(index < 0, names["rest"], k_src)
+    return {
+        "input": b.repeat_interleave(count).numpy(),
+        "layer": np.full(P * count, layer),
+        "head": np.full(P * count, head),
+        "query_pos": i.repeat_interleave(count).numpy(),
+        "key_pos": j.repeat_interleave(count).numpy(),
+        "query_source": q_src.numpy(),
+        "key_source": k_src.numpy(),
+        "contribution": values.reshape(-1).cpu().numpy(),
+    }
+
+
+def _scores(terms, flat, score, captured, q_names, k_names, layer, head, b, i, j):
+    magnitude = flat.abs()
+    share = magnitude.topk(min(TOP_SHARE, flat.shape[1]), dim=1).values.sum(1)
+    share = share / magnitude.sum(1).clamp_min(torch.finfo(flat.dtype).tiny)
+    query_side, key_side = terms.sum(2), terms.sum(1)  # [pairs, Sq], [pairs, Sk]
+    qv, qa = query_side.max(1)
+    kv, ka = key_side.max(1)
+    return pd.DataFrame({
+        "input": b.numpy(), "layer": layer, "head": head, "query_pos": i.numpy(),
+        "key_pos": j.numpy(), "score": score.cpu().numpy(),
+        "captured": captured.float().cpu().numpy(),
+        "top10_share": share.cpu().numpy(),
+        "query_top": np.array(q_names, dtype=object)[qa.cpu().numpy()],
+        "query_top_contribution": qv.cpu().numpy(),
+        "key_top": np.array(k_names, dtype=object)[ka.cpu().numpy()],
+        "key_top_contribution": kv.cpu().numpy(),
+    })  # fmt: skip
