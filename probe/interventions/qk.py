@@ -114,18 +114,29 @@ class _Stream:
             out.add(bias_name, norm.bias.expand(*norm.scale.shape[:-1], -1))
         return out
 
+    def stacked(self) -> _Stream:
+        """The same stream with its sources stacked once (``[source, batch, pos, width]``), so
+        that each chunk gathers its rows in one indexing."""
+        out = _Stream(self.dense_names, self.dense, self.head_names, self.z, self.basis, self.gain)
+        if self.dense:
+            out.dense = [torch.stack(self.dense)]
+        if self.z:
+            ones = torch.ones_like(self.z[0][..., :1])
+            out.z = [torch.stack(self.z)]
+            out.basis = [torch.stack(self.basis)]
+            out.gain = [torch.stack([ones if g is None else g.expand_as(ones) for g in self.gain])]
+        return out
+
     def parts(self, b: torch.Tensor, i: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
         """Each source's part of ``x W`` at rows ``(b, i)`` (``[pairs]`` each), ``W [d_model,
-        d_head]``: ``[source, pairs, d_head]`` in the order of ``names``."""
+        d_head]``, of a ``stacked`` stream: ``[source, pairs, d_head]`` in the order of
+        ``names``."""
         out = []
         if self.dense:
-            out.append(torch.stack([x[b, i] for x in self.dense]) @ W)
+            out.append(self.dense[0][:, b, i] @ W)
         if self.z:
-            z = torch.stack([z[b, i] for z in self.z])  # [head source, pairs, d_head]
-            maps = torch.stack(self.basis) @ W  # [head source, d_head, d_head]
-            part = torch.bmm(z, maps)
-            gains = [torch.ones_like(z[0, :, :1]) if g is None else g[b, i] for g in self.gain]
-            out.append(part * torch.stack(gains))
+            maps = self.basis[0] @ W  # [head source, d_head, d_head]
+            out.append(torch.bmm(self.z[0][:, b, i], maps) * self.gain[0][:, b, i])
         return torch.cat(out)
 
 
@@ -422,6 +433,7 @@ def _split(model, spec, cache, rotations, batch, chosen, positions, top, budget)
             ln1 = _norm(block.get_submodule(arch.ln1), _scale(cache, "ln1", layer, site), dtype)
             read = stream.normed(ln1, f"ln1_bias{layer}")
         if here:
+            read = read.stacked()
             module = block.get_submodule(arch.attention)
             rotate = _rotation(module, rotations.get(layer), dtype) if attention.rotary else None
             found = _layer_terms(cache, site, layer, here, weights, read, rotate, module, valid,
@@ -531,7 +543,7 @@ def _layer_terms(cache, site, layer, here, weights, read, rotate, module, valid,
     # Per pair: the gathered dense rows, both sides' parts, the terms and their sort.
     per_pair = 4 * (len(read.dense) * weights.W_Q.shape[1] + (Sq + Sk) * weights.W_Q.shape[2]
                     + 3 * n_terms)  # fmt: skip
-    fixed = sum(x.numel() * 4 for x in read.dense if x.is_contiguous())
+    fixed = sum(x.numel() * x.element_size() for x in read.dense + read.z + read.gain)
     if budget < fixed + 2 * per_pair:
         raise ProbeError(
             f"max_bytes={budget:,} is too small for layer {layer}'s sources; give at least "
@@ -649,3 +661,53 @@ def _scores(terms, flat, score, captured, q_names, k_names, layer, head, b, i, j
         "key_top": np.array(k_names, dtype=object)[ka.cpu().numpy()],
         "key_top_contribution": kv.cpu().numpy(),
     })  # fmt: skip
+
+
+def qk_means(terms: pd.DataFrame, side: str | None = None) -> pd.DataFrame:
+    """The terms of ``qk_attribution`` averaged over the positions asked for, with 95%
+    t-intervals over inputs: each input's mean over its scores first (so that an input with
+    more positions counts once), then the mean over inputs.
+
+    Parameters
+    ----------
+    terms : pandas.DataFrame
+        ``qk_attribution``'s table, e.g. at the induction positions of a batch of repeated
+        sequences.
+    side : {None, "query", "key"}
+        None: one row per (query source, key source). ``"key"``: each key source's terms summed
+        over the query sources first (what it gives the score through the key, the query
+        whole); ``"query"`` the other way round.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``layer``, ``head``, the source column(s), ``mean``, ``low``, ``high`` (the 95%
+        t-interval over inputs; NaN for one input) and ``inputs``, largest means first within
+        each head.
+    """
+    from probe.inference import t975
+
+    if side not in (None, "query", "key"):
+        raise ValueError(f"side must be None, 'query' or 'key', not {side!r}")
+    score = ["input", "layer", "head", "query_pos", "key_pos"]
+    sources = ["query_source", "key_source"] if side is None else [f"{side}_source"]
+    per_score = terms.groupby(score + sources, observed=True).contribution.sum().reset_index()
+    # A source absent from a score (top) counts 0 there: mean over every score of the input.
+    counts = terms.groupby(["input", "layer", "head"]).apply(
+        lambda g: len(g.drop_duplicates(["query_pos", "key_pos"])), include_groups=False
+    )
+    per_input = per_score.groupby(["input", "layer", "head", *sources], observed=True)
+    per_input = (per_input.contribution.sum() / counts).dropna().rename("value").reset_index()
+    # Inputs x sources: an input where a source has no row counts 0 for it.
+    wide = per_input.pivot_table(
+        index=["layer", "head", *sources], columns="input", values="value", fill_value=0.0,
+        observed=True,
+    )  # fmt: skip
+    values = wide.to_numpy(dtype=np.float64)
+    n = values.shape[1]
+    out = wide.index.to_frame(index=False)
+    out["mean"] = values.mean(1)
+    half = t975(n - 1) * values.std(1, ddof=1) / np.sqrt(n) if n > 1 else np.nan
+    out["low"], out["high"], out["inputs"] = out["mean"] - half, out["mean"] + half, n
+    out = out.sort_values(["layer", "head", "mean"], ascending=[True, True, False])
+    return out[["layer", "head", *sources, "mean", "low", "high", "inputs"]].reset_index(drop=True)
