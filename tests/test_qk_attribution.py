@@ -212,12 +212,13 @@ def test_a_decoy_moves_it(induction):
     with probe.hooks(decoy, fixed), probe.trace(decoy, [scores]) as after:
         decoy(ids)
     q = torch.tensor(list(INDUCTION_PAIRS))
-    drop = (frozen[scores] - after[scores])[:, INDUCTION[1], q, q - N + 1]
+    before = frozen[scores][:, INDUCTION[1], q, q - N + 1]
+    drop = before - after[scores][:, INDUCTION[1], q, q - N + 1]
     on_both = clean[(clean.key_source == previous) | (clean.query_source == previous)]
     direct = torch.tensor(
         on_both.groupby(["input", "query_pos"]).contribution.sum().unstack().to_numpy()
     )
-    error = (drop - direct).abs().max() / frozen[scores].abs().max()
+    error = (drop - direct).abs().max() / before.abs().max()
     print(f"decoy, frozen: the score's fall minus the head's terms, {error:.1e} of the largest")
     assert error < 1e-4
     # Unfrozen, the MLP and the norm take part of the loss back: the score still falls.
@@ -256,8 +257,9 @@ def test_agrees_with_patching_the_key(induction):
         with probe.hooks(induction, edit), probe.trace(induction, [scores]) as after:
             induction(ids)
         q = torch.tensor(list(INDUCTION_PAIRS))
-        change = (clean[scores] - after[scores])[:, head, q, q - N + 1]
+        before = clean[scores][:, head, q, q - N + 1]
+        change = before - after[scores][:, head, q, q - N + 1]
         term = key_side(terms, source)
-        error = (change - term).abs().max() / clean[scores].abs().max()
+        error = (change - term).abs().max() / before.abs().max()
         print(f"{source} patched out of the keys: change minus term {error:.1e} of the largest")
         assert error < 1e-4
