@@ -78,13 +78,17 @@ def test_default_is_each_querys_most_attended_key():
     assert (table.terms - table.score).abs().max() < 1e-4 * table.score.abs().max()
 
 
-def test_chunks_give_the_same_terms():
-    """A budget that holds a few pairs at a time gives the table of one that holds them all."""
+@pytest.mark.parametrize("max_bytes", [12_000, 40_000])
+def test_chunks_give_the_same_terms(max_bytes):
+    """Budgets that hold one head's projections and a few pairs at a time (the smallest is
+    11,344 bytes here) give the table of one that holds them all."""
     model = small_model("llama")
     batch = padded_batch("llama")
-    whole = probe.qk_attribution(model, batch, heads=[(1, 0), (1, 3)])
-    chunked = probe.qk_attribution(model, batch, heads=[(1, 0), (1, 3)], max_bytes=2_000_000)
-    assert whole.attrs["max_bytes"] > chunked.attrs["max_bytes"]
+    heads = [(1, 0), (1, 3)]
+    whole = probe.qk_attribution(model, batch, heads=heads, top=5)
+    chunked = probe.qk_attribution(model, batch, heads=heads, top=5, max_bytes=max_bytes)
+    assert chunked.attrs["max_bytes"] == max_bytes < whole.attrs["max_bytes"]
+    assert (chunked.query_source == whole.query_source).all()
     np.testing.assert_allclose(
         chunked.contribution.to_numpy(), whole.contribution.to_numpy(), rtol=1e-5, atol=1e-6
     )

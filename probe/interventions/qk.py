@@ -501,8 +501,8 @@ def _joined(a: _Stream, b: _Stream) -> _Stream:
 
 
 def _rotation(module: nn.Module, cos_sin, dtype):
-    """A function rotating parts ``[source, pairs, d_head]`` at rows (b, i), as the model's own
-    ``apply_rotary_pos_emb`` rotates its queries and keys."""
+    """A function rotating parts ``[source, rows, head, d_head]`` at rows (b, i), as the
+    model's own ``apply_rotary_pos_emb`` rotates its queries and keys."""
     if cos_sin is None:
         raise ProbeError(
             f"qk_attribution did not see {type(module).__name__}'s rotary position embeddings"
@@ -515,20 +515,39 @@ def _rotation(module: nn.Module, cos_sin, dtype):
         cos, sin = cos[None], sin[None]
 
     def rotate(parts: torch.Tensor, b: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
-        c, s = cos[b % cos.shape[0], i], sin[b % sin.shape[0], i]  # [pairs, rotary dims]
-        return apply(parts, parts, c, s, unsqueeze_dim=0)[0]
+        c, s = cos[b % cos.shape[0], i], sin[b % sin.shape[0], i]  # [rows, rotary dims]
+        return apply(parts, parts, c, s, unsqueeze_dim=1)[0]  # one rotation per row, all heads
 
     return rotate
 
 
+def _projected(read, b, i, W, bias, rotate, chunk) -> torch.Tensor:
+    """Every source's part of the queries (or keys) of some heads at rows (b, i): ``[source
+    (+ the projection's bias), rows, head, d_head]``, rotated where the model rotates; ``W``
+    ``[head, d_model, d_head]``, ``bias`` ``[head, d_head]`` or None. Rows ``chunk`` at a time
+    (a chunk's dense sources are gathered whole)."""
+    flat = W.permute(1, 0, 2).flatten(1)  # [d_model, head * d_head]
+    parts = []
+    for start in range(0, len(b), chunk):
+        rb, ri = b[start : start + chunk], i[start : start + chunk]
+        part = read.parts(rb, ri, flat).unflatten(-1, W.shape[::2])
+        if bias is not None:
+            part = torch.cat([part, bias.expand(1, len(rb), -1, -1)])
+        parts.append(part if rotate is None else rotate(part, rb, ri))
+    return torch.cat(parts, dim=1)
+
+
 def _layer_terms(cache, site, layer, here, weights, read, rotate, module, valid, positions, top,
                  budget, dtype, position_bias, names):  # fmt: skip
-    """One layer's chosen heads: the rows of the table and of its scores."""
+    """One layer's chosen heads: the rows of the table and of its scores. Each source's part of
+    every query and key asked for is projected once for a group of heads (as many as fit half
+    the budget), then each head's terms are formed a chunk of pairs at a time."""
     q_ref = cache[hook_name("hook_rot_q" if rotate else "hook_q", layer, site)].to(dtype)
     k_ref = cache[hook_name("hook_rot_k" if rotate else "hook_k", layer, site)].to(dtype)
     captured = cache[hook_name("hook_attn_scores", layer, site)]
     pattern = cache[hook_name("hook_pattern", layer, site)]
     scaling = float(getattr(module, "scaling", q_ref.shape[-1] ** -0.5))
+    device = q_ref.device
     # A projection's bias is a source where the model has one.
     q_bias, k_bias = bool(weights.b_Q.any()), bool(weights.b_K.any())
     q_names = [*read.names, *(["b_Q"] if q_bias else [])]
@@ -540,50 +559,78 @@ def _layer_terms(cache, site, layer, here, weights, read, rotate, module, valid,
     k_codes = torch.tensor([names[n] for n in k_names])
     Sq, Sk = len(q_names), len(k_names)
     n_terms = Sq * Sk + len(extra)
-    # Per pair: the gathered dense rows, both sides' parts, the terms and their sort.
-    per_pair = 4 * (len(read.dense) * weights.W_Q.shape[1] + (Sq + Sk) * weights.W_Q.shape[2]
-                    + 3 * n_terms)  # fmt: skip
+    d_model, d_head = weights.W_Q.shape[1:]
+    size = torch.finfo(dtype).bits // 8
     fixed = sum(x.numel() * x.element_size() for x in read.dense + read.z + read.gain)
-    if budget < fixed + 2 * per_pair:
+    # Per pair of a chunk: its gathered parts, the terms and their magnitudes, order and rows.
+    per_pair = size * ((Sq + Sk) * d_head + 4 * n_terms)
+    # Per row projected: the dense sources gathered (a chunk at a time), and per head its parts.
+    per_row = size * len(read.dense) * d_model
+    per_head_row = size * (Sq + Sk) * d_head
+    smallest = fixed + 2 * per_pair + 2 * (per_row + per_head_row)
+    if budget < smallest:
         raise ProbeError(
             f"max_bytes={budget:,} is too small for layer {layer}'s sources; give at least "
-            f"max_bytes={fixed + 2 * per_pair:,}"
+            f"max_bytes={smallest:,}"
         )
-    chunk = max(1, (budget - fixed) // per_pair)
+    left = budget - fixed
+    pairs_of = {head: _pairs_of(pattern[:, head], valid, positions) for head in here}
+    most = max(len(p[0]) for p in pairs_of.values())
+    group = max(1, min(len(here), (left // 2) // max(1, per_head_row * most)))
     rows, scores = [], []
-    for head in here:
-        kv = int(weights.kv_head[head])
-        b, i, j = _pairs_of(pattern[:, head], valid, positions)
-        kept = len(b) * (min(n_terms, top + 1) if top else n_terms)
-        if not top and kept * ROW_BYTES > budget:
-            raise ProbeError(
-                f"the table would hold {kept:,} rows for head {layer}-{head} alone "
-                f"({kept * ROW_BYTES / 2**20:,.0f} MiB), over max_bytes={budget:,}; pass top=10 "
-                "(each score's ten largest terms and the rest in one row), or fewer heads or "
-                "positions"
-            )
-        W_Q, W_K = weights.W_Q[head].to(dtype), weights.W_K[kv].to(dtype)
-        b_Q, b_K = weights.b_Q[head].to(dtype), weights.b_K[kv].to(dtype)
-        for start in range(0, len(b), chunk):
-            cb, ci, cj = (t[start : start + chunk] for t in (b, i, j))
-            db, di, dj = (t.to(q_ref.device) for t in (cb, ci, cj))
-            q, k = read.parts(db, di, W_Q), read.parts(db, dj, W_K)
-            if q_bias:
-                q = torch.cat([q, b_Q.expand(1, len(cb), -1)])
-            if k_bias:
-                k = torch.cat([k, b_K.expand(1, len(cb), -1)])
-            if rotate is not None:
-                q, k = rotate(q, db, di), rotate(k, db, dj)
-            terms = torch.einsum("apd,bpd->pab", q, k).mul_(scaling)  # [pairs, Sq, Sk]
-            flat = terms.flatten(1)
-            score = (q_ref[db, di, head] * k_ref[db, dj, kv]).sum(-1) * scaling
-            if position_bias is not None:
-                bias = position_bias[di, dj, head]
-                flat = torch.cat([flat, bias[:, None]], dim=1)
-                score = score + bias
-            rows.append(_rows(flat, top, q_codes, k_codes, names, Sk, layer, head, cb, ci, cj))
-            scores.append(_scores(terms, flat, score, captured[db, head, di, dj], q_names,
-                                  k_names, layer, head, cb, ci, cj))  # fmt: skip
+    for start in range(0, len(here), group):
+        heads = here[start : start + group]
+        kvs = sorted({int(weights.kv_head[h]) for h in heads})
+        b = torch.cat([pairs_of[h][0] for h in heads])
+        q_rows, q_at = torch.unique(b * valid.shape[1] + torch.cat([pairs_of[h][1] for h in heads]),
+                                    return_inverse=True)  # fmt: skip
+        k_rows, k_at = torch.unique(b * valid.shape[1] + torch.cat([pairs_of[h][2] for h in heads]),
+                                    return_inverse=True)  # fmt: skip
+        chunk = max(1, (left // 2) // max(1, per_row + per_head_row * len(heads)))
+        W_Q, W_K = weights.W_Q[heads].to(dtype), weights.W_K[kvs].to(dtype)
+        b_Q = weights.b_Q[heads].to(dtype) if q_bias else None
+        b_K = weights.b_K[kvs].to(dtype) if k_bias else None
+        T = valid.shape[1]
+        q_b, q_i = (q_rows // T).to(device), (q_rows % T).to(device)
+        k_b, k_i = (k_rows // T).to(device), (k_rows % T).to(device)
+        Q = _projected(read, q_b, q_i, W_Q, b_Q, rotate, chunk)  # [Sq, rows, head, d_head]
+        K = _projected(read, k_b, k_i, W_K, b_K, rotate, chunk)
+        taken = 0
+        pair_chunk = max(1, (left - (Q.numel() + K.numel()) * size) // per_pair)
+        for n, head in enumerate(heads):
+            kv = kvs.index(int(weights.kv_head[head]))
+            b, i, j = pairs_of[head]
+            at_q, at_k = q_at[taken : taken + len(b)], k_at[taken : taken + len(b)]
+            taken += len(b)
+            kept = len(b) * (min(n_terms, top + 1) if top else n_terms)
+            if not top and kept * ROW_BYTES > budget:
+                raise ProbeError(
+                    f"the table would hold {kept:,} rows for head {layer}-{head} alone "
+                    f"({kept * ROW_BYTES / 2**20:,.0f} MiB), over max_bytes={budget:,}; pass "
+                    "top=10 (each score's ten largest terms and the rest in one row), or fewer "
+                    "heads or positions"
+                )
+            for first in range(0, len(b), pair_chunk):
+                part = slice(first, first + pair_chunk)
+                cb, ci, cj = b[part], i[part], j[part]
+                db, di, dj = (t.to(device) for t in (cb, ci, cj))
+                q = Q[:, at_q[part].to(device), n]  # [Sq, pairs, d_head]
+                k = K[:, at_k[part].to(device), kv]
+                terms = torch.bmm(q.transpose(0, 1), k.permute(1, 2, 0)).mul_(scaling)
+                flat = terms.flatten(1)  # [pairs, Sq * Sk]: the terms of each score
+                score = (q_ref[db, di, head] * k_ref[db, dj, weights.kv_head[head]]).sum(-1)
+                score = score * scaling
+                if position_bias is not None:
+                    bias = position_bias[di, dj, head]
+                    flat = torch.cat([flat, bias[:, None]], dim=1)
+                    score = score + bias
+                magnitude = flat.abs()
+                largest = magnitude.topk(min(max(top or 0, TOP_SHARE), flat.shape[1]), dim=1)
+                rows.append(_rows(flat, top, largest, q_codes, k_codes, names, Sk, layer, head,
+                                  cb, ci, cj))  # fmt: skip
+                scores.append(_scores(terms, magnitude, largest, score,
+                                      captured[db, head, di, dj], q_names, k_names, layer, head,
+                                      cb, ci, cj))  # fmt: skip
     return rows, scores
 
 
@@ -610,13 +657,13 @@ def _pairs_of(pattern, valid, positions):
     return b[seen], i[seen], j[seen]
 
 
-def _rows(flat, top, q_codes, k_codes, names, Sk, layer, head, b, i, j):
+def _rows(flat, top, largest, q_codes, k_codes, names, Sk, layer, head, b, i, j):
     P, n = flat.shape
     pair_terms = q_codes.numel() * Sk
     index = torch.arange(n).expand(P, n)
     values = flat
     if top and top < n:
-        order = flat.abs().topk(top, dim=1).indices
+        order = largest.indices[:, :top]
         values = flat.gather(1, order)
         rest = flat.sum(1, keepdim=True) - values.sum(1, keepdim=True)
         values = torch.cat([values, rest], dim=1)
@@ -644,10 +691,9 @@ def _rows(flat, top, q_codes, k_codes, names, Sk, layer, head, b, i, j):
     }
 
 
-def _scores(terms, flat, score, captured, q_names, k_names, layer, head, b, i, j):
-    magnitude = flat.abs()
-    share = magnitude.topk(min(TOP_SHARE, flat.shape[1]), dim=1).values.sum(1)
-    share = share / magnitude.sum(1).clamp_min(torch.finfo(flat.dtype).tiny)
+def _scores(terms, magnitude, largest, score, captured, q_names, k_names, layer, head, b, i, j):
+    share = largest.values[:, :TOP_SHARE].sum(1)
+    share = share / magnitude.sum(1).clamp_min(torch.finfo(magnitude.dtype).tiny)
     query_side, key_side = terms.sum(2), terms.sum(1)  # [pairs, Sq], [pairs, Sk]
     qv, qa = query_side.max(1)
     kv, ka = key_side.max(1)
