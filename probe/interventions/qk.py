@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -77,13 +77,17 @@ class _Norm:
 
 @dataclass
 class _Stream:
-    """The residual stream as a sum of sources. Dense ones are ``[batch, pos, d_model]`` tensors
-    (embeddings, MLP outputs, biases); a head's is its z ``[batch, pos, d_head]`` times a fixed
-    ``[d_head, d_model]`` map (its W_O and the norms since), times a gain per position (the
-    frozen norms' 1/scale)."""
+    """The residual stream as a sum of sources, of three kinds, each kept in the form cheapest
+    to carry: dense ones ``[batch, pos, d_model]`` (embeddings, MLP outputs); a bias, a fixed
+    vector ``[d_model]`` times a gain per position (the frozen norms' 1/scale since it was
+    added); a head's, its z ``[batch, pos, d_head]`` times a fixed ``[d_head, d_model]`` map
+    (its W_O and the norms since) times a gain per position."""
 
     dense_names: list[str] = field(default_factory=list)
     dense: list[torch.Tensor] = field(default_factory=list)
+    bias_names: list[str] = field(default_factory=list)
+    vectors: list[torch.Tensor] = field(default_factory=list)
+    bias_gain: list[torch.Tensor | None] = field(default_factory=list)
     head_names: list[str] = field(default_factory=list)
     z: list[torch.Tensor] = field(default_factory=list)
     basis: list[torch.Tensor] = field(default_factory=list)
@@ -91,11 +95,16 @@ class _Stream:
 
     @property
     def names(self) -> list[str]:
-        return self.dense_names + self.head_names
+        return self.dense_names + self.bias_names + self.head_names
 
     def add(self, name: str, x: torch.Tensor) -> None:
         self.dense_names.append(name)
         self.dense.append(x)
+
+    def add_bias(self, name: str, vector: torch.Tensor) -> None:
+        self.bias_names.append(name)
+        self.vectors.append(vector)
+        self.bias_gain.append(None)
 
     def add_head(self, name: str, z: torch.Tensor, basis: torch.Tensor) -> None:
         self.head_names.append(name)
@@ -103,41 +112,56 @@ class _Stream:
         self.basis.append(basis)
         self.gain.append(None)
 
+    def __add__(self, other: _Stream) -> _Stream:
+        return _Stream(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+
     def normed(self, norm: _Norm, bias_name: str) -> _Stream:
         """The stream as ``norm`` (frozen) passes it on, its bias a source of its own."""
+
+        def gained(g):
+            return 1 / norm.scale if g is None else g / norm.scale
+
         out = _Stream(
-            list(self.dense_names), [norm.dense(x) for x in self.dense], list(self.head_names),
-            list(self.z), [norm.basis(b) for b in self.basis],
-            [1 / norm.scale if g is None else g / norm.scale for g in self.gain],
+            list(self.dense_names), [norm.dense(x) for x in self.dense],
+            list(self.bias_names), [norm.basis(v) for v in self.vectors],
+            [gained(g) for g in self.bias_gain],
+            list(self.head_names), list(self.z), [norm.basis(b) for b in self.basis],
+            [gained(g) for g in self.gain],
         )  # fmt: skip
         if norm.bias is not None:
-            out.add(bias_name, norm.bias.expand(*norm.scale.shape[:-1], -1))
+            out.add_bias(bias_name, norm.bias)
         return out
 
     def stacked(self) -> _Stream:
-        """The same stream with its sources stacked once (``[source, batch, pos, width]``), so
-        that each chunk gathers its rows in one indexing."""
-        out = _Stream(self.dense_names, self.dense, self.head_names, self.z, self.basis, self.gain)
-        if self.dense:
-            out.dense = [torch.stack(self.dense)]
+        """The same stream with each kind's sources stacked once (``[source, batch, pos,
+        width]``, gains ``[source, batch, pos, 1]``), so that a chunk gathers its rows in one
+        indexing."""
+        out = _Stream(*(getattr(self, f.name) for f in fields(self)))
+        ones = torch.ones_like(self.dense[0][..., :1])
+
+        def gains(found):
+            return [torch.stack([ones if g is None else g.expand_as(ones) for g in found])]
+
+        out.dense = [torch.stack(self.dense)]  # the embeddings at least
+        if self.vectors:
+            out.vectors, out.bias_gain = [torch.stack(self.vectors)], gains(self.bias_gain)
         if self.z:
-            ones = torch.ones_like(self.z[0][..., :1])
-            out.z = [torch.stack(self.z)]
-            out.basis = [torch.stack(self.basis)]
-            out.gain = [torch.stack([ones if g is None else g.expand_as(ones) for g in self.gain])]
+            out.z, out.basis = [torch.stack(self.z)], [torch.stack(self.basis)]
+            out.gain = gains(self.gain)
         return out
 
-    def parts(self, b: torch.Tensor, i: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
-        """Each source's part of ``x W`` at rows ``(b, i)`` (``[pairs]`` each), ``W [d_model,
-        d_head]``, of a ``stacked`` stream: ``[source, pairs, d_head]`` in the order of
-        ``names``."""
-        out = []
-        if self.dense:
-            out.append(self.dense[0][:, b, i] @ W)
+    def parts(self, b: torch.Tensor, i: torch.Tensor, W: torch.Tensor, out: torch.Tensor) -> None:
+        """Each source's part of ``x W`` at rows ``(b, i)`` (``[rows]`` each), ``W [d_model,
+        width]``, of a ``stacked`` stream, written into ``out`` ``[source, rows, width]`` in
+        the order of ``names``."""
+        dense, biases = len(self.dense_names), len(self.bias_names)
+        out[:dense] = self.dense[0][:, b, i] @ W
+        if self.vectors:
+            part = (self.vectors[0] @ W)[:, None] * self.bias_gain[0][:, b, i]
+            out[dense : dense + biases] = part
         if self.z:
-            maps = self.basis[0] @ W  # [head source, d_head, d_head]
-            out.append(torch.bmm(self.z[0][:, b, i], maps) * self.gain[0][:, b, i])
-        return torch.cat(out)
+            maps = self.basis[0] @ W  # [head source, d_head, width]
+            out[dense + biases :] = torch.bmm(self.z[0][:, b, i], maps) * self.gain[0][:, b, i]
 
 
 @keeps_model
@@ -396,11 +420,11 @@ def _first_stream(model, spec, cache, dtype, ids) -> _Stream:
     if pos is not None:
         stream.add("pos_embed", norm.dense(pos))
     if norm.bias is not None:
-        stream.add("embed_ln_bias", norm.bias.expand_as(resid))
+        stream.add_bias("embed_ln_bias", norm.bias)
     embeddings = getattr(model.base_model, "embeddings", None)
     if getattr(embeddings, "token_type_embeddings", None) is not None:
         # What the norm made of the token types: the rest of the stream, exactly.
-        stream.add("token_type_embed", resid - sum(stream.dense))
+        stream.add("token_type_embed", resid - sum(stream.dense) - sum(stream.vectors))
     return stream
 
 
@@ -479,12 +503,12 @@ def _next_stream(model, arch, cache, site, layer, block, weights, stream, dtype)
     for h in range(weights.n_heads):
         attn.add_head(str(HeadId(layer, h)), z[:, :, h], weights.W_O[h].to(dtype))
     if weights.b_O.any():
-        attn.add(f"attn_bias{layer}", weights.b_O.to(dtype).expand(*z.shape[:2], -1))
+        attn.add_bias(f"attn_bias{layer}", weights.b_O.to(dtype))
     if arch.ln1_post:  # Gemma: the attention's output normalised before its sum
         post = _norm(block.get_submodule(arch.ln1_post), _scale(cache, "ln1_post", layer, site),
                      dtype)  # fmt: skip
         attn = attn.normed(post, f"ln1_post_bias{layer}")
-    stream = _joined(stream, attn)
+    stream = stream + attn
     if arch.post_ln:
         ln1 = _norm(block.get_submodule(arch.ln1), _scale(cache, "ln1", layer, site), dtype)
         stream = stream.normed(ln1, f"ln1_bias{layer}")
@@ -493,11 +517,6 @@ def _next_stream(model, arch, cache, site, layer, block, weights, stream, dtype)
         ln2 = _norm(block.get_submodule(arch.ln2), _scale(cache, "ln2", layer, site), dtype)
         stream = stream.normed(ln2, f"ln2_bias{layer}")
     return stream
-
-
-def _joined(a: _Stream, b: _Stream) -> _Stream:
-    return _Stream(a.dense_names + b.dense_names, a.dense + b.dense, a.head_names + b.head_names,
-                   a.z + b.z, a.basis + b.basis, a.gain + b.gain)  # fmt: skip
 
 
 def _rotation(module: nn.Module, cos_sin, dtype):
@@ -522,19 +541,22 @@ def _rotation(module: nn.Module, cos_sin, dtype):
 
 
 def _projected(read, b, i, W, bias, rotate, chunk) -> torch.Tensor:
-    """Every source's part of the queries (or keys) of some heads at rows (b, i): ``[source
-    (+ the projection's bias), rows, head, d_head]``, rotated where the model rotates; ``W``
-    ``[head, d_model, d_head]``, ``bias`` ``[head, d_head]`` or None. Rows ``chunk`` at a time
-    (a chunk's dense sources are gathered whole)."""
+    """Every source's part of the queries (or keys) of some heads at rows (b, i): ``[head, rows,
+    source (+ the projection's bias), d_head]``, rotated where the model rotates; ``W`` ``[head,
+    d_model, d_head]``, ``bias`` ``[head, d_head]`` or None. Rows ``chunk`` at a time (a chunk's
+    dense sources are gathered whole)."""
     flat = W.permute(1, 0, 2).flatten(1)  # [d_model, head * d_head]
-    parts = []
+    S = len(read.names) + (bias is not None)
+    out = torch.empty(S, len(b), W.shape[0], W.shape[2], dtype=W.dtype, device=W.device)
     for start in range(0, len(b), chunk):
-        rb, ri = b[start : start + chunk], i[start : start + chunk]
-        part = read.parts(rb, ri, flat).unflatten(-1, W.shape[::2])
+        rows = slice(start, start + chunk)
+        part = out[:, rows]
+        read.parts(b[rows], i[rows], flat, part.view(S, -1, flat.shape[1])[: len(read.names)])
         if bias is not None:
-            part = torch.cat([part, bias.expand(1, len(rb), -1, -1)])
-        parts.append(part if rotate is None else rotate(part, rb, ri))
-    return torch.cat(parts, dim=1)
+            part[-1] = bias
+        if rotate is not None:
+            part.copy_(rotate(part, b[rows], i[rows]))
+    return out.permute(2, 1, 0, 3).contiguous()  # each head's rows, then its sources
 
 
 def _layer_terms(cache, site, layer, here, weights, read, rotate, module, valid, positions, top,
@@ -562,10 +584,11 @@ def _layer_terms(cache, site, layer, here, weights, read, rotate, module, valid,
     d_model, d_head = weights.W_Q.shape[1:]
     size = torch.finfo(dtype).bits // 8
     fixed = sum(x.numel() * x.element_size() for x in read.dense + read.z + read.gain)
+    fixed += sum(x.numel() * x.element_size() for x in read.bias_gain)
     # Per pair of a chunk: its gathered parts, the terms and their magnitudes, order and rows.
     per_pair = size * ((Sq + Sk) * d_head + 4 * n_terms)
     # Per row projected: the dense sources gathered (a chunk at a time), and per head its parts.
-    per_row = size * len(read.dense) * d_model
+    per_row = size * len(read.dense_names) * d_model
     per_head_row = size * (Sq + Sk) * d_head
     smallest = fixed + 2 * per_pair + 2 * (per_row + per_head_row)
     if budget < smallest:
@@ -593,7 +616,7 @@ def _layer_terms(cache, site, layer, here, weights, read, rotate, module, valid,
         T = valid.shape[1]
         q_b, q_i = (q_rows // T).to(device), (q_rows % T).to(device)
         k_b, k_i = (k_rows // T).to(device), (k_rows % T).to(device)
-        Q = _projected(read, q_b, q_i, W_Q, b_Q, rotate, chunk)  # [Sq, rows, head, d_head]
+        Q = _projected(read, q_b, q_i, W_Q, b_Q, rotate, chunk)  # [head, rows, Sq, d_head]
         K = _projected(read, k_b, k_i, W_K, b_K, rotate, chunk)
         taken = 0
         pair_chunk = max(1, (left - (Q.numel() + K.numel()) * size) // per_pair)
@@ -614,9 +637,9 @@ def _layer_terms(cache, site, layer, here, weights, read, rotate, module, valid,
                 part = slice(first, first + pair_chunk)
                 cb, ci, cj = b[part], i[part], j[part]
                 db, di, dj = (t.to(device) for t in (cb, ci, cj))
-                q = Q[:, at_q[part].to(device), n]  # [Sq, pairs, d_head]
-                k = K[:, at_k[part].to(device), kv]
-                terms = torch.bmm(q.transpose(0, 1), k.permute(1, 2, 0)).mul_(scaling)
+                q = Q[n].index_select(0, at_q[part].to(device))  # [pairs, Sq, d_head]
+                k = K[kv].index_select(0, at_k[part].to(device))
+                terms = torch.bmm(q, k.transpose(1, 2)).mul_(scaling)  # [pairs, Sq, Sk]
                 flat = terms.flatten(1)  # [pairs, Sq * Sk]: the terms of each score
                 score = (q_ref[db, di, head] * k_ref[db, dj, weights.kv_head[head]]).sum(-1)
                 score = score * scaling
