@@ -540,11 +540,13 @@ def _rotation(module: nn.Module, cos_sin, dtype):
     return rotate
 
 
-def _projected(read, b, i, W, bias, rotate, chunk) -> torch.Tensor:
-    """Every source's part of the queries (or keys) of some heads at rows (b, i): ``[head, rows,
-    source (+ the projection's bias), d_head]``, rotated where the model rotates; ``W`` ``[head,
-    d_model, d_head]``, ``bias`` ``[head, d_head]`` or None. Rows ``chunk`` at a time (a chunk's
-    dense sources are gathered whole)."""
+def _projected(read, rows, T, W, bias, rotate, chunk) -> torch.Tensor:
+    """Every source's part of the queries (or keys) of some heads at flat rows ``rows`` (input
+    ``rows // T``, position ``rows % T``): ``[head, rows, source (+ the projection's bias),
+    d_head]``, rotated where the model rotates; ``W`` ``[head, d_model, d_head]``, ``bias``
+    ``[head, d_head]`` or None. Rows ``chunk`` at a time (a chunk's dense sources are gathered
+    whole)."""
+    b, i = (rows // T).to(W.device), (rows % T).to(W.device)
     flat = W.permute(1, 0, 2).flatten(1)  # [d_model, head * d_head]
     S = len(read.names) + (bias is not None)
     out = torch.empty(S, len(b), W.shape[0], W.shape[2], dtype=W.dtype, device=W.device)
@@ -559,17 +561,33 @@ def _projected(read, b, i, W, bias, rotate, chunk) -> torch.Tensor:
     return out.permute(2, 1, 0, 3).contiguous()  # each head's rows, then its sources
 
 
+@dataclass
+class _Layer:
+    """What one layer's terms are formed from and into."""
+
+    layer: int
+    q_ref: torch.Tensor  # the captured queries and keys (rotated), for the score itself
+    k_ref: torch.Tensor
+    captured: torch.Tensor  # hook_attn_scores
+    scaling: float
+    kv_head: torch.Tensor
+    q_names: list[str]
+    k_names: list[str]
+    q_codes: torch.Tensor
+    k_codes: torch.Tensor
+    names: dict[str, int]
+    top: int | None
+    position_bias: torch.Tensor | None
+    rows: list = field(default_factory=list)
+    scores: list = field(default_factory=list)
+
+
 def _layer_terms(cache, site, layer, here, weights, read, rotate, module, valid, positions, top,
                  budget, dtype, position_bias, names):  # fmt: skip
     """One layer's chosen heads: the rows of the table and of its scores. Each source's part of
     every query and key asked for is projected once for a group of heads (as many as fit half
     the budget), then each head's terms are formed a chunk of pairs at a time."""
     q_ref = cache[hook_name("hook_rot_q" if rotate else "hook_q", layer, site)].to(dtype)
-    k_ref = cache[hook_name("hook_rot_k" if rotate else "hook_k", layer, site)].to(dtype)
-    captured = cache[hook_name("hook_attn_scores", layer, site)]
-    pattern = cache[hook_name("hook_pattern", layer, site)]
-    scaling = float(getattr(module, "scaling", q_ref.shape[-1] ** -0.5))
-    device = q_ref.device
     # A projection's bias is a source where the model has one.
     q_bias, k_bias = bool(weights.b_Q.any()), bool(weights.b_K.any())
     q_names = [*read.names, *(["b_Q"] if q_bias else [])]
@@ -577,12 +595,53 @@ def _layer_terms(cache, site, layer, here, weights, read, rotate, module, valid,
     extra = ["pos_bias"] if position_bias is not None else []
     for name in [*q_names, *k_names, *extra, *(["rest"] if top else [])]:
         names.setdefault(name, len(names))
-    q_codes = torch.tensor([names[n] for n in q_names])
-    k_codes = torch.tensor([names[n] for n in k_names])
+    at = _Layer(
+        layer, q_ref, cache[hook_name("hook_rot_k" if rotate else "hook_k", layer, site)].to(dtype),
+        cache[hook_name("hook_attn_scores", layer, site)],
+        float(getattr(module, "scaling", q_ref.shape[-1] ** -0.5)), weights.kv_head, q_names,
+        k_names, torch.tensor([names[n] for n in q_names]),
+        torch.tensor([names[n] for n in k_names]), names, top, position_bias,
+    )  # fmt: skip
     Sq, Sk = len(q_names), len(k_names)
     n_terms = Sq * Sk + len(extra)
-    d_model, d_head = weights.W_Q.shape[1:]
     size = torch.finfo(dtype).bits // 8
+    left, per_pair, per_row, per_head_row = _sizes(read, Sq, Sk, n_terms, weights, size, budget,
+                                                   layer)  # fmt: skip
+    pattern = cache[hook_name("hook_pattern", layer, site)]
+    pairs_of = {head: _pairs_of(pattern[:, head], valid, positions) for head in here}
+    for head, (b, _, _) in pairs_of.items():
+        _check_table(len(b) * (min(n_terms, top + 1) if top else n_terms), budget, layer, head)
+    most = max(len(p[0]) for p in pairs_of.values())
+    group = max(1, min(len(here), (left // 2) // max(1, per_head_row * most)))
+    T = valid.shape[1]
+    for start in range(0, len(here), group):
+        heads = here[start : start + group]
+        kvs = sorted({int(weights.kv_head[h]) for h in heads})
+        b = torch.cat([pairs_of[h][0] for h in heads])
+        q_rows, q_at = torch.unique(b * T + torch.cat([pairs_of[h][1] for h in heads]),
+                                    return_inverse=True)  # fmt: skip
+        k_rows, k_at = torch.unique(b * T + torch.cat([pairs_of[h][2] for h in heads]),
+                                    return_inverse=True)  # fmt: skip
+        chunk = max(1, (left // 2) // max(1, per_row + per_head_row * len(heads)))
+        Q = _projected(read, q_rows, T, weights.W_Q[heads].to(dtype),
+                       weights.b_Q[heads].to(dtype) if q_bias else None, rotate, chunk)  # fmt: skip
+        K = _projected(read, k_rows, T, weights.W_K[kvs].to(dtype),
+                       weights.b_K[kvs].to(dtype) if k_bias else None, rotate, chunk)  # fmt: skip
+        pair_chunk = max(1, (left - (Q.numel() + K.numel()) * size) // per_pair)
+        taken = 0
+        for n, head in enumerate(heads):
+            found = pairs_of[head]
+            mine = slice(taken, taken + len(found[0]))
+            taken += len(found[0])
+            kv = kvs.index(int(weights.kv_head[head]))
+            _head_terms(at, head, Q[n], K[kv], found, q_at[mine], k_at[mine], pair_chunk)
+    return at.rows, at.scores
+
+
+def _sizes(read, Sq, Sk, n_terms, weights, size, budget, layer):
+    """What a layer holds: the budget left beside its stacked sources, and the bytes per pair
+    of a chunk, per row projected and per head and row projected."""
+    d_model, d_head = weights.W_Q.shape[1:]
     fixed = sum(x.numel() * x.element_size() for x in read.dense + read.z + read.gain)
     fixed += sum(x.numel() * x.element_size() for x in read.bias_gain)
     # Per pair of a chunk: its gathered parts, the terms and their magnitudes, order and rows.
@@ -596,65 +655,43 @@ def _layer_terms(cache, site, layer, here, weights, read, rotate, module, valid,
             f"max_bytes={budget:,} is too small for layer {layer}'s sources; give at least "
             f"max_bytes={smallest:,}"
         )
-    left = budget - fixed
-    pairs_of = {head: _pairs_of(pattern[:, head], valid, positions) for head in here}
-    most = max(len(p[0]) for p in pairs_of.values())
-    group = max(1, min(len(here), (left // 2) // max(1, per_head_row * most)))
-    rows, scores = [], []
-    for start in range(0, len(here), group):
-        heads = here[start : start + group]
-        kvs = sorted({int(weights.kv_head[h]) for h in heads})
-        b = torch.cat([pairs_of[h][0] for h in heads])
-        q_rows, q_at = torch.unique(b * valid.shape[1] + torch.cat([pairs_of[h][1] for h in heads]),
-                                    return_inverse=True)  # fmt: skip
-        k_rows, k_at = torch.unique(b * valid.shape[1] + torch.cat([pairs_of[h][2] for h in heads]),
-                                    return_inverse=True)  # fmt: skip
-        chunk = max(1, (left // 2) // max(1, per_row + per_head_row * len(heads)))
-        W_Q, W_K = weights.W_Q[heads].to(dtype), weights.W_K[kvs].to(dtype)
-        b_Q = weights.b_Q[heads].to(dtype) if q_bias else None
-        b_K = weights.b_K[kvs].to(dtype) if k_bias else None
-        T = valid.shape[1]
-        q_b, q_i = (q_rows // T).to(device), (q_rows % T).to(device)
-        k_b, k_i = (k_rows // T).to(device), (k_rows % T).to(device)
-        Q = _projected(read, q_b, q_i, W_Q, b_Q, rotate, chunk)  # [head, rows, Sq, d_head]
-        K = _projected(read, k_b, k_i, W_K, b_K, rotate, chunk)
-        taken = 0
-        pair_chunk = max(1, (left - (Q.numel() + K.numel()) * size) // per_pair)
-        for n, head in enumerate(heads):
-            kv = kvs.index(int(weights.kv_head[head]))
-            b, i, j = pairs_of[head]
-            at_q, at_k = q_at[taken : taken + len(b)], k_at[taken : taken + len(b)]
-            taken += len(b)
-            kept = len(b) * (min(n_terms, top + 1) if top else n_terms)
-            if not top and kept * ROW_BYTES > budget:
-                raise ProbeError(
-                    f"the table would hold {kept:,} rows for head {layer}-{head} alone "
-                    f"({kept * ROW_BYTES / 2**20:,.0f} MiB), over max_bytes={budget:,}; pass "
-                    "top=10 (each score's ten largest terms and the rest in one row), or fewer "
-                    "heads or positions"
-                )
-            for first in range(0, len(b), pair_chunk):
-                part = slice(first, first + pair_chunk)
-                cb, ci, cj = b[part], i[part], j[part]
-                db, di, dj = (t.to(device) for t in (cb, ci, cj))
-                q = Q[n].index_select(0, at_q[part].to(device))  # [pairs, Sq, d_head]
-                k = K[kv].index_select(0, at_k[part].to(device))
-                terms = torch.bmm(q, k.transpose(1, 2)).mul_(scaling)  # [pairs, Sq, Sk]
-                flat = terms.flatten(1)  # [pairs, Sq * Sk]: the terms of each score
-                score = (q_ref[db, di, head] * k_ref[db, dj, weights.kv_head[head]]).sum(-1)
-                score = score * scaling
-                if position_bias is not None:
-                    bias = position_bias[di, dj, head]
-                    flat = torch.cat([flat, bias[:, None]], dim=1)
-                    score = score + bias
-                magnitude = flat.abs()
-                largest = magnitude.topk(min(max(top or 0, TOP_SHARE), flat.shape[1]), dim=1)
-                rows.append(_rows(flat, top, largest, q_codes, k_codes, names, Sk, layer, head,
-                                  cb, ci, cj))  # fmt: skip
-                scores.append(_scores(terms, magnitude, largest, score,
-                                      captured[db, head, di, dj], q_names, k_names, layer, head,
-                                      cb, ci, cj))  # fmt: skip
-    return rows, scores
+    return budget - fixed, per_pair, per_row, per_head_row
+
+
+def _check_table(rows: int, budget: int, layer: int, head: int) -> None:
+    if rows * ROW_BYTES > budget:
+        raise ProbeError(
+            f"the table would hold {rows:,} rows for head {layer}-{head} alone "
+            f"({rows * ROW_BYTES / 2**20:,.0f} MiB), over max_bytes={budget:,}; pass top=10 "
+            "(each score's ten largest terms and the rest in one row), or fewer heads or "
+            "positions"
+        )
+
+
+def _head_terms(at: _Layer, head, Q, K, pairs, q_at, k_at, chunk) -> None:
+    """One head's terms, ``chunk`` pairs at a time, from its queries' and keys' parts ``Q``
+    ``[rows, Sq, d_head]`` and ``K`` (``q_at``, ``k_at``: each pair's rows in them)."""
+    device = Q.device
+    for first in range(0, len(pairs[0]), chunk):
+        part = slice(first, first + chunk)
+        cb, ci, cj = (t[part] for t in pairs)
+        db, di, dj = (t.to(device) for t in (cb, ci, cj))
+        q = Q.index_select(0, q_at[part].to(device))  # [pairs, Sq, d_head]
+        k = K.index_select(0, k_at[part].to(device))
+        terms = torch.bmm(q, k.transpose(1, 2)).mul_(at.scaling)  # [pairs, Sq, Sk]
+        flat = terms.flatten(1)  # [pairs, Sq * Sk]: the terms of each score
+        score = (at.q_ref[db, di, head] * at.k_ref[db, dj, at.kv_head[head]]).sum(-1)
+        score = score * at.scaling
+        if at.position_bias is not None:
+            bias = at.position_bias[di, dj, head]
+            flat = torch.cat([flat, bias[:, None]], dim=1)
+            score = score + bias
+        magnitude = flat.abs()
+        largest = magnitude.topk(min(max(at.top or 0, TOP_SHARE), flat.shape[1]), dim=1)
+        at.rows.append(_rows(flat, at.top, largest, at.q_codes, at.k_codes, at.names,
+                             len(at.k_names), at.layer, head, cb, ci, cj))  # fmt: skip
+        at.scores.append(_scores(terms, magnitude, largest, score, at.captured[db, head, di, dj],
+                                 at.q_names, at.k_names, at.layer, head, cb, ci, cj))  # fmt: skip
 
 
 def _pairs_of(pattern, valid, positions):
