@@ -150,18 +150,22 @@ class _Stream:
             out.gain = gains(self.gain)
         return out
 
-    def parts(self, b: torch.Tensor, i: torch.Tensor, W: torch.Tensor, out: torch.Tensor) -> None:
+    def maps(self, W: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """A ``stacked`` stream's biases and head maps through ``W [d_model, width]``: ``[bias,
+        width]`` and ``[head source, d_head, width]`` (None where it has none)."""
+        vectors = self.vectors[0] @ W if self.vectors else None
+        return vectors, (self.basis[0] @ W if self.z else None)
+
+    def parts(self, b, i, W, maps, out: torch.Tensor) -> None:
         """Each source's part of ``x W`` at rows ``(b, i)`` (``[rows]`` each), ``W [d_model,
-        width]``, of a ``stacked`` stream, written into ``out`` ``[source, rows, width]`` in
-        the order of ``names``."""
+        width]`` and ``maps`` its ``maps(W)``, of a ``stacked`` stream, written into ``out``
+        ``[source, rows, width]`` in the order of ``names``."""
         dense, biases = len(self.dense_names), len(self.bias_names)
         out[:dense] = self.dense[0][:, b, i] @ W
         if self.vectors:
-            part = (self.vectors[0] @ W)[:, None] * self.bias_gain[0][:, b, i]
-            out[dense : dense + biases] = part
+            out[dense : dense + biases] = maps[0][:, None] * self.bias_gain[0][:, b, i]
         if self.z:
-            maps = self.basis[0] @ W  # [head source, d_head, width]
-            out[dense + biases :] = torch.bmm(self.z[0][:, b, i], maps) * self.gain[0][:, b, i]
+            out[dense + biases :] = torch.bmm(self.z[0][:, b, i], maps[1]) * self.gain[0][:, b, i]
 
 
 @keeps_model
@@ -451,17 +455,17 @@ def _split(model, spec, cache, rotations, batch, chosen, positions, top, budget)
             break
         block = layers[layer]
         here = [h.head for h in chosen if h.layer == layer]
-        if arch.post_ln:
-            read = stream
-        else:
-            ln1 = _norm(block.get_submodule(arch.ln1), _scale(cache, "ln1", layer, site), dtype)
-            read = stream.normed(ln1, f"ln1_bias{layer}")
         if here:
-            read = read.stacked()
+            ln1 = None
+            if not arch.post_ln:  # folded into the projections (_folded), not applied here
+                ln1 = _norm(block.get_submodule(arch.ln1), _scale(cache, "ln1", layer, site),
+                            dtype)  # fmt: skip
+            read = stream.stacked()
             module = block.get_submodule(arch.attention)
             rotate = _rotation(module, rotations.get(layer), dtype) if attention.rotary else None
-            found = _layer_terms(cache, site, layer, here, weights, read, rotate, module, valid,
-                                 positions, top, budget, dtype, position_bias, names)  # fmt: skip
+            found = _layer_terms(cache, site, layer, here, weights, read, ln1, rotate, module,
+                                 valid, positions, top, budget, dtype, position_bias,
+                                 names)  # fmt: skip
             rows += found[0]
             scores += found[1]
         if layer == last:
@@ -540,24 +544,38 @@ def _rotation(module: nn.Module, cos_sin, dtype):
     return rotate
 
 
-def _projected(read, rows, T, W, bias, rotate, chunk) -> torch.Tensor:
+def _folded(norm: _Norm | None, W: torch.Tensor) -> torch.Tensor:
+    """``W [head, d_model, d_head]`` with the frozen norm's centring and weight folded in:
+    centre(x) * w @ W is x @ folded(W) (the scale, per position, is applied to the rows)."""
+    if norm is None:
+        return W
+    W = W * norm.weight[None, :, None]
+    return W - W.mean(1, keepdim=True) if norm.centre else W
+
+
+def _projected(read, rows, T, W, consts, norm, rotate, chunk) -> torch.Tensor:
     """Every source's part of the queries (or keys) of some heads at flat rows ``rows`` (input
-    ``rows // T``, position ``rows % T``): ``[head, rows, source (+ the projection's bias),
-    d_head]``, rotated where the model rotates; ``W`` ``[head, d_model, d_head]``, ``bias``
-    ``[head, d_head]`` or None. Rows ``chunk`` at a time (a chunk's dense sources are gathered
-    whole)."""
+    ``rows // T``, position ``rows % T``): ``[head, rows, source, d_head]``, the sources of
+    ``read`` and then ``consts`` (each ``[head, d_head]``: the projection's bias, and the norm's
+    through it), rotated where the model rotates. ``W`` ``[head, d_model, d_head]``; ``norm``:
+    the frozen norm between the stream and ``W`` (pre-LayerNorm blocks), or None. Rows ``chunk``
+    at a time (a chunk's dense sources are gathered whole)."""
     b, i = (rows // T).to(W.device), (rows % T).to(W.device)
-    flat = W.permute(1, 0, 2).flatten(1)  # [d_model, head * d_head]
-    S = len(read.names) + (bias is not None)
-    out = torch.empty(S, len(b), W.shape[0], W.shape[2], dtype=W.dtype, device=W.device)
+    flat = _folded(norm, W).permute(1, 0, 2).flatten(1)  # [d_model, head * d_head]
+    maps = read.maps(flat)  # once for every chunk
+    n = len(read.names)
+    out = torch.empty(n + len(consts), len(b), W.shape[0], W.shape[2], dtype=W.dtype,
+                      device=W.device)  # fmt: skip
     for start in range(0, len(b), chunk):
-        rows = slice(start, start + chunk)
-        part = out[:, rows]
-        read.parts(b[rows], i[rows], flat, part.view(S, -1, flat.shape[1])[: len(read.names)])
-        if bias is not None:
-            part[-1] = bias
+        at = slice(start, start + chunk)
+        part = out[:, at]
+        read.parts(b[at], i[at], flat, maps, part[:n].view(n, -1, flat.shape[1]))
+        if norm is not None:  # the norm's scale at each row
+            part[:n] /= norm.scale[b[at], i[at]].view(1, -1, 1, 1)
+        for c, const in enumerate(consts):
+            part[n + c] = const
         if rotate is not None:
-            part.copy_(rotate(part, b[rows], i[rows]))
+            part.copy_(rotate(part, b[at], i[at]))
     return out.permute(2, 1, 0, 3).contiguous()  # each head's rows, then its sources
 
 
@@ -582,16 +600,22 @@ class _Layer:
     scores: list = field(default_factory=list)
 
 
-def _layer_terms(cache, site, layer, here, weights, read, rotate, module, valid, positions, top,
-                 budget, dtype, position_bias, names):  # fmt: skip
+def _layer_terms(cache, site, layer, here, weights, read, norm, rotate, module, valid, positions,
+                 top, budget, dtype, position_bias, names):  # fmt: skip
     """One layer's chosen heads: the rows of the table and of its scores. Each source's part of
     every query and key asked for is projected once for a group of heads (as many as fit half
     the budget), then each head's terms are formed a chunk of pairs at a time."""
     q_ref = cache[hook_name("hook_rot_q" if rotate else "hook_q", layer, site)].to(dtype)
-    # A projection's bias is a source where the model has one.
-    q_bias, k_bias = bool(weights.b_Q.any()), bool(weights.b_K.any())
-    q_names = [*read.names, *(["b_Q"] if q_bias else [])]
-    k_names = [*read.names, *(["b_K"] if k_bias else [])]
+    # Constant rows per head: the norm's bias through the projection, and the projection's.
+    q_consts, k_consts = {}, {}
+    if norm is not None and norm.bias is not None:
+        q_consts[f"ln1_bias{layer}"] = torch.einsum("d,hdk->hk", norm.bias, weights.W_Q.to(dtype))
+        k_consts[f"ln1_bias{layer}"] = torch.einsum("d,hdk->hk", norm.bias, weights.W_K.to(dtype))
+    if weights.b_Q.any():
+        q_consts["b_Q"] = weights.b_Q.to(dtype)
+    if weights.b_K.any():
+        k_consts["b_K"] = weights.b_K.to(dtype)
+    q_names, k_names = [*read.names, *q_consts], [*read.names, *k_consts]
     extra = ["pos_bias"] if position_bias is not None else []
     for name in [*q_names, *k_names, *extra, *(["rest"] if top else [])]:
         names.setdefault(name, len(names))
@@ -612,7 +636,8 @@ def _layer_terms(cache, site, layer, here, weights, read, rotate, module, valid,
     for head, (b, _, _) in pairs_of.items():
         _check_table(len(b) * (min(n_terms, top + 1) if top else n_terms), budget, layer, head)
     most = max(len(p[0]) for p in pairs_of.values())
-    group = max(1, min(len(here), (left // 2) // max(1, per_head_row * most)))
+    maps = size * 2 * len(read.head_names) * weights.W_Q.shape[2] ** 2  # per head of a group
+    group = max(1, min(len(here), (left // 2) // max(1, per_head_row * most + maps)))
     T = valid.shape[1]
     for start in range(0, len(here), group):
         heads = here[start : start + group]
@@ -624,9 +649,9 @@ def _layer_terms(cache, site, layer, here, weights, read, rotate, module, valid,
                                     return_inverse=True)  # fmt: skip
         chunk = max(1, (left // 2) // max(1, per_row + per_head_row * len(heads)))
         Q = _projected(read, q_rows, T, weights.W_Q[heads].to(dtype),
-                       weights.b_Q[heads].to(dtype) if q_bias else None, rotate, chunk)  # fmt: skip
+                       [c[heads] for c in q_consts.values()], norm, rotate, chunk)  # fmt: skip
         K = _projected(read, k_rows, T, weights.W_K[kvs].to(dtype),
-                       weights.b_K[kvs].to(dtype) if k_bias else None, rotate, chunk)  # fmt: skip
+                       [c[kvs] for c in k_consts.values()], norm, rotate, chunk)  # fmt: skip
         pair_chunk = max(1, (left - (Q.numel() + K.numel()) * size) // per_pair)
         taken = 0
         for n, head in enumerate(heads):
@@ -642,8 +667,8 @@ def _sizes(read, Sq, Sk, n_terms, weights, size, budget, layer):
     """What a layer holds: the budget left beside its stacked sources, and the bytes per pair
     of a chunk, per row projected and per head and row projected."""
     d_model, d_head = weights.W_Q.shape[1:]
-    fixed = sum(x.numel() * x.element_size() for x in read.dense + read.z + read.gain)
-    fixed += sum(x.numel() * x.element_size() for x in read.bias_gain)
+    held = read.dense + read.z + read.gain + read.basis + read.bias_gain
+    fixed = sum(x.numel() * x.element_size() for x in held)
     # Per pair of a chunk: its gathered parts, the terms and their magnitudes, order and rows.
     per_pair = size * ((Sq + Sk) * d_head + 4 * n_terms)
     # Per row projected: the dense sources gathered (a chunk at a time), and per head its parts.
