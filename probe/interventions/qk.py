@@ -743,12 +743,13 @@ def _pairs_of(pattern, valid, positions):
 
 
 def _rows(flat, top, largest, q_codes, k_codes, names, Sk, layer, head, b, i, j):
+    flat = flat.cpu()  # the table's rows are numpy arrays
     P, n = flat.shape
     pair_terms = q_codes.numel() * Sk
     index = torch.arange(n).expand(P, n)
     values = flat
     if top and top < n:
-        order = largest.indices[:, :top]
+        order = largest.indices[:, :top].cpu()
         values = flat.gather(1, order)
         rest = flat.sum(1, keepdim=True) - values.sum(1, keepdim=True)
         values = torch.cat([values, rest], dim=1)
