@@ -146,6 +146,16 @@ def test_refused(kind, says):
     assert says in str(raised.value)
 
 
+def test_one_input_and_one_head():
+    model = small_model("gpt2")
+    ids = torch.randint(3, 99, (6,), generator=torch.Generator().manual_seed(1))
+    terms = probe.qk_attribution(model, ids, heads=(1, 2), query_positions=[5])
+    assert set(terms["input"]) == {0} and set(terms["head"]) == {2}
+    assert set(terms["query_pos"]) == {5}
+    with pytest.raises(ValueError, match="decoder_input_ids"):
+        probe.qk_attribution(small_model("t5"), ids[None])
+
+
 def test_a_model_probe_cannot_trace():
     with pytest.raises(probe.ProbeError):
         probe.qk_attribution(torch.nn.Linear(2, 2), torch.zeros(1, 2, dtype=torch.long))

@@ -251,6 +251,8 @@ def qk_attribution(
     attention = spec.attention()
     _check_model(model, spec)
     batch = _batch(inputs)
+    if spec.encoder_decoder and "decoder_input_ids" not in batch:
+        raise ValueError("inputs: an encoder-decoder model needs decoder_input_ids too")
     T = batch["input_ids"].shape[1]
     chosen = _heads(heads, attention.n_layers, attention.n_heads)
     if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 1):
