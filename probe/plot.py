@@ -146,3 +146,11 @@ def layer_roles(report: Report, ax: Axes | None = None) -> Axes:
 def layer_correspondence(report: Report, ax: Axes | None = None) -> Axes:
     """compare: which layers of B attend like which layers of A."""
     return _draw("compare", "layer-correspondence", report, ax)
+
+
+def qk_sources(
+    report: Report, head: str | None = None, shown: int = 0, ax: Axes | None = None
+) -> Axes:
+    """qk: a head's score split into query source x key source (``head`` as ``"1-1"``, or the
+    ``shown``-th of the section)."""
+    return _draw("qk", "sources", report, ax, shown=shown, head=head)

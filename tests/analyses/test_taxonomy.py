@@ -297,7 +297,7 @@ def test_probe_finds_the_known_heads_of_a_trained_model(tmp_path):
     # run.json records the share, and sink α (read on the sentences) is not measured.
     run = json.loads((out / "run.json").read_text())
     assert run["unknown_words"]["treebank"]["share"] == 1.0
-    assert run["reads"] == {"taxonomy": ["repeats"]} and "sentence" not in run["inputs"]
+    assert run["reads"] == {"taxonomy": ["repeats"], "qk": []} and "sentence" not in run["inputs"]
     warned = [line for line in result.output.splitlines() if line.startswith("warning:")]
     assert len(warned) == 1 and "100% of the treebank's words" in warned[0]
     assert table.sink_alpha.isna().all()
