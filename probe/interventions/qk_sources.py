@@ -128,16 +128,34 @@ class Stream:
         vectors = self.vectors[0] @ W if self.vectors else None
         return vectors, (self.basis[0] @ W if self.z else None)
 
-    def parts(self, b, i, W, maps, out: torch.Tensor) -> None:
+    def parts(self, b, i, W, maps, out: torch.Tensor, scale: torch.Tensor | None) -> None:
         """Each source's part of ``x W`` at rows ``(b, i)`` (``[rows]`` each), ``W [d_model,
-        width]`` and ``maps`` its ``maps(W)``, of a ``stacked`` stream, written into ``out``
-        ``[source, rows, width]`` in the order of ``names``."""
+        head * d_head]`` and ``maps`` its ``maps(W)``, of a ``stacked`` stream, divided by
+        ``scale`` ``[rows]`` where given (a frozen norm's), written into ``out`` ``[source, rows,
+        head, d_head]`` (any strides: each product is written there once, not copied) in the
+        order of ``names``."""
         dense, biases = len(self.dense_names), len(self.bias_names)
-        out[:dense] = self.dense[0][:, b, i] @ W
+        rows, shape = len(b), out.shape[1:]
+        inverse = None if scale is None else scale.reciprocal().view(1, rows, 1)
+
+        def gained(gain):  # a kind's gains [source, rows, 1] at the rows, with the norm's
+            g = gain[:, b, i]
+            return g if inverse is None else g * inverse
+
+        x = self.dense[0][:, b, i] @ W  # [source, rows, head * d_head]
+        if inverse is not None:
+            x.mul_(inverse)
+        out[:dense].copy_(x.view(dense, *shape))
         if self.vectors:
-            out[dense : dense + biases] = maps[0][:, None] * self.bias_gain[0][:, b, i]
+            vectors = maps[0][:, None].expand(biases, rows, W.shape[1])
+            g = gained(self.bias_gain[0])
+            torch.mul(
+                vectors.view(biases, *shape), g.unsqueeze(-1), out=out[dense : dense + biases]
+            )
         if self.z:
-            out[dense + biases :] = torch.bmm(self.z[0][:, b, i], maps[1]) * self.gain[0][:, b, i]
+            x = torch.bmm(self.z[0][:, b, i], maps[1])  # [source, rows, head * d_head]
+            g = gained(self.gain[0])
+            torch.mul(x.view(len(x), *shape), g.unsqueeze(-1), out=out[dense + biases :])
 
 
 def frozen_norm(module: nn.Module, scale: torch.Tensor, dtype) -> Norm:
@@ -250,16 +268,18 @@ def projected(read, rows, T, W, consts, norm, rotate, chunk) -> torch.Tensor:
     flat = folded(norm, W).permute(1, 0, 2).flatten(1)  # [d_model, head * d_head]
     maps = read.maps(flat)  # once for every chunk
     n = len(read.names)
-    out = torch.empty(n + len(consts), len(b), W.shape[0], W.shape[2], dtype=W.dtype,
+    # Laid out as the caller reads it, each head's rows then its sources; written through a
+    # [source, rows, head, d_head] view, so that nothing is copied again to reorder it.
+    out = torch.empty(W.shape[0], len(b), n + len(consts), W.shape[2], dtype=W.dtype,
                       device=W.device)  # fmt: skip
+    view = out.permute(2, 1, 0, 3)
     for start in range(0, len(b), chunk):
         at = slice(start, start + chunk)
-        part = out[:, at]
-        read.parts(b[at], i[at], flat, maps, part[:n].view(n, -1, flat.shape[1]))
-        if norm is not None:  # the norm's scale at each row
-            part[:n] /= norm.scale[b[at], i[at]].view(1, -1, 1, 1)
+        part = view[:, at]
+        scale = None if norm is None else norm.scale[b[at], i[at]].view(-1)
+        read.parts(b[at], i[at], flat, maps, part[:n], scale)
         for c, const in enumerate(consts):
             part[n + c] = const
         if rotate is not None:
             part.copy_(rotate(part, b[at], i[at]))
-    return out.permute(2, 1, 0, 3).contiguous()  # each head's rows, then its sources
+    return out
