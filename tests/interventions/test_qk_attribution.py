@@ -277,3 +277,17 @@ def test_agrees_with_patching_the_key(induction):
         error = (change - term).abs().max() / before.abs().max()
         print(f"{source} patched out of the keys: change minus term {error:.1e} of the largest")
         assert error < 1e-4
+
+
+@pytest.mark.parametrize("Sq, Sk, extra, k", [(50, 40, 0, 10), (50, 40, 1, 10), (5, 40, 0, 10),
+                                              (3, 3, 1, 10), (200, 160, 0, 11)])  # fmt: skip
+def test_the_largest_terms_are_topks(Sq, Sk, extra, k):
+    """The largest terms found among the rows whose largest term is largest are those of
+    ``abs().topk`` over every term: the same magnitudes, at indices that hold them."""
+    from probe.interventions.qk_table import largest_terms
+
+    flat = torch.randn(37, Sq * Sk + extra, generator=torch.Generator().manual_seed(Sq + extra),
+                       dtype=torch.float64)  # fmt: skip
+    found, expected = largest_terms(flat, Sq, Sk, k), flat.abs().topk(min(k, flat.shape[1]), 1)
+    assert torch.equal(found.values, expected.values)
+    assert torch.equal(flat.abs().gather(1, found.indices), expected.values)
