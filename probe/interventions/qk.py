@@ -408,8 +408,7 @@ def _layer_terms(cache, site, layer, here, weights, read, norm, rotate, module, 
             mine = slice(taken, taken + len(found[0]))
             taken += len(found[0])
             kv = kvs.index(int(weights.kv_head[head]))
-            head_terms(at, head, Q[:, :, n], K[:, :, kv], found, q_at[mine], k_at[mine],
-                       pair_chunk)  # fmt: skip
+            head_terms(at, head, Q[n], K[kv], found, q_at[mine], k_at[mine], pair_chunk)
     return at.rows, at.scores
 
 

@@ -131,24 +131,31 @@ class Stream:
     def parts(self, b, i, W, maps, out: torch.Tensor, scale: torch.Tensor | None) -> None:
         """Each source's part of ``x W`` at rows ``(b, i)`` (``[rows]`` each), ``W [d_model,
         head * d_head]`` and ``maps`` its ``maps(W)``, of a ``stacked`` stream, divided by
-        ``scale`` ``[rows]`` where given (a frozen norm's), computed into ``out`` ``[source,
-        rows, head * d_head]`` in the order of ``names`` (each product written there once)."""
+        ``scale`` ``[rows]`` where given (a frozen norm's), written into ``out`` ``[source, rows,
+        head, d_head]`` (any strides: each product is written there once, not copied) in the
+        order of ``names``."""
         dense, biases = len(self.dense_names), len(self.bias_names)
-        inverse = None if scale is None else scale.reciprocal().view(1, len(b), 1)
+        rows, shape = len(b), out.shape[1:]
+        inverse = None if scale is None else scale.reciprocal().view(1, rows, 1)
 
         def gained(gain):  # a kind's gains [source, rows, 1] at the rows, with the norm's
             g = gain[:, b, i]
             return g if inverse is None else g * inverse
 
-        here = out[:dense]
-        torch.matmul(self.dense[0][:, b, i], W, out=here)
+        x = self.dense[0][:, b, i] @ W  # [source, rows, head * d_head]
         if inverse is not None:
-            here.mul_(inverse)
+            x.mul_(inverse)
+        out[:dense].copy_(x.view(dense, *shape))
         if self.vectors:
-            torch.mul(maps[0][:, None], gained(self.bias_gain[0]), out=out[dense : dense + biases])
+            vectors = maps[0][:, None].expand(biases, rows, W.shape[1])
+            g = gained(self.bias_gain[0])
+            torch.mul(
+                vectors.view(biases, *shape), g.unsqueeze(-1), out=out[dense : dense + biases]
+            )
         if self.z:
-            here = out[dense + biases :]
-            torch.bmm(self.z[0][:, b, i], maps[1], out=here).mul_(gained(self.gain[0]))
+            x = torch.bmm(self.z[0][:, b, i], maps[1])  # [source, rows, head * d_head]
+            g = gained(self.gain[0])
+            torch.mul(x.view(len(x), *shape), g.unsqueeze(-1), out=out[dense + biases :])
 
 
 def frozen_norm(module: nn.Module, scale: torch.Tensor, dtype) -> Norm:
@@ -252,7 +259,7 @@ def folded(norm: Norm | None, W: torch.Tensor) -> torch.Tensor:
 
 def projected(read, rows, T, W, consts, norm, rotate, chunk) -> torch.Tensor:
     """Every source's part of the queries (or keys) of some heads at flat rows ``rows`` (input
-    ``rows // T``, position ``rows % T``): ``[source, rows, head, d_head]``, the sources of
+    ``rows // T``, position ``rows % T``): ``[head, rows, source, d_head]``, the sources of
     ``read`` and then ``consts`` (each ``[head, d_head]``: the projection's bias, and the norm's
     through it), rotated where the model rotates. ``W`` ``[head, d_model, d_head]``; ``norm``:
     the frozen norm between the stream and ``W`` (pre-LayerNorm blocks), or None. Rows ``chunk``
@@ -261,18 +268,16 @@ def projected(read, rows, T, W, consts, norm, rotate, chunk) -> torch.Tensor:
     flat = folded(norm, W).permute(1, 0, 2).flatten(1)  # [d_model, head * d_head]
     maps = read.maps(flat)  # once for every chunk
     n = len(read.names)
-    H, d = W.shape[0], W.shape[2]
-    out = torch.empty(n + len(consts), len(b), H, d, dtype=W.dtype, device=W.device)
+    # Laid out as the caller reads it, each head's rows then its sources; written through a
+    # [source, rows, head, d_head] view, so that nothing is copied again to reorder it.
+    out = torch.empty(W.shape[0], len(b), n + len(consts), W.shape[2], dtype=W.dtype,
+                      device=W.device)  # fmt: skip
+    view = out.permute(2, 1, 0, 3)
     for start in range(0, len(b), chunk):
         at = slice(start, start + chunk)
-        part = out[:, at]
+        part = view[:, at]
         scale = None if norm is None else norm.scale[b[at], i[at]].view(-1)
-        if start == 0 and chunk >= len(b):  # one chunk: written in place
-            read.parts(b[at], i[at], flat, maps, out[:n].view(n, len(b), H * d), scale)
-        else:
-            rows = torch.empty(n, part.shape[1], H * d, dtype=W.dtype, device=W.device)
-            read.parts(b[at], i[at], flat, maps, rows, scale)
-            part[:n] = rows.view(n, -1, H, d)
+        read.parts(b[at], i[at], flat, maps, part[:n], scale)
         for c, const in enumerate(consts):
             part[n + c] = const
         if rotate is not None:

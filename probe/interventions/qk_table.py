@@ -38,15 +38,15 @@ class Layer:
 
 def head_terms(at: Layer, head, Q, K, pairs, q_at, k_at, chunk) -> None:
     """One head's terms, ``chunk`` pairs at a time, from its queries' and keys' parts ``Q``
-    ``[Sq, rows, d_head]`` and ``K`` (``q_at``, ``k_at``: each pair's rows in them)."""
+    ``[rows, Sq, d_head]`` and ``K`` (``q_at``, ``k_at``: each pair's rows in them)."""
     device = Q.device
     for first in range(0, len(pairs[0]), chunk):
         part = slice(first, first + chunk)
         cb, ci, cj = (t[part] for t in pairs)
         db, di, dj = (t.to(device) for t in (cb, ci, cj))
         # [pairs, Sq, d_head], the scaling on the query side (d_head / Sk times fewer products)
-        q = Q.index_select(1, q_at[part].to(device)).transpose(0, 1).mul_(at.scaling)
-        k = K.index_select(1, k_at[part].to(device)).transpose(0, 1)
+        q = Q.index_select(0, q_at[part].to(device)).mul_(at.scaling)
+        k = K.index_select(0, k_at[part].to(device))
         terms = torch.bmm(q, k.transpose(1, 2))  # [pairs, Sq, Sk]
         # A side's sources with the other side whole: [pairs, Sq] and [pairs, Sk], from the
         # parts (a sum over d_head, not over the other side's terms)
@@ -59,8 +59,10 @@ def head_terms(at: Layer, head, Q, K, pairs, q_at, k_at, chunk) -> None:
             bias = at.position_bias[di, dj, head]
             flat = torch.cat([flat, bias[:, None]], dim=1)
             score = score + bias
-        magnitude = torch.linalg.vector_norm(flat, 1, dim=1)  # Σ|terms|, one pass
-        largest = largest_terms(flat, terms.shape[1], terms.shape[2], max(at.top or 0, TOP_SHARE))
+        magnitude = flat.abs()
+        largest = largest_terms(
+            magnitude, terms.shape[1], terms.shape[2], max(at.top or 0, TOP_SHARE)
+        )
         at.rows.append(table_rows(flat, at.top, largest, at.q_codes, at.k_codes, at.names,
                              len(at.k_names), at.layer, head, cb, ci, cj))  # fmt: skip
         at.scores.append(score_rows(sides, magnitude, largest, score, at.captured[db, head, di, dj],
@@ -72,29 +74,27 @@ class Largest(NamedTuple):
     indices: torch.Tensor  # [pairs, k], into a score's flattened terms
 
 
-def largest_terms(flat: torch.Tensor, Sq: int, Sk: int, k: int) -> Largest:
-    """The ``k`` largest magnitudes of each row of ``flat`` ``[pairs, Sq * Sk (+ extra)]``, as
-    ``flat.abs().topk`` gives them, found among the terms of the ``k`` query sources whose
-    largest term is largest (and the extra columns): a term among the k largest lies in one of
-    those rows, since a row whose largest term is smaller than k other rows' holds no term above
-    them. A pass of ``aminmax`` and a ``topk`` of k · Sk, in place of ``abs`` and a ``topk`` of
-    Sq · Sk (``tests/interventions/test_qk_attribution.py`` checks it against ``topk``)."""
-    k = min(k, flat.shape[1])
+def largest_terms(magnitude: torch.Tensor, Sq: int, Sk: int, k: int) -> Largest:
+    """The ``k`` largest of each row of ``magnitude`` ``[pairs, Sq * Sk (+ extra)]``, as
+    ``torch.topk`` gives them, found among the terms of the ``k`` query sources whose largest
+    term is largest (and the extra columns): a term among the k largest lies in one of those
+    rows, since a row whose largest term is smaller than k other rows' holds no term above them.
+    One pass of ``amax`` and a ``topk`` of k · Sk in place of a ``topk`` of Sq · Sk."""
+    k = min(k, magnitude.shape[1])
     rows = min(k, Sq)
-    if rows * Sk + flat.shape[1] - Sq * Sk >= flat.shape[1]:  # nothing to skip
-        found = flat.abs().topk(k, dim=1)
+    if rows * Sk + magnitude.shape[1] - Sq * Sk >= magnitude.shape[1]:  # nothing to skip
+        found = magnitude.topk(k, dim=1)
         return Largest(found.values, found.indices)
-    P = flat.shape[0]
-    grid = flat[:, : Sq * Sk].view(P, Sq, Sk)
-    low, high = torch.aminmax(grid, dim=2)
-    top_rows = torch.maximum(high, low.neg()).topk(rows, dim=1).indices  # [pairs, rows]
+    P = magnitude.shape[0]
+    grid = magnitude[:, : Sq * Sk].view(P, Sq, Sk)
+    top_rows = grid.amax(2).topk(rows, dim=1).indices  # [pairs, rows]
     candidates = grid.gather(1, top_rows.unsqueeze(-1).expand(P, rows, Sk)).flatten(1)
-    extra = flat[:, Sq * Sk :]
-    found = torch.cat([candidates, extra], dim=1).abs_().topk(k, dim=1)
+    extra = magnitude[:, Sq * Sk :]
+    found = torch.cat([candidates, extra], dim=1).topk(k, dim=1)
     at = found.indices
     in_rows = at < rows * Sk
-    index = top_rows.gather(1, (at // Sk).clamp(max=rows - 1)) * Sk + at % Sk
-    return Largest(found.values, torch.where(in_rows, index, at - rows * Sk + Sq * Sk))
+    flat = top_rows.gather(1, (at // Sk).clamp(max=rows - 1)) * Sk + at % Sk
+    return Largest(found.values, torch.where(in_rows, flat, at - rows * Sk + Sq * Sk))
 
 
 def table_rows(flat, top, largest, q_codes, k_codes, names, Sk, layer, head, b, i, j):
@@ -134,7 +134,7 @@ def table_rows(flat, top, largest, q_codes, k_codes, names, Sk, layer, head, b, 
 
 def score_rows(sides, magnitude, largest, score, captured, q_names, k_names, layer, head, b, i, j):
     share = largest.values[:, :TOP_SHARE].sum(1)
-    share = share / magnitude.clamp_min(torch.finfo(magnitude.dtype).tiny)  # magnitude: Σ|terms|
+    share = share / magnitude.sum(1).clamp_min(torch.finfo(magnitude.dtype).tiny)
     query_side, key_side = sides  # [pairs, Sq], [pairs, Sk]
     qv, qa = query_side.max(1)
     kv, ka = key_side.max(1)
