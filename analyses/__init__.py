@@ -6,13 +6,13 @@ created with its ``Context``, fed every batch layer by layer, merged with other 
 shares, finished once into typed tables, from which alone it shows its heads, figures and
 report section.
 
-This package's ``__init__`` holds the registry: ``REGISTRY``, the lookups (``get``,
-``defaults``, ``shipped``) and ``check_analysis``; it re-exports the protocol's names and the
+This package's ``__init__`` holds the registry: ``REGISTRY``, the lookups (``get``, ``defaults``,
+``followers``, ``shipped``) and ``check_analysis``; it re-exports the protocol's names and the
 contract's. Its other modules: ``protocol`` (``Analysis``, ``Context``, ``Measure``, ``Answer``,
 the column types), ``contract`` (the checks every analysis passes), ``vocabulary`` (roles and
 thresholds), ``figures``, ``svg`` and ``paper`` (the figures), ``head_map`` (the roles' map of
 heads by similarity), and one module per analysis; an analysis with parts of its own is a package
-whose ``__init__`` is the analysis (``claims``, ``circuit``).
+whose ``__init__`` is the analysis (``claims``, ``circuit``, ``qk``).
 
 This module imports nothing heavy: the command line reads the registry before loading torch.
 """
@@ -34,7 +34,8 @@ from analyses.protocol import (
 
 __all__ = [  # re-exported: the protocol's names and the contract's, as before the split
     "DEFAULT_TEMPLATE", "DTYPES", "REGISTRY", "Analysis", "Answer", "Context", "ContractError",
-    "Measure", "Schema", "check_analysis", "check_head_columns", "defaults", "get", "shipped",
+    "Measure", "Schema", "check_analysis", "check_head_columns", "defaults", "followers", "get",
+    "shipped",
 ]  # fmt: skip
 
 # name -> "module:class". Adding an analysis: one module in analyses/ and one line here.
@@ -50,6 +51,7 @@ REGISTRY: dict[str, str] = {
     "retrieval": "analyses.retrieval:Retrieval",
     "circuit": "analyses.circuit:Circuit",
     "claims": "analyses.claims:Claims",
+    "qk": "analyses.qk:QK",
 }
 
 
@@ -80,6 +82,13 @@ def defaults() -> list[str]:
     """The analyses run when the user names none: those whose class says so (``default``), in
     the registry's order."""
     return [name for name in REGISTRY if get(name).default]
+
+
+def followers(names: list[str]) -> list[str]:
+    """The analyses that run whenever one of ``names`` does (their ``follows``), not already in
+    ``names``, in the registry's order."""
+    return [name for name in REGISTRY
+            if name not in names and set(get(name).follows) & set(names)]  # fmt: skip
 
 
 def check_analysis(cls: type, key: str | None = None, *, full: bool = True) -> None:

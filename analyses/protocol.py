@@ -141,6 +141,9 @@ class Analysis:
     # (the claims read coreference windows only where coref gives coreference roles): a run
     # with none such does not stream them for it.
     alongside: ClassVar[tuple[str, ...]] = ()
+    # Analyses after which it runs whenever a run has them (named or by default), as the split
+    # of each role's scores follows the taxonomy and the circuit.
+    follows: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, context: Context) -> None:
         self.context = context

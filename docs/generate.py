@@ -467,7 +467,7 @@ API_GROUPS = (
                  "composition_scores")),
     ("Patterns", ("head_types", "head_statistics", "attention_rows", "show", "View")),
     ("Interventions and circuits", ("ablate", "head_means", "patch", "attribute", "edges",
-                                    "circuit")),
+                                    "circuit", "qk_attribution", "qk_means")),
     ("Building blocks", ("MultiHeadAttention", "HeadId", "ProbeError")),
 )  # fmt: skip
 

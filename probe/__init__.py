@@ -42,6 +42,8 @@ _EXPORTS = {
     "attention_rows": "probe.patterns.long_context",
     "head_statistics": "probe.patterns.long_context",
     "patch": "probe.interventions.patching",
+    "qk_attribution": "probe.interventions.qk",
+    "qk_means": "probe.interventions.qk_table",
     "show": "probe.patterns.viewer",
     "View": "probe.patterns.viewer",
 }
@@ -70,6 +72,8 @@ __all__ = [
     "hooks",
     "load",
     "patch",
+    "qk_attribution",
+    "qk_means",
     "show",
     "spectra",
     "trace",
@@ -100,6 +104,8 @@ if TYPE_CHECKING:
     from probe.interventions.circuit import circuit
     from probe.interventions.edge_scores import edges
     from probe.interventions.patching import patch
+    from probe.interventions.qk import qk_attribution
+    from probe.interventions.qk_table import qk_means
     from probe.patterns.headtypes import head_types
     from probe.patterns.long_context import attention_rows, head_statistics
     from probe.patterns.viewer import View, show

@@ -175,3 +175,11 @@ def timeline_loss(report: Report, ax: Axes | None = None) -> Axes:
 
     with theme():
         return loss(tables(report), ax=ax)
+
+
+def qk_sources(
+    report: Report, head: str | None = None, shown: int = 0, ax: Axes | None = None
+) -> Axes:
+    """qk: a head's score split into query source x key source (``head`` as ``"1-1"``, or the
+    ``shown``-th of the section)."""
+    return _draw("qk", "sources", report, ax, shown=shown, head=head)

@@ -218,3 +218,25 @@ print("worst pairs:", trust.worst.worst, "share below 0.5:", trust.worst.below_h
 # `circuit_scores.csv` and `circuit_pairs.csv`, with Q-, K- and V-composition from the weights beside random
 # baselines in `circuit_composition.csv`) and draws the graph; `--task pairs.jsonl` takes pairs
 # of your own ([analysis reference](../../reference/analyses/#circuit)).
+
+# %% [markdown]
+# ## Why a layer-1 head attends where it does
+#
+# The circuit says that 0-0 feeds the layer-1 heads' keys; `probe.qk_attribution` says how much
+# of each attention score it writes. Each score at the induction positions (from the second
+# copy's token to the token after its first copy) is split into query-side source times
+# key-side source, with the norms' scales frozen at the clean run's, and the terms sum to the
+# score ([the Python guide](../../guide/python/#why-a-head-attends-where-it-does)). Summed over
+# the query side, the key's largest source is 0-0; the query's is the layer-0 MLP, through
+# which this small GPT-2 carries the current token's identity. Composition scores
+# (`probe.composition_scores`) say the same from the weights alone, over every input.
+
+# %%
+induction = {i: i - n + 1 for i in range(n + 1, 2 * n + 1)}
+terms = probe.qk_attribution(model, clean, heads=[(1, 1)], key_positions=induction)
+key_side = probe.qk_means(terms, side="key")
+key_side.head(4).round(2)
+
+# %%
+assert key_side.key_source.iloc[0] == "0-0"
+assert (terms.attrs["scores"].key_top == "0-0").mean() >= 0.9

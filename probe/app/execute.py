@@ -309,11 +309,11 @@ def _check_input(plan: Plan, tally: dict) -> None:
 
 def _applicable(plan: Plan, model) -> list:
     """The analyses that can run on ``model``: chosen by default, the others are left out;
-    named by the user, any that cannot run is an error."""
+    named by the user, any that cannot run is an error (one that follows another is left out)."""
     reasons = {cls.name: cls.unsupported(model) for cls in plan.classes}
     if not plan.by_default:
         for name, reason in reasons.items():
-            if reason:
+            if reason and name in plan.settings.analyses:
                 raise ProbeError(f"--analyses {name}: {reason}")
     return [cls for cls in plan.classes if not reasons[cls.name]]
 

@@ -182,6 +182,7 @@ def plan(settings: Settings) -> Plan:
         raise ProbeError(f"unknown analysis {', '.join(unknown) or '(none)'}{meant}; "
                          f"choose from {known}")  # fmt: skip
     names = list(dict.fromkeys(names))
+    names += analyses.followers(names)
     classes = tuple(analyses.get(n) for n in names)
     for name, cls in zip(names, classes, strict=True):
         # The full check (heads() on empty tables) imports pandas, which the run otherwise

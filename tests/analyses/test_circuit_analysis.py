@@ -314,8 +314,9 @@ def test_probe_figures_and_probe_plot_draw_the_graph_and_the_curve(report, tmp_p
     result = runner.invoke(app, ["figures", str(report), "-f", "svg", "-o", str(tmp_path / "f")])
     assert result.exit_code == 0, result.output
     files = {p.name for p in (tmp_path / "f").iterdir() if not p.name.startswith(".")}
+    # the qk analysis follows the circuit: its heads' splits
     assert files == {"circuit-graph.svg", "circuit-faithfulness.svg", "circuit-ablations.svg",
-                     "circuit-pairs.svg"}  # fmt: skip
+                     "circuit-pairs.svg", "qk-sources.svg"}  # fmt: skip
 
     edges = pd.read_csv(report / "circuit_edges.csv", keep_default_na=False)
     kept = edges[edges.in_circuit]

@@ -266,7 +266,8 @@ def test_the_command_writes_the_table_the_roles_and_the_cards(minilm, tmp_path):
     run = json.loads((out / "run.json").read_text())
     assert run["inputs"]["repeats"]["sequences"] == 30
     assert run["inputs"]["sentence"]["analysed"] == 20
-    assert run["options"] == {"repeat_sequences": 30, "repeat_length": 10}
+    own = {k: v for k, v in run["options"].items() if not k.startswith("qk_")}  # qk follows
+    assert own == {"repeat_sequences": 30, "repeat_length": 10} and "qk" in run["analyses"]
     html = (out / "index.html").read_text()
     assert 'id="taxonomy"' in html and html.count("<dt>repeated sequence</dt>") == 72
     heads = pd.read_csv(out / "heads.csv", keep_default_na=False)
@@ -297,7 +298,7 @@ def test_probe_finds_the_known_heads_of_a_trained_model(tmp_path):
     # run.json records the share, and sink α (read on the sentences) is not measured.
     run = json.loads((out / "run.json").read_text())
     assert run["unknown_words"]["treebank"]["share"] == 1.0
-    assert run["reads"] == {"taxonomy": ["repeats"]} and "sentence" not in run["inputs"]
+    assert run["reads"] == {"taxonomy": ["repeats"], "qk": []} and "sentence" not in run["inputs"]
     warned = [line for line in result.output.splitlines() if line.startswith("warning:")]
     assert len(warned) == 1 and "100% of the treebank's words" in warned[0]
     assert table.sink_alpha.isna().all()
