@@ -140,6 +140,10 @@ class Analysis:
     # (the claims read coreference windows only where coref gives coreference roles): a run
     # with none such does not stream them for it.
     alongside: ClassVar[tuple[str, ...]] = ()
+    # Whether it still runs where the run streams none of its units, their input unreadable by
+    # the tokenizer (``probe.app.execute``): it makes inputs of its own when it finishes (the
+    # claims' repeated sequences), and tests what it can without the units' inputs.
+    runs_without_units: ClassVar[bool] = False
 
     def __init__(self, context: Context) -> None:
         self.context = context

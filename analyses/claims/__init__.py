@@ -108,6 +108,8 @@ class Claims(Analysis):
     alongside = ("window",)  # coreference claims come from coref, which reads the windows
     # Reads the other analyses' heads (their roles and relations) before it finishes.
     reads_heads: ClassVar[bool] = True
+    # Its repeated-sequence claims read no treebank: it runs where the treebank is unreadable.
+    runs_without_units: ClassVar[bool] = True
     tables: ClassVar[dict[str, Schema]] = {
         "claims": {
             "layer": "int", "head": "int", "claim": "str", "relation": "str", "inputs": "str",
