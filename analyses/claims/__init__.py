@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, ClassVar
 from analyses import Analysis, Context, Measure, Schema
 from analyses.claims import inputs as claim_inputs
 from analyses.claims.ablation_test import AblationTest
+from analyses.claims.groups import GROUP_COLUMNS
 from analyses.claims.inputs import (
     CLAIMS,
     ON_NEEDLES,
@@ -117,6 +118,13 @@ class Claims(Analysis):
             "effect": "float", "effect_low": "float", "effect_high": "float",
             "baseline": "float", "baseline_spread": "float", "baseline_heads": "int",
             "baseline_from": "str", "p": "float", "confirmed": "bool",
+            "control_on": "str", "control": "float", "p_control": "float",
+            "baseline_note": "str", "group": "str", "group_heads": "int", "shares_by": "str",
+            "group_effect": "float", "group_effect_low": "float", "group_effect_high": "float",
+            "group_baseline": "float", "group_control": "float", "group_p": "float",
+            "group_p_control": "float", "group_note": "str", "group_confirmed": "bool",
+            "share": "float", "share_low": "float", "share_high": "float", "share_p": "float",
+            "verdict": "str",
         },
         "claims_run": {
             "inputs": "str", "count": "int", "positions": "int", "measure": "str",
@@ -297,10 +305,7 @@ class Claims(Analysis):
                          "measure": measure, "ablation": self.ablation,
                          "heads_ablated": tested.heads_ablated,
                          "ablated_rows": tested.ablated_rows, **used})  # fmt: skip
-        table = pd.concat(rows, ignore_index=True)
-        tested = table.tested.astype(bool) & table.p.notna()
-        called = benjamini_hochberg(np.where(tested, table.p, np.nan), FDR)
-        table["confirmed"] = called & tested.to_numpy()
+        table = verdicts(pd.concat([with_columns(t) for t in rows], ignore_index=True))
         table = table.sort_values(["layer", "head", "claim"], kind="stable", ignore_index=True)
         runs = pd.DataFrame(runs, columns=list(self.tables["claims_run"]))
         runs["haystack_tokens"] = runs.haystack_tokens.astype("Int64")  # only the needles'
@@ -414,6 +419,46 @@ def listed_claims(heads: pd.DataFrame | None) -> pd.DataFrame:
     )
 
 
+def with_columns(table: pd.DataFrame) -> pd.DataFrame:
+    """A kind of input's claims with every group column (``groups.GROUP_COLUMNS``' defaults on
+    the rows of a claim no other head shares)."""
+    table = table.copy()
+    for column, default in GROUP_COLUMNS.items():
+        if column not in table:
+            table[column] = default
+        table[column] = table[column].fillna(default) if isinstance(default, str) else table[column]
+    return table
+
+
+def verdicts(table: pd.DataFrame) -> pd.DataFrame:
+    """Every claim's verdicts, the Benjamini–Hochberg correction over every test of the run (each
+    claim's against its neighbours and its control, each group's two, each share's): confirmed
+    alone where the head beats both its neighbours (unless they rest on fewer than two heads) and
+    its control; the group confirmed where its joint effect beats the same two; a head's
+    ``verdict``: ``confirmed alone``, ``only with its group`` (its share above 0 in a confirmed
+    group), ``not confirmed``, or ``untested`` (too few inputs)."""
+    table = table.reset_index(drop=True)
+    first = ~table.duplicated("group") & table.group.ne("")  # a group's tests counted once
+    tests = [np.where(table.tested.astype(bool), table.p, np.nan),
+             np.where(table.tested.astype(bool), table.p_control, np.nan),
+             np.where(first, table.group_p.astype(float), np.nan),
+             np.where(first, table.group_p_control.astype(float), np.nan),
+             table.share_p.astype(float).to_numpy()]  # fmt: skip
+    called = benjamini_hochberg(np.concatenate(tests), FDR).reshape(len(tests), -1)
+    by_group = {g: k for k, g in enumerate(table.group) if first[k]}
+    spread = called[2:4][:, [by_group.get(g, k) for k, g in enumerate(table.group)]]
+    weak = table.baseline_note.ne("").to_numpy()
+    group_weak = table.group_note.ne("").to_numpy()
+    alone = (called[0] | weak) & called[1] & table.tested.astype(bool).to_numpy()
+    group = (spread[0] | group_weak) & spread[1] & table.group.ne("").to_numpy()
+    table["confirmed"] = alone
+    table["group_confirmed"] = group
+    table["verdict"] = np.where(alone, "confirmed alone", np.where(
+        group & called[4], "only with its group", np.where(
+            table.tested.astype(bool), "not confirmed", "untested")))  # fmt: skip
+    return table
+
+
 def claim_name(row) -> str:
     """A claim in words: ``syntactic (obj)``, ``relation obj``, ``induction``."""
     if row.claim == RELATION:
@@ -422,7 +467,12 @@ def claim_name(row) -> str:
 
 
 def verdict(row) -> str:
-    """``confirmed by ablation``, ``pattern only`` (tested, not confirmed), or why untested."""
+    """``confirmed by ablation`` (alone), ``confirmed with its group (1-0 1-1)`` (only so),
+    ``pattern only`` (tested, not confirmed), or why untested."""
     if bool(row.tested):
-        return "confirmed by ablation" if bool(row.confirmed) else "pattern only"
+        if bool(row.confirmed):
+            return "confirmed by ablation"
+        if getattr(row, "verdict", "") == "only with its group":
+            return f"confirmed with its group ({row.group})"
+        return "pattern only"
     return "pattern only (too few inputs to test)"
