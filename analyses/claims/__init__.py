@@ -32,6 +32,12 @@ where the paired difference is above 0 by a one-sided t-test, after the Benjamin
 correction over every claim tested (``probe.inference``), on at least
 ``MIN_CLUSTERS`` inputs; on fewer the verdict says so.
 
+Each claim is also measured on its control, where the claimed behaviour cannot happen (the
+first copy of the repeats; the same inputs shuffled otherwise), and must beat it as well as the
+neighbours (the control alone where the neighbours are fewer than two heads); heads holding the
+same claim are ablated together too, each head's Shapley share of the joint effect beside its
+row (``groups``); every p-value goes through one Benjamini–Hochberg correction (``verdicts``).
+
 The samples are kept during the stream (token ids and each token's relation or mark; for the
 haystack, a decoder's first sentences' text); the ablated passes run when the analysis finishes,
 a row per (head, input) pair a claim reads stacked after the inputs' own, and nothing else
@@ -40,8 +46,8 @@ a row per (head, input) pair a claim reads stacked after the inputs' own, and no
 
 The analysis is this module: its options, the sampling during the stream, and the tables and
 page. Its package holds the rest: ``inputs`` (which claims each kind of input tests, and the
-model inputs made from what was kept) and ``ablation_test`` (``AblationTest``: the ablations, the
-baselines and each claim's statistics).
+model inputs made from what was kept), ``ablation_test`` (``AblationTest``: the ablations, the
+baselines and each claim's statistics) and ``groups`` (the groups, their shares, the controls).
 """
 
 from __future__ import annotations
@@ -387,8 +393,9 @@ class Claims(Analysis):
         counts = []
         for claim in dict.fromkeys(table.claim):
             own = table[table.claim == claim]
+            grouped = int((own.verdict == "only with its group").sum())
             counts.append({"claim": claim, "claims": len(own), "tested": int(own.tested.sum()),
-                           "confirmed": int(own.confirmed.sum())})  # fmt: skip
+                           "confirmed": int(own.confirmed.sum()), "grouped": grouped})  # fmt: skip
         return {
             "counts": counts,
             "claims": table.to_dict("records"),

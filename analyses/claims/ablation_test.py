@@ -1,6 +1,7 @@
 """The claims' ablation test: each claimed head ablated alone on its claim's inputs, beside a
-baseline of its layer's unclaimed heads drawn afresh for every input, and the paired difference
-tested one-sided per input (the cluster).
+baseline of its layer's unclaimed heads drawn afresh for every input and beside its control
+(``groups``), each paired difference tested one-sided per input (the cluster); the heads sharing
+a claim ablated together, on every subset their Shapley shares need.
 
 ``AblationTest`` runs one kind of input's claims: the baseline pools and draws, the ablated
 passes (``probe.interventions.ablation.ablation_effects``, a row per (head, input) pair a claim
@@ -113,6 +114,21 @@ class AblationTest:
                                                                lm, on_control)  # fmt: skip
             return cache[claim, relation, on_control]
 
+        table, positions_total = self.rows(mine, inputs, read, pools, draw, slot)
+        for g in roles:
+            real, _ = read(g.claim, g.relation, False)
+            controls, _ = read(g.claim, g.relation, True)
+            table = with_group(table, g, real, controls, slot, draw)
+        count = sum(len(indices) for *_, indices in groups)
+        ran = sum((~e[:, :, 0].isnan()).sum(1) for e in effects)  # [items]: rows ablated
+        if control is not groups:
+            ran = ran + sum((~e[:, :, 0].isnan()).sum(1) for e in control_effects)
+        heads_ablated = int((ran[: len(singles)] > 0).sum())
+        return Tested(table, heads_ablated, count, positions_total, int(ran.sum()))
+
+    def rows(self, mine, inputs: str, read, pools, draw, slot) -> tuple[pd.DataFrame, int]:
+        """Each claim's row of statistics (``statistics``: alone, against its neighbours and its
+        control), from ``read(claim, relation, control)``; and the positions read in all."""
         rows, positions_total = [], 0
         for claim in mine.itertuples(index=False):
             (real, positions), (controls, _) = (read(claim.claim, claim.relation, c)
@@ -126,17 +142,7 @@ class AblationTest:
                 "inputs": inputs, "measure": self.measure, "positions": positions,
                 "baseline_from": pools[claim.layer][1], "control_on": CONTROLS[inputs],
             })  # fmt: skip
-        table = pd.DataFrame(rows)
-        for g in roles:
-            real, _ = read(g.claim, g.relation, False)
-            controls, _ = read(g.claim, g.relation, True)
-            table = with_group(table, g, real, controls, slot, draw)
-        count = sum(len(indices) for *_, indices in groups)
-        ran = sum((~e[:, :, 0].isnan()).sum(1) for e in effects)  # [items]: rows ablated
-        if control is not groups:
-            ran = ran + sum((~e[:, :, 0].isnan()).sum(1) for e in control_effects)
-        heads_ablated = int((ran[: len(singles)] > 0).sum())
-        return Tested(table, heads_ablated, count, positions_total, int(ran.sum()))
+        return pd.DataFrame(rows), positions_total
 
     def baselines(self, mine: pd.DataFrame, claims: pd.DataFrame) -> dict:
         """Per layer of ``mine``'s claims, the heads its baselines are drawn from and where they
