@@ -254,7 +254,11 @@ def ewt_batches(tokenizer, n: int, batch_size: int):
 
 @pytest.mark.slow
 @needs_ewt()
-def test_minilms_strongest_syntactic_head_is_confirmed_and_its_decoy_is_not(minilm, tmp_path):
+def test_minilms_strongest_syntactic_head_beats_its_neighbours_not_its_control(minilm, tmp_path):
+    """MiniLM's strongest syntactic head (2-0, obj) changes the hidden state at its dependents
+    more than its layer's unclaimed heads do (p ≈ 2e-5), but no more than at the same tokens of
+    the same sentences shuffled (its control, issue #63: 0.081 against 0.078): not confirmed
+    alone. Its decoy is confirmed in no form."""
     from probe.app.analyze import analyze
     from probe.app.plan import Settings
 
@@ -267,7 +271,11 @@ def test_minilms_strongest_syntactic_head_is_confirmed_and_its_decoy_is_not(mini
     syntactic = heads[heads.roles.str.contains("syntactic")]
     strongest = syntactic.loc[syntactic.best_relation_margin.astype(float).idxmax()]
     head = (int(strongest.layer), int(strongest["head"]))
-    assert strongest.confirmed == "True", strongest.to_dict()
+    claims = pd.read_csv(out / "claims.csv").set_index(["layer", "head"])
+    row = claims.loc[[head]].iloc[0]
+    assert row.p < 1e-3 and row.control_on == "the same sentences shuffled", row.to_dict()
+    assert row.effect_low < row.control < row.effect_high and row.p_control > 0.05
+    assert strongest.confirmed == "False" and row.verdict == "not confirmed"
     run = json.loads((out / "run.json").read_text())
     assert run["claims"][0]["inputs"] == "sentences" and run["claims"][0]["count"] >= 10
 
@@ -285,6 +293,7 @@ def test_minilms_strongest_syntactic_head_is_confirmed_and_its_decoy_is_not(mini
     table = claims_of(decoy, tokenizer, given, batches, claims_sentences=30).finish()["claims"]
     row = table.set_index(["layer", "head"]).loc[head]
     assert not row.confirmed and abs(row.effect) < 1e-6 and row.baseline > 0
+    assert row.verdict == "not confirmed"
 
 
 def test_a_run_writes_the_columns_and_the_page_marks_each_claim(sample_report):
