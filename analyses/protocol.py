@@ -144,6 +144,10 @@ class Analysis:
     # Analyses after which it runs whenever a run has them (named or by default), as the split
     # of each role's scores follows the taxonomy and the circuit.
     follows: ClassVar[tuple[str, ...]] = ()
+    # Whether it still runs where the run streams none of its units, their input unreadable by
+    # the tokenizer (``probe.app.execute``): it makes inputs of its own when it finishes (the
+    # claims' repeated sequences), and tests what it can without the units' inputs.
+    runs_without_units: ClassVar[bool] = False
 
     def __init__(self, context: Context) -> None:
         self.context = context

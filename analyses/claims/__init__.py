@@ -34,6 +34,12 @@ where the paired difference is above 0 by a one-sided t-test, after the Benjamin
 correction over every claim tested (``probe.inference``), on at least
 ``MIN_CLUSTERS`` inputs; on fewer the verdict says so.
 
+Each claim is also measured on its control, where the claimed behaviour cannot happen (the
+first copy of the repeats; the same inputs shuffled otherwise), and must beat it as well as the
+neighbours (the control alone where the neighbours are fewer than two heads); heads holding the
+same claim are ablated together too, each head's Shapley share of the joint effect beside its
+row (``groups``); every p-value goes through one Benjamini–Hochberg correction (``verdicts``).
+
 The samples are kept during the stream (token ids and each token's relation or mark; for the
 haystack, a decoder's first sentences' text); the ablated passes run when the analysis finishes,
 a row per (head, input) pair a claim reads stacked after the inputs' own, and nothing else
@@ -42,8 +48,8 @@ a row per (head, input) pair a claim reads stacked after the inputs' own, and no
 
 The analysis is this module: its options, the sampling during the stream, and the tables and
 page. Its package holds the rest: ``inputs`` (which claims each kind of input tests, and the
-model inputs made from what was kept) and ``ablation_test`` (``AblationTest``: the ablations, the
-baselines and each claim's statistics).
+model inputs made from what was kept), ``ablation_test`` (``AblationTest``: the ablations, the
+baselines and each claim's statistics) and ``groups`` (the groups, their shares, the controls).
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from analyses import Analysis, Context, Measure, Schema
 from analyses.claims import inputs as claim_inputs
 from analyses.claims.ablation_test import AblationTest
+from analyses.claims.groups import GROUP_COLUMNS
 from analyses.claims.inputs import (
     CLAIMS,
     ON_NEEDLES,
@@ -111,6 +118,8 @@ class Claims(Analysis):
     alongside = ("window",)  # coreference claims come from coref, which reads the windows
     # Reads the other analyses' heads (their roles and relations) before it finishes.
     reads_heads: ClassVar[bool] = True
+    # Its repeated-sequence claims read no treebank: it runs where the treebank is unreadable.
+    runs_without_units: ClassVar[bool] = True
     tables: ClassVar[dict[str, Schema]] = {
         "claims": {
             "layer": "int", "head": "int", "claim": "str", "relation": "str", "inputs": "str",
@@ -118,6 +127,13 @@ class Claims(Analysis):
             "effect": "float", "effect_low": "float", "effect_high": "float",
             "baseline": "float", "baseline_spread": "float", "baseline_heads": "int",
             "baseline_from": "str", "p": "float", "confirmed": "bool",
+            "control_on": "str", "control": "float", "p_control": "float",
+            "baseline_note": "str", "group": "str", "group_heads": "int", "shares_by": "str",
+            "group_effect": "float", "group_effect_low": "float", "group_effect_high": "float",
+            "group_baseline": "float", "group_control": "float", "group_p": "float",
+            "group_p_control": "float", "group_note": "str", "group_confirmed": "bool",
+            "share": "float", "share_low": "float", "share_high": "float", "share_p": "float",
+            "verdict": "str",
         },
         "claims_run": {
             "inputs": "str", "count": "int", "positions": "int", "measure": "str",
@@ -327,10 +343,7 @@ class Claims(Analysis):
                          "measure": measure, "ablation": self.ablation,
                          "heads_ablated": tested.heads_ablated,
                          "ablated_rows": tested.ablated_rows, **used})  # fmt: skip
-        table = pd.concat(rows, ignore_index=True)
-        tested = table.tested.astype(bool) & table.p.notna()
-        called = benjamini_hochberg(np.where(tested, table.p, np.nan), FDR)
-        table["confirmed"] = called & tested.to_numpy()
+        table = verdicts(pd.concat([with_columns(t) for t in rows], ignore_index=True))
         table = table.sort_values(["layer", "head", "claim"], kind="stable", ignore_index=True)
         runs = pd.DataFrame(runs, columns=list(self.tables["claims_run"]))
         runs["haystack_tokens"] = runs.haystack_tokens.astype("Int64")  # only the needles'
@@ -422,8 +435,9 @@ class Claims(Analysis):
         counts = []
         for claim in dict.fromkeys(table.claim):
             own = table[table.claim == claim]
+            grouped = int((own.verdict == "only with its group").sum())
             counts.append({"claim": claim, "claims": len(own), "tested": int(own.tested.sum()),
-                           "confirmed": int(own.confirmed.sum())})  # fmt: skip
+                           "confirmed": int(own.confirmed.sum()), "grouped": grouped})  # fmt: skip
         return {
             "counts": counts,
             "claims": table.to_dict("records"),
@@ -454,6 +468,46 @@ def listed_claims(heads: pd.DataFrame | None) -> pd.DataFrame:
     )
 
 
+def with_columns(table: pd.DataFrame) -> pd.DataFrame:
+    """A kind of input's claims with every group column (``groups.GROUP_COLUMNS``' defaults on
+    the rows of a claim no other head shares)."""
+    table = table.copy()
+    for column, default in GROUP_COLUMNS.items():
+        if column not in table:
+            table[column] = default
+        table[column] = table[column].fillna(default) if isinstance(default, str) else table[column]
+    return table
+
+
+def verdicts(table: pd.DataFrame) -> pd.DataFrame:
+    """Every claim's verdicts, the Benjamini–Hochberg correction over every test of the run (each
+    claim's against its neighbours and its control, each group's two, each share's): confirmed
+    alone where the head beats both its neighbours (unless they rest on fewer than two heads) and
+    its control; the group confirmed where its joint effect beats the same two; a head's
+    ``verdict``: ``confirmed alone``, ``only with its group`` (its share above 0 in a confirmed
+    group), ``not confirmed``, or ``untested`` (too few inputs)."""
+    table = table.reset_index(drop=True)
+    first = ~table.duplicated("group") & table.group.ne("")  # a group's tests counted once
+    tests = [np.where(table.tested.astype(bool), table.p, np.nan),
+             np.where(table.tested.astype(bool), table.p_control, np.nan),
+             np.where(first, table.group_p.astype(float), np.nan),
+             np.where(first, table.group_p_control.astype(float), np.nan),
+             table.share_p.astype(float).to_numpy()]  # fmt: skip
+    called = benjamini_hochberg(np.concatenate(tests), FDR).reshape(len(tests), -1)
+    by_group = {g: k for k, g in enumerate(table.group) if first[k]}
+    spread = called[2:4][:, [by_group.get(g, k) for k, g in enumerate(table.group)]]
+    weak = table.baseline_note.ne("").to_numpy()
+    group_weak = table.group_note.ne("").to_numpy()
+    alone = (called[0] | weak) & called[1] & table.tested.astype(bool).to_numpy()
+    group = (spread[0] | group_weak) & spread[1] & table.group.ne("").to_numpy()
+    table["confirmed"] = alone
+    table["group_confirmed"] = group
+    table["verdict"] = np.where(alone, "confirmed alone", np.where(
+        group & called[4], "only with its group", np.where(
+            table.tested.astype(bool), "not confirmed", "untested")))  # fmt: skip
+    return table
+
+
 def claim_name(row) -> str:
     """A claim in words: ``syntactic (obj)``, ``relation obj``, ``induction``."""
     if row.claim == RELATION:
@@ -462,9 +516,14 @@ def claim_name(row) -> str:
 
 
 def verdict(row) -> str:
-    """``confirmed by ablation``, ``pattern only`` (tested, not confirmed), or why untested."""
+    """``confirmed by ablation`` (alone), ``confirmed with its group (1-0 1-1)`` (only so),
+    ``pattern only`` (tested, not confirmed), or why untested."""
     if bool(row.tested):
-        return "confirmed by ablation" if bool(row.confirmed) else "pattern only"
+        if bool(row.confirmed):
+            return "confirmed by ablation"
+        if getattr(row, "verdict", "") == "only with its group":
+            return f"confirmed with its group ({row.group})"
+        return "pattern only"
     if row.baseline_from == "none" and row.clusters > 0:  # inputs, but every head claimed
         return "pattern only (untested: no unclaimed head to compare it with)"
     return "pattern only (too few inputs to test)"

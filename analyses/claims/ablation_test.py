@@ -1,6 +1,7 @@
 """The claims' ablation test: each claimed head ablated alone on its claim's inputs, beside a
-baseline of its layer's unclaimed heads drawn afresh for every input, and the paired difference
-tested one-sided per input (the cluster).
+baseline of its layer's unclaimed heads drawn afresh for every input and beside its control
+(``groups``), each paired difference tested one-sided per input (the cluster); the heads sharing
+a claim ablated together, on every subset their Shapley shares need.
 
 ``AblationTest`` runs one kind of input's claims: the baseline pools and draws, the ablated
 passes (``probe.interventions.ablation.ablation_effects``, a row per (head, input) pair a claim
@@ -14,7 +15,8 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from analyses.claims.inputs import ON_REPEATS, ON_SENTENCES, Group
+from analyses.claims.groups import CONTROLS, read_at, role_groups, shuffled, with_group
+from analyses.claims.inputs import ON_SENTENCES, Group
 from probe.inference import MIN_CLUSTERS, t_interval, t_test_above
 from probe.inputs.treebank import RELATIONS
 from probe.keys import uniform
@@ -64,7 +66,7 @@ class AblationTest:
     def untested(self, mine: pd.DataFrame, inputs: str) -> Tested:
         """``mine``'s claims with no input to test them on: untested, with no effect."""
         table = pd.DataFrame([claim._asdict() | statistics([]) | {
-            "inputs": inputs, "measure": self.measure,
+            "inputs": inputs, "measure": self.measure, "control_on": CONTROLS[inputs],
             "positions": 0, "baseline_heads": 0, "baseline_from": "none",
         } for claim in mine.itertuples(index=False)])  # fmt: skip
         return Tested(table, 0, 0, 0, 0)
@@ -73,9 +75,11 @@ class AblationTest:
             samples: dict[str, set[int]] | None) -> Tested:  # fmt: skip
         """Each claim of ``mine`` (of every claim, ``claims``) measured on its ``inputs`` of
         ``groups`` (its relation's sample of ``samples``; every input where that is None),
-        beside its layer's unclaimed heads."""
+        beside its layer's unclaimed heads and its control; the heads sharing a claim ablated
+        together too, each head's share of the joint effect beside its row."""
         from probe.interventions.ablation import (
             difference,
+            head_means,
             hidden_state,
             next_token_loss,
             relative_change,
@@ -83,26 +87,62 @@ class AblationTest:
 
         pools = self.baselines(mine, claims)
         draw = self.draws(pools, inputs)
-        ablated = sorted(set(zip(mine.layer, mine["head"], strict=True))
+        roles = role_groups(mine, self.seed)
+        singles = sorted(set(zip(mine.layer, mine["head"], strict=True))
                          | {h for pool, _ in pools.values() for h in pool})  # fmt: skip
+        items = [*singles, *dict.fromkeys(i for g in roles for i in g.joint_items())]
+        slot = {item: k for k, item in enumerate(items)}
         lm = self.lm
         readout, change = (next_token_loss, difference) if lm else (hidden_state, relative_change)
-        effects = self.effects(mine, groups, samples, draw, ablated, readout, change)
-        slot = {h: i for i, h in enumerate(ablated)}
+        with torch.no_grad():
+            means = None
+            if self.ablation != "zero":  # resample takes the mean where its source is padded
+                means = head_means(self.model, [model_inputs for model_inputs, *_ in groups])
+        wanted = self.wanted(mine, roles, samples, draw, slot)
+        effects = self.effects(groups, items, wanted, means, readout, change)
+        control, control_effects = groups, effects  # the repeats' first copy: the same passes
+        if inputs != "repeats":
+            control = shuffled(groups, self.seed, inputs)
+            own = self.wanted(mine, roles, samples, None, slot)
+            control_effects = self.effects(control, items, own, means, readout, change)
+        cache: dict = {}
+
+        def read(claim: str, relation: str, on_control: bool):
+            if (claim, relation, on_control) not in cache:
+                chosen = (control, control_effects) if on_control else (groups, effects)
+                cache[claim, relation, on_control] = per_input(claim, relation, *chosen, samples,
+                                                               lm, on_control)  # fmt: skip
+            return cache[claim, relation, on_control]
+
+        table, positions_total = self.rows(mine, inputs, read, pools, draw, slot)
+        for g in roles:
+            real, _ = read(g.claim, g.relation, False)
+            controls, _ = read(g.claim, g.relation, True)
+            table = with_group(table, g, real, controls, slot, draw)
+        count = sum(len(indices) for *_, indices in groups)
+        ran = sum((~e[:, :, 0].isnan()).sum(1) for e in effects)  # [items]: rows ablated
+        if control is not groups:
+            ran = ran + sum((~e[:, :, 0].isnan()).sum(1) for e in control_effects)
+        heads_ablated = int((ran[: len(singles)] > 0).sum())
+        return Tested(table, heads_ablated, count, positions_total, int(ran.sum()))
+
+    def rows(self, mine, inputs: str, read, pools, draw, slot) -> tuple[pd.DataFrame, int]:
+        """Each claim's row of statistics (``statistics``: alone, against its neighbours and its
+        control), from ``read(claim, relation, control)``; and the positions read in all."""
         rows, positions_total = [], 0
         for claim in mine.itertuples(index=False):
-            per_input, positions = per_input_changes(claim, groups, samples, effects, draw, slot,
-                                                     lm)  # fmt: skip
+            (real, positions), (controls, _) = (read(claim.claim, claim.relation, c)
+                                                for c in (False, True))  # fmt: skip
             positions_total += positions
-            rows.append(claim._asdict() | statistics(per_input) | {
-                "inputs": inputs,
-                "measure": self.measure, "positions": positions,
-                "baseline_from": pools[claim.layer][1],
+            h = slot[(claim.layer, claim.head)]
+            measured = [(float(v[h]), {o: float(v[slot[o]]) for o in draw(claim.layer, i)},
+                         float(controls[i][h]) if i in controls else math.nan)
+                        for i, v in real.items()]  # fmt: skip
+            rows.append(claim._asdict() | statistics(measured) | {
+                "inputs": inputs, "measure": self.measure, "positions": positions,
+                "baseline_from": pools[claim.layer][1], "control_on": CONTROLS[inputs],
             })  # fmt: skip
-        count = sum(len(indices) for *_, indices in groups)
-        ran = sum((~e[:, :, 0].isnan()).sum(1) for e in effects)  # [heads]: rows ablated
-        return Tested(pd.DataFrame(rows), int((ran > 0).sum()), count, positions_total,
-                      int(ran.sum()))  # fmt: skip
+        return pd.DataFrame(rows), positions_total
 
     def baselines(self, mine: pd.DataFrame, claims: pd.DataFrame) -> dict:
         """Per layer of ``mine``'s claims, the heads its baselines are drawn from and where they
@@ -144,30 +184,43 @@ class AblationTest:
 
         return draw
 
-    def effects(self, mine, groups, samples, draw, ablated, readout, change) -> list:
-        """Per group of inputs, every ablated head's change ``[heads, batch, pos]``, run only on
-        the inputs a claim reads it on (NaN elsewhere, never read): a claimed head on its claim's
-        inputs, a baseline head on the inputs of its layer's claims it was drawn for."""
-        from probe.interventions.ablation import ablation_effects, head_means
+    def wanted(self, mine, roles, samples, draw, slot):
+        """``wanted(indices)``: the items ``[items, batch]`` a group of inputs ``indices`` needs:
+        a claimed head on its claim's inputs, a baseline head on the inputs of its layer's claims
+        it was drawn for (none without ``draw``: the control's), a group's subsets on its
+        claim's inputs (only the whole group without ``draw``)."""
+
+        def wanted(indices) -> torch.Tensor:
+            needed = torch.zeros(len(slot), len(indices), dtype=torch.bool)
+            for b, i in enumerate(indices.tolist()):
+                for claim in mine.itertuples(index=False):
+                    if reads(claim.relation, i, samples):
+                        needed[slot[(claim.layer, claim.head)], b] = True
+                        for h in draw(claim.layer, i) if draw else ():
+                            needed[slot[h], b] = True
+                for g in roles:
+                    if reads(g.relation, i, samples):
+                        for item in g.joint_items() if draw else [g.whole]:
+                            needed[slot[item], b] = True
+            return needed
+
+        return wanted
+
+    def effects(self, groups, items, wanted, means, readout, change) -> list:
+        """Per group of inputs, every item's change ``[items, batch, pos]`` (an item: a head
+        ablated alone, or heads ablated together), run only on the inputs ``wanted`` names (NaN
+        elsewhere, never read)."""
+        from probe.interventions.ablation import ablation_effects
         from probe.pipeline import helper
 
-        model, slot = self.model, {h: i for i, h in enumerate(ablated)}
         effects = []
         with torch.no_grad():
-            means = None
-            if self.ablation != "zero":  # resample takes the mean where its source is padded
-                means = head_means(model, [inputs for inputs, *_ in groups])
-            for inputs, tags, indices in groups:
+            for model_inputs, tags, indices in groups:
                 helper.poll()  # the helper done writing the others' tables: both cores here
-                needed = torch.zeros(len(ablated), len(indices), dtype=torch.bool)
-                for claim in mine.itertuples(index=False):
-                    for b, i in enumerate(indices.tolist()):
-                        if reads(claim, i, samples):
-                            for h in [(claim.layer, claim.head), *draw(claim.layer, i)]:
-                                needed[slot[h], b] = True
-                effect = torch.full((len(ablated), *tags.shape), math.nan, dtype=torch.float64)
+                needed = wanted(indices)
+                effect = torch.full((len(items), *tags.shape), math.nan, dtype=torch.float64)
                 if needed.any():
-                    found = ablation_effects(model, inputs, ablated, readout, change,
+                    found = ablation_effects(self.model, model_inputs, items, readout, change,
                                              mode=self.ablation, means=means, needed=needed,
                                              max_rows=max_rows(tuple(tags.shape)))  # fmt: skip
                     effect = found.cpu().double()
@@ -175,27 +228,22 @@ class AblationTest:
         return effects
 
 
-def per_input_changes(claim, groups, samples, effects, draw, slot, lm: bool):
-    """Per input (the cluster) of the claim's that holds its tokens, the claimed head's mean
-    change there and each of its baseline heads' (by head); and the positions read."""
-    target = RELATIONS.index(claim.relation) if claim.claim in ON_SENTENCES else 0
-    per_input, positions = [], 0
-    for (inputs, tags, indices), effect in zip(groups, effects, strict=True):
-        read = torch.tensor([reads(claim, i, samples) for i in indices.tolist()])
-        where = (tags == target).to(effect.device) & inputs["attention_mask"].bool().cpu()
-        where &= read[:, None]
-        if lm:  # the loss read at t is of token t + 1, which must be real
-            where[:, -1] = False
-            where[:, :-1] &= inputs["attention_mask"][:, 1:].bool().cpu()
-            if claim.claim in ON_REPEATS:  # t and t + 1 in the second copy: its tokens after
-                where &= torch.roll(tags == target, -1, dims=1)  # its first, each predictable
+def per_input(claim: str, relation: str, groups, effects, samples, lm: bool, control: bool):
+    """Per input (the cluster) of a claim (``claim``, ``relation``) that holds its tokens, every
+    item's mean change there ``[items]`` (by input number: NaN for items not run on it); and the
+    positions read. On the claim's control where ``control``."""
+    target = RELATIONS.index(relation) if claim in ON_SENTENCES else 0
+    out, positions = {}, 0
+    for (model_inputs, tags, indices), effect in zip(groups, effects, strict=True):
+        mask = model_inputs["attention_mask"].bool().cpu()
+        where = read_at(claim, tags, target, mask, lm, control)
+        where &= torch.tensor([reads(relation, i, samples) for i in indices.tolist()])[:, None]
         count = where.sum(1)
         positions += int(count.sum())
-        at = torch.where(where, effect, 0.0).sum(-1) / count.clamp(min=1)  # [heads, batch]
+        at = torch.where(where, effect, 0.0).sum(-1) / count.clamp(min=1)  # [items, batch]
         for b in torch.nonzero(count).flatten().tolist():
-            others = {h: float(at[slot[h], b]) for h in draw(claim.layer, int(indices[b]))}
-            per_input.append((float(at[slot[(claim.layer, claim.head)], b]), others))
-    return per_input, positions
+            out[int(indices[b])] = at[:, b]
+    return out, positions
 
 
 def max_rows(shape: tuple[int, int]) -> int:
@@ -205,41 +253,55 @@ def max_rows(shape: tuple[int, int]) -> int:
     return max(inputs + 1, MAX_TOKENS // max(1, width))
 
 
-def reads(claim, index: int, samples: dict[str, set[int]] | None) -> bool:
-    """Whether ``claim`` is measured on input ``index``: a syntactic claim on its relation's
-    sample of sentences, the others on every input of theirs."""
-    return samples is None or index in samples[claim.relation]
+def reads(relation: str, index: int, samples: dict[str, set[int]] | None) -> bool:
+    """Whether a claim of ``relation`` is measured on input ``index``: a syntactic claim on its
+    relation's sample of sentences, the others on every input of theirs."""
+    return samples is None or index in samples[relation]
 
 
-def statistics(per_input: list[tuple[float, dict]]) -> dict:
+def statistics(per_input: list[tuple[float, dict, float]]) -> dict:
     """The claimed head's mean effect over inputs with its 95% t-interval; the baseline (the mean
     over inputs of its heads' mean effect there), the heads it drew on and the spread of their
-    own means; and the one-sided p-value of the paired difference (head − baseline) being above
-    0. No interval or p-value on fewer than ``MIN_CLUSTERS`` inputs or without a baseline head."""
+    own means; the control (the head's mean effect where the claim cannot happen); and the
+    one-sided p-values of the paired differences (head − baseline, head − control) being above
+    0. No interval or p-value on fewer than ``MIN_CLUSTERS`` inputs; no ``p`` without a baseline
+    head. Tested where either p-value is."""
     n = len(per_input)
     nan = math.nan
     out = {"clusters": n, "effect": nan, "effect_low": nan, "effect_high": nan, "baseline": nan,
-           "baseline_spread": nan, "baseline_heads": 0, "p": nan, "tested": False}  # fmt: skip
+           "baseline_spread": nan, "baseline_heads": 0, "p": nan, "tested": False,
+           "control": nan, "p_control": nan, "baseline_note": ""}  # fmt: skip
     if not n:
         return out
-    effect = np.array([e for e, _ in per_input])
+    effect = np.array([e for e, _, _ in per_input])
+    control = np.array([c for _, _, c in per_input])
     out["effect"] = float(effect.mean())
-    has_baseline = all(others for _, others in per_input)
+    has_baseline = all(others for _, others, _ in per_input)
     if has_baseline:
-        baseline = np.array([np.mean(list(others.values())) for _, others in per_input])
+        baseline = np.array([np.mean(list(others.values())) for _, others, _ in per_input])
         out["baseline"] = float(baseline.mean())
         by_head: dict = {}
-        for _, others in per_input:
+        for _, others, _ in per_input:
             for head, value in others.items():
                 by_head.setdefault(head, []).append(value)
         out["baseline_heads"] = len(by_head)
         if len(by_head) > 1:
             out["baseline_spread"] = float(np.std([np.mean(v) for v in by_head.values()], ddof=1))
+    if out["baseline_heads"] < 2:
+        out["baseline_note"] = WEAK
+    has_control = np.isfinite(control)
+    if has_control.any():
+        out["control"] = float(control[has_control].mean())
     if n < MIN_CLUSTERS:
         return out
     out["effect_low"], out["effect_high"] = t_interval(out["effect"], effect.std(ddof=1), n)
-    if not has_baseline:
-        return out
-    out["p"] = t_test_above(effect - baseline)
-    out["tested"] = True
+    if has_control.sum() >= MIN_CLUSTERS:
+        out["p_control"] = t_test_above(effect[has_control] - control[has_control])
+    if has_baseline:
+        out["p"] = t_test_above(effect - baseline)
+    out["tested"] = not (math.isnan(out["p"]) and math.isnan(out["p_control"]))
     return out
+
+
+# Where the neighbours cannot be a baseline (one head, or none), the control alone decides.
+WEAK = "fewer than two heads: the control decides"

@@ -34,6 +34,8 @@ ON_WINDOWS = (str(Role.COREFERENCE),)
 ON_NEEDLES = (str(Role.RETRIEVAL),)
 CLAIMS = (*ON_SENTENCES, *ON_REPEATS, *ON_WINDOWS, *ON_NEEDLES)
 
+FIRST_COPY = 1  # the repeats' tag on the first copy (their second's is 0), read by the control
+
 # A group: its model inputs, its tags ``[batch, pos]`` (-1 where nothing is read) and the
 # numbers of its inputs.
 Group = tuple[dict, "torch.Tensor", "np.ndarray"]
@@ -102,12 +104,13 @@ def sentence_groups(
 def repeat_groups(tokenizer, seed: int, n_sequences: int, length: int, model) -> list[Group]:
     """Groups of the repeated random sequences 0, 1, … (the taxonomy's first ones: BOS,
     ``length`` random tokens, the same again, as ``RepeatedSequences.pair(2 · index)`` draws
-    them): tagged 0 on the second copy, numbered by the sequences' indices."""
+    them): tagged 0 on the second copy and ``FIRST_COPY`` on the first (the control's),
+    numbered by the sequences' indices."""
     from probe.inputs.units.repeats import halves, ordinary_tokens, specials
 
     vocabulary = ordinary_tokens(tokenizer)
     first, last = specials(tokenizer)
-    second = [-1] * len(first) + [-1] * length + [0] * length + [-1] * len(last)
+    second = [-1] * len(first) + [FIRST_COPY] * length + [0] * length + [-1] * len(last)
     rows = []
     for index in range(n_sequences):
         drawn, _ = halves(seed, 2 * index, vocabulary, length)

@@ -134,7 +134,9 @@ def _readable(plan: Plan, tokenizer) -> tuple[Plan, dict[str, str], dict[str, di
     """The run without what its tokenizer cannot read: the share of the treebank's and the
     corpus's words that become the unknown token (``probe.inputs.unknown``), and, where that is
     more than ``MOSTLY_UNKNOWN``, the run without the units of that input: an analysis that
-    read nothing else is skipped (with why), one that reads another unit too goes on without it.
+    read nothing else is skipped (with why), unless it makes inputs of its own
+    (``runs_without_units``: the claims' repeated sequences); one that reads another unit too
+    goes on without it.
 
     Raises
     ------
@@ -166,7 +168,7 @@ def _readable(plan: Plan, tokenizer) -> tuple[Plan, dict[str, str], dict[str, di
     skipped = {}
     for cls in plan.classes:
         lost = [units.get_input(u) for u in plan.reads[cls.name] if u in dropped]
-        if lost and not reads[cls.name]:
+        if lost and not reads[cls.name] and not cls.runs_without_units:
             m = measured[lost[0]]
             skipped[cls.name] = (f"{m['share']:.0%} of the {lost[0]}'s words (of the first "
                                  f"{m['words']}) are the tokenizer's unknown token")  # fmt: skip

@@ -133,8 +133,9 @@ def lead(heads: pd.DataFrame, tables: dict[str, pd.DataFrame]) -> dict:
 
 
 def _confirmed(tables: dict[str, pd.DataFrame], role: Role) -> dict:
-    """Of the heads holding ``role``, how many were tested by ablation and how many of those
-    confirmed (``analyses.claims``); nothing where the run tested none."""
+    """Of the heads holding ``role``, how many were tested by ablation, how many of those
+    confirmed alone and how many only with their group (``analyses.claims``); nothing where the
+    run tested none."""
     claims = tables.get("claims")
     if claims is None or not len(claims):
         return {}
@@ -144,7 +145,9 @@ def _confirmed(tables: dict[str, pd.DataFrame], role: Role) -> dict:
     confirmed = own[own.confirmed.astype(bool)]
     ids = [HeadId(layer, head) for layer, head in zip(confirmed.layer, confirmed["head"],
                                                       strict=True)]  # fmt: skip
-    return {"tested": int(own.tested.sum()), "confirmed": len(ids), "confirmed_heads": ids}
+    grouped = int((own.verdict == "only with its group").sum()) if "verdict" in own else 0
+    return {"tested": int(own.tested.sum()), "confirmed": len(ids), "confirmed_heads": ids,
+            "grouped": grouped}  # fmt: skip
 
 
 def _tally(heads: pd.DataFrame) -> str:

@@ -195,7 +195,8 @@ def ablation_effects(
     max_rows: int = 256,
     needed: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Each head's effect, ablated alone, on the model's output at every position of a batch.
+    """Each head's effect, ablated alone (or each group's, ablated together), on the model's
+    output at every position of a batch.
 
     One forward pass holds the batch's own rows and, after them, a row per (head, input) pair
     that ``needed`` asks for: the input with that head ablated alone, by its mean z
@@ -212,8 +213,10 @@ def ablation_effects(
         A Hugging Face model (or a module built from ``probe.MultiHeadAttention``).
     inputs : dict
         Keyword arguments of ``model`` for one batch, ``[batch, pos]`` each.
-    heads : sequence of (layer, head)
-        0-based; the effect of each is returned in this order.
+    heads : sequence of (layer, head), or of groups of them
+        0-based; the effect of each is returned in this order. An item that is a sequence of
+        (layer, head) pairs is a group: its heads ablated together in one row (the row appended
+        at its lowest layer's block).
     readout : callable
         ``readout(output, inputs)``: what is compared, ``[rows, pos, k]``, from the model's
         output on ``inputs`` (the stacked rows' own inputs), e.g. ``hidden_state`` or
@@ -247,7 +250,8 @@ def ablation_effects(
     if mode not in (*MODES, "resample"):
         raise ProbeError(f"mode must be 'zero', 'mean' or 'resample', not {mode!r}")
     names, n_heads = z_points(model)
-    by_layer = check_heads(heads, len(names), n_heads)
+    members = [_members(item) for item in heads]
+    by_layer = check_heads([h for m in members for h in m], len(names), n_heads)
     if mode in ("mean", "resample"):
         missing = sorted(set(by_layer) - set(means or {}))
         if missing:
@@ -266,13 +270,15 @@ def ablation_effects(
     stack = _blocks(model, len(names))
     mask = inputs.get("attention_mask")
     effects = None
-    for chunk in _chunks(heads, needed.bool().cpu(), max(1, max_rows - rows)):
-        # chunk: (head index, input) pairs by layer, each a row after the batch's own
+    for chunk in _chunks(members, needed.bool().cpu(), max(1, max_rows - rows)):
+        # chunk: (item index, input) pairs by layer, each a row after the batch's own, appended
+        # at its item's lowest layer and ablating each of its heads at that head's layer
         index = torch.tensor([b for _, b in chunk], dtype=torch.long)
-        layer_of = [int(heads[i][0]) for i, _ in chunk]
+        layer_of = [members[i][0][0] for i, _ in chunk]
         todo: dict[int, list[tuple[int, int]]] = defaultdict(list)  # layer -> (row, head)
         for row, (i, _) in enumerate(chunk):
-            todo[layer_of[row]].append((rows + row, int(heads[i][1])))
+            for layer, head in members[i]:
+                todo[layer].append((rows + row, head))
         every = torch.cat([torch.arange(rows), index])  # the input of each row of the pass
         fns = {names[layer]: _ablate_rows(layer, done, every, rows, mode, means, mask)
                for layer, done in todo.items()}  # fmt: skip
@@ -290,9 +296,23 @@ def ablation_effects(
     return effects
 
 
-def _chunks(heads, needed: torch.Tensor, max_rows: int) -> list[list]:
-    """The ``needed`` (head index, input) pairs by layer, in chunks of at most ``max_rows``."""
-    pairs = [(int(heads[i][0]), i, int(b)) for i in range(len(heads))
+def _members(item) -> list[tuple[int, int]]:
+    """An item of ``ablation_effects``'s heads as its heads, sorted: a (layer, head) pair alone,
+    or each (layer, head) of a group ablated together (left as given where it is neither, for
+    ``check_heads`` to refuse in one line)."""
+    try:
+        if all(isinstance(h, tuple | list) for h in item) and len(item):
+            return sorted({(int(layer), int(head)) for layer, head in item})
+        layer, head = item
+        return [(int(layer), int(head))] if (int(layer), int(head)) == tuple(item) else [item]
+    except (TypeError, ValueError):
+        return [item]
+
+
+def _chunks(members: list, needed: torch.Tensor, max_rows: int) -> list[list]:
+    """The ``needed`` (item index, input) pairs by their item's lowest layer, in chunks of at
+    most ``max_rows``."""
+    pairs = [(members[i][0][0], i, int(b)) for i in range(len(members))
              for b in torch.nonzero(needed[i]).flatten().tolist()]  # fmt: skip
     pairs = [(i, b) for _, i, b in sorted(pairs)]
     return [pairs[s : s + max_rows] for s in range(0, len(pairs), max_rows)]
