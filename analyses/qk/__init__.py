@@ -91,7 +91,7 @@ class QK(Analysis):
     )
     plots = (
         Plot("sources", "Each head's score split into query source x key source (mean over "
-             "the role's positions)", "analyses.qk.figures:source_heatmap", needs=("qk_pairs",),
+             "the role's positions)", "analyses.qk.figures:qk_sources", needs=("qk_pairs",),
              panels=tuple({"shown": i} for i in range(3)), width="page"),
     )  # fmt: skip
 

@@ -16,7 +16,7 @@ def split_heads(tables: dict[str, pd.DataFrame]) -> list[tuple[int, int, str]]:
     return [(int(r.layer), int(r.head), str(r.role)) for r in scores.itertuples()]
 
 
-def source_heatmap(
+def qk_sources(
     tables: dict[str, pd.DataFrame],
     ax: Axes | None = None,
     shown: int = 0,

@@ -78,6 +78,23 @@ def test_the_outputs(run):
 
 
 @pytest.mark.slow
+def test_probe_plot_draws_the_timeline(run):
+    """``probe.plot.timeline`` and ``timeline_loss`` draw from a timeline's folder, and on an Axes
+    given from its tables."""
+    import matplotlib.pyplot as plt
+    from matplotlib.axes import Axes
+
+    from probe import plot
+
+    for draw in (plot.timeline, plot.timeline_loss):
+        ax = draw(run)
+        assert isinstance(ax, Axes) and ax.has_data()
+        given = plt.figure().add_subplot()
+        assert draw(plot.tables(run), ax=given) is given and given.has_data()
+    plt.close("all")
+
+
+@pytest.mark.slow
 def test_induction_forms_where_the_second_copy_loss_falls_most(run):
     """The onset of the induction heads is the checkpoint that ends the steepest fall of the
     loss on the second copy, measured by the run itself (``steps.csv``) and by the training
