@@ -220,6 +220,7 @@ def test_a_corpus_streams_in_rows(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     assert sorted(seen) == [("stream_rows", "repeats", "sdpa"), ("stream_rows", "text", "sdpa")]
     run = json.loads((out / "run.json").read_text())
+    # qk follows the taxonomy: it splits the scores on sequences of its own, streaming no unit
     assert run["reads"] == {"roles": ["text"], "taxonomy": ["repeats", "text"],
-                            "importance": ["text"]}  # fmt: skip
+                            "importance": ["text"], "qk": []}  # fmt: skip
     assert run["inputs"]["text"]["windows"] > 12
