@@ -24,7 +24,8 @@ def test_the_induction_models_claims_run_beside_an_unreadable_treebank(tmp_path)
     warned = [line for line in result.output.splitlines() if line.startswith("warning:")]
     assert len(warned) == 1 and "treebank's words" in warned[0] and "skipped" not in warned[0]
     run = json.loads((out / "run.json").read_text())
-    assert run["analyses"] == ["taxonomy", "claims"] and not run["skipped"]
+    # qk follows the taxonomy (its splits of the roles' scores)
+    assert run["analyses"] == ["taxonomy", "claims", "qk"] and not run["skipped"]
     claims = pd.read_csv(out / "claims.csv").set_index(["layer", "head"])
     assert claims.loc[PREVIOUS_TOKEN, "claim"] == "previous-token"
     assert claims.loc[PREVIOUS_TOKEN, "confirmed"]
