@@ -28,6 +28,7 @@ from analyses.vocabulary import Thresholds
 from probe.app.analyze import analyze as analyze_run
 from probe.app.command_options import settings_of, warmups, with_declared_options
 from probe.app.console import (
+    OneLineUsage,
     bars,
     fail,
     link,
@@ -54,6 +55,7 @@ from probe.options import ATTENTION_BUDGET
 from probe.pipeline import helper, threads
 
 app = typer.Typer(
+    cls=OneLineUsage,  # click's own refusals in one line too
     help="What does each attention head do? Analyse a model, write a self-contained report.",
     add_completion=False,
     no_args_is_help=True,

@@ -1,5 +1,6 @@
 """What the ``probe`` command prints: its consoles (``make_console``), the one-line error that
-ends a command (``fail``), the progress bars of ``probe analyze`` (``run_progress``,
+ends a command (``fail``), a command-line mistake click finds in one line too
+(``OneLineUsage``), the progress bars of ``probe analyze`` (``run_progress``,
 ``bars``), the summary of what a run found (``summary``), a path as a link (``link``), and
 the one line for an output that cannot be written (``refused``).
 """
@@ -7,6 +8,7 @@ the one line for an output that cannot be written (``refused``).
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -26,6 +28,7 @@ from rich.progress import (
 )
 from rich.style import Style
 from rich.text import Text
+from typer.core import TyperGroup
 
 from probe.app.signals import stopping
 
@@ -47,6 +50,45 @@ def fail(message: str, status: int = 1) -> NoReturn:
     stopping()  # a further signal is ignored: the error is printed whole, then we exit
     err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(status)
+
+
+# The click typer runs on (typer 0.24 and later carry a copy of their own): its exceptions are
+# the ones the commands raise.
+click = importlib.import_module(TyperGroup.make_context.__module__.rpartition(".")[0])
+
+
+class UsageLine(click.exceptions.UsageError):
+    """A mistake click found on the command line, shown as probe's own are: one line."""
+
+    def show(self, file=None) -> None:
+        where = f"; '{self.ctx.command_path} --help' lists the options" if self.ctx else ""
+        message = self.format_message().rstrip(".")
+        click.echo(f"error: {message}{where}", file=file, err=file is None)
+
+
+class OneLineUsage(TyperGroup):
+    """The ``probe`` command's group: what click refuses while it reads the command line (an
+    unknown option, a value of the wrong type: ``--circuit-resamples 2.5``) is one line naming
+    the flag, with its usual exit status 2, where click would print the usage, a hint and the
+    error (three lines). ``probe`` alone still prints the help."""
+
+    def make_context(self, *args, **kwargs):
+        with _one_line():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx):
+        with _one_line():  # the subcommands read their options here
+            return super().invoke(ctx)
+
+
+@contextlib.contextmanager
+def _one_line() -> Iterator[None]:
+    try:
+        yield
+    except (UsageLine, getattr(click.exceptions, "NoArgsIsHelpError", UsageLine)):
+        raise  # ``probe`` alone: the help
+    except click.exceptions.UsageError as e:
+        raise UsageLine(e.format_message(), e.ctx) from None
 
 
 def run_progress(console: Console, quiet: bool) -> Progress:

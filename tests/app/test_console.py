@@ -60,3 +60,34 @@ def test_a_terminal_gets_lines_as_wide_as_it_is(columns):
     for line, after in itertools.pairwise(lines):  # broken only where the next word did not fit
         assert len(line.rstrip()) + 1 + len(after.split()[0]) > columns, (line, after)
     assert " ".join(line.strip() for line in lines) == LINE  # broken at spaces only
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["analyze", "-m", "x", "--circuit-resamples", "2.5"],
+         "error: Invalid value for '--circuit-resamples'"),
+        (["analyze", "--circuit-pair", "3"], "error: No such option: --circuit-pair"),
+        (["nosuch"], "error: No such command 'nosuch'; 'probe --help' lists the options"),
+        (["experiment", "nosuch"], "error: No such command 'nosuch'; 'probe experiment --help'"),
+        (["analyze", "-m"], "error: Option '-m' requires an argument"),
+    ],
+)  # fmt: skip
+def test_what_click_refuses_is_one_line(args, said):
+    """Click's usage, hint and error (three lines) become one line, status 2 as click's."""
+    from typer.testing import CliRunner
+
+    from probe.app.cli import app
+
+    result = CliRunner().invoke(app, args, prog_name="probe")
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith(said), lines
+
+
+def test_probe_alone_still_prints_its_help():
+    from typer.testing import CliRunner
+
+    from probe.app.cli import app
+
+    result = CliRunner().invoke(app, [], prog_name="probe")
+    assert "Usage: probe" in result.output and "analyze" in result.output
