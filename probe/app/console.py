@@ -8,7 +8,6 @@ the one line for an output that cannot be written (``refused``).
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -52,12 +51,12 @@ def fail(message: str, status: int = 1) -> NoReturn:
     raise typer.Exit(status)
 
 
-# The click typer runs on (typer 0.24 and later carry a copy of their own): its exceptions are
-# the ones the commands raise.
-click = importlib.import_module(TyperGroup.make_context.__module__.rpartition(".")[0])
+# The core of the click typer runs on (typer 0.24 and later carry a copy of their own): its
+# exceptions are the ones the commands raise.
+click = sys.modules[TyperGroup.make_context.__module__]
 
 
-class UsageLine(click.exceptions.UsageError):
+class UsageLine(click.UsageError):
     """A mistake click found on the command line, shown as probe's own are: one line."""
 
     def show(self, file=None) -> None:
@@ -85,9 +84,9 @@ class OneLineUsage(TyperGroup):
 def _one_line() -> Iterator[None]:
     try:
         yield
-    except (UsageLine, getattr(click.exceptions, "NoArgsIsHelpError", UsageLine)):
+    except (UsageLine, getattr(click, "NoArgsIsHelpError", UsageLine)):
         raise  # ``probe`` alone: the help
-    except click.exceptions.UsageError as e:
+    except click.UsageError as e:
         raise UsageLine(e.format_message(), e.ctx) from None
 
 
