@@ -115,6 +115,7 @@ def test_the_trust_figures_in_probe_plot(report):
     plt.close("all")
 
 
+@pytest.mark.slow
 def test_a_task_of_random_answers_is_called_unstable(tmp_path):
     """The same prompts with a random answer per pair (against the same random wrong token)
     give a circuit whose Jaccard is below the real answers' interval, which the page calls

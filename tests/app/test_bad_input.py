@@ -111,12 +111,10 @@ def test_one_word_sentences_give_a_report(tmp_path, minilm):
     assert (tmp_path / "r" / "index.html").exists()
 
 
-@pytest.fixture(scope="module")
-def good_report(tmp_path_factory, minilm):
-    out = tmp_path_factory.mktemp("report") / "good"
-    args = ["analyze", "-m", "minilm", "-t", "sample", "-o", str(out), "-q"]
-    assert runner.invoke(app, args).exit_code == 0
-    return out
+@pytest.fixture
+def good_report(sample_report):
+    """MiniLM's report of the sample (the session's, conftest.py): each test copies it."""
+    return sample_report
 
 
 def _threshold(folder, **change):

@@ -140,6 +140,7 @@ def test_the_last_checkpoints_roles_are_analyzes(run, tmp_path):
     pd.testing.assert_frame_equal(ours, alone, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_copied_checkpoint_is_flagged(tmp_path):
     source = copy_steps(tmp_path / "source", "checkpoint-3000")
     shutil.copytree(source / "checkpoint-3000", source / "checkpoint-3500")
@@ -176,6 +177,7 @@ def test_revisions_for_a_local_folder_one_line(tmp_path):
                    str(tmp_path / "o")), "--revisions is for a hub model")  # fmt: skip
 
 
+@pytest.mark.slow
 def test_tokenizers_that_differ_one_line_the_first_step_kept(tmp_path):
     from transformers import AutoTokenizer
 
@@ -190,6 +192,7 @@ def test_tokenizers_that_differ_one_line_the_first_step_kept(tmp_path):
     assert not (out / "steps" / "step-2000").exists()
 
 
+@pytest.mark.slow
 def test_a_checkpoint_that_fails_to_load_one_line_then_resume(tmp_path):
     source = copy_steps(tmp_path / "s", "checkpoint-0", "checkpoint-2000", "checkpoint-2250")
     weights = source / "checkpoint-2000" / "model.safetensors"
@@ -208,6 +211,7 @@ def test_a_checkpoint_that_fails_to_load_one_line_then_resume(tmp_path):
     assert sorted(pd.read_csv(out / "timeline.csv").step.unique()) == [0, 2000, 2250]
 
 
+@pytest.mark.slow
 def test_resume_on_another_runs_folder_one_line(tmp_path):
     source = copy_steps(tmp_path / "s", "checkpoint-0")
     out = tmp_path / "o"

@@ -115,6 +115,7 @@ def test_the_previous_token_heads_edges_into_the_induction_keys_are_stable(found
                 / (trust.pairs.clean - trust.pairs.ablated)))  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_task_of_random_answers_is_not_stable(model, task):
     """The same prompts, scored by the logit difference of the true next token against a random
     one, then of a random answer against it: the noise's circuit is less stable, beyond the real
@@ -135,6 +136,7 @@ def test_a_task_of_random_answers_is_not_stable(model, task):
     assert found["noise"].jaccard_low < 0.5 <= found["real"].jaccard_low
 
 
+@pytest.mark.slow
 def test_a_gqa_models_trust_is_its_ungrouped_twins():
     from transformers import AutoModelForCausalLM
 

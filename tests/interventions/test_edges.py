@@ -48,6 +48,7 @@ def test_edge_patching_ends_at_both_runs(model, task):
         torch.testing.assert_close(ends[1], metric(model(**corrupted).logits), atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 def test_induction_circuit(model, task):
     clean, corrupted, metric = task
     scores = probe.edges(model, clean, corrupted, metric, method="eap-ig", steps=5)
