@@ -79,3 +79,21 @@ def tiny_report(tiny_model) -> Path:
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     return out
+
+
+@pytest.fixture(scope="session")
+def induction_timeline(tmp_path_factory) -> Path:
+    """``probe timeline`` over the ten shipped checkpoints of the induction GPT-2
+    (tests/data/induction-gpt2-steps): taxonomy on the sample treebank, repeats of 20 tokens
+    (within the lengths trained on, 2..30), the loss with ``--lm-head``; its folder (each step's
+    report under ``steps/``). Run once for the timeline's tests (tests/app/test_timeline*.py)."""
+    import subprocess
+
+    steps = Path(__file__).parent / "data" / "induction-gpt2-steps"
+    out = tmp_path_factory.mktemp("timeline") / "out"
+    options = ["-a", "taxonomy", "-t", "sample", "--repeat-length", "20", "-q", "--lm-head"]
+    command = [sys.executable, "-m", "probe.app.cli", "timeline", str(steps), *options]
+    command += ["--out", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return out

@@ -416,23 +416,15 @@ def test_checkpoints_shipped_small():
 
 # Within the lengths trained on (2..30), as tests/induction.py's constants are measured at n = 20:
 # at analyze's default of 50 the previous-token head misses positions past ~27.
-REPEAT_LENGTH = "20"
 
 
-@pytest.fixture(scope="module")
-def analysed(tmp_path_factory) -> tuple[Path, dict[int, pd.DataFrame], dict[int, float]]:
-    """``probe analyze -a taxonomy`` on each shipped checkpoint: the folder of the step
-    reports, each step's heads table, and each step's held-out loss on the second copy."""
-    root = tmp_path_factory.mktemp("timeline")
-    tables = {}
-    for c in checkpoints(str(STEPS)):
-        out = root / c.folder
-        subprocess.run(
-            ["probe", "analyze", "-m", c.source, "-a", "taxonomy", "--lm-head", "-t", "sample",
-             "--repeat-length", REPEAT_LENGTH, "-q", "--out", str(out)],
-            check=True, timeout=300, capture_output=True,
-        )  # fmt: skip
-        tables[c.step] = pd.read_csv(out / "heads.csv")
+@pytest.fixture
+def analysed(induction_timeline) -> tuple[Path, dict[int, pd.DataFrame], dict[int, float]]:
+    """``probe timeline -a taxonomy`` over the shipped checkpoints (the session's,
+    tests/conftest.py): its folder (each step's report under ``steps/``), each step's heads
+    table, and each step's held-out loss on the second copy."""
+    root = induction_timeline
+    tables = {c.step: pd.read_csv(root / c.folder / "heads.csv") for c in checkpoints(str(STEPS))}
     losses = {int(s): v["second_copy"] for s, v in
               json.loads((STEPS / "losses.json").read_text())["steps"].items()}  # fmt: skip
     return root, tables, losses

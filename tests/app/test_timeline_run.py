@@ -47,13 +47,11 @@ def copy_steps(to: Path, *names: str) -> Path:
     return to
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Path:
-    """``probe timeline`` over the ten shipped checkpoints, with the loss (``--lm-head``)."""
-    out = tmp_path_factory.mktemp("timeline") / "out"
-    done = probe("timeline", str(STEPS), *RUN, "--lm-head", "--out", str(out))
-    assert done.returncode == 0, done.stderr
-    return out
+@pytest.fixture
+def run(induction_timeline) -> Path:
+    """``probe timeline`` over the ten shipped checkpoints with ``RUN``'s options and the loss
+    (``--lm-head``): the session's (tests/conftest.py), shared with test_timeline.py."""
+    return induction_timeline
 
 
 @pytest.mark.slow
