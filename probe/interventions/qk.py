@@ -119,9 +119,9 @@ def qk_attribution(
         has one row per score (input, layer, head, query_pos, key_pos): ``score`` (before any
         mask or soft cap, from the captured queries and keys: what the terms sum to),
         ``captured`` (``hook_attn_scores``: after the mask and Gemma 2's cap), ``top10_share``
-        (the share of Σ|terms| the ten largest hold), and the largest query-side and key-side
-        source (a side's terms summed over the other side's sources: the score the source
-        gives through its side with the other side whole), ``query_top``,
+        (the share of the score its ten largest terms, by magnitude, sum to), and the largest
+        query-side and key-side source (a side's terms summed over the other side's sources:
+        the score the source gives through its side with the other side whole), ``query_top``,
         ``query_top_contribution``, ``key_top``, ``key_top_contribution``.
         ``attrs["conventions"]`` says how norms, rotation, soft caps and biases are treated.
 
@@ -408,7 +408,8 @@ def _layer_terms(cache, site, layer, here, weights, read, norm, rotate, module, 
             mine = slice(taken, taken + len(found[0]))
             taken += len(found[0])
             kv = kvs.index(int(weights.kv_head[head]))
-            head_terms(at, head, Q[n], K[kv], found, q_at[mine], k_at[mine], pair_chunk)
+            parts = Q[:, :, n].transpose(0, 1), K[:, :, kv].transpose(0, 1)  # [rows, source, d]
+            head_terms(at, head, *parts, found, q_at[mine], k_at[mine], pair_chunk)
     return at.rows, at.scores
 
 

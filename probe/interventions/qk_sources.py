@@ -132,7 +132,7 @@ class Stream:
         """Each source's part of ``x W`` at rows ``(b, i)`` (``[rows]`` each), ``W [d_model,
         head * d_head]`` and ``maps`` its ``maps(W)``, of a ``stacked`` stream, divided by
         ``scale`` ``[rows]`` where given (a frozen norm's), written into ``out`` ``[source, rows,
-        head, d_head]`` (any strides: each product is written there once, not copied) in the
+        head, d_head]`` (each product written there directly where it is contiguous) in the
         order of ``names``."""
         dense, biases = len(self.dense_names), len(self.bias_names)
         rows, shape = len(b), out.shape[1:]
@@ -142,10 +142,21 @@ class Stream:
             g = gain[:, b, i]
             return g if inverse is None else g * inverse
 
-        x = self.dense[0][:, b, i] @ W  # [source, rows, head * d_head]
+        def write(found: torch.Tensor, into: torch.Tensor) -> None:
+            # [source, rows, head * d_head] into ``into``: straight from the product where it
+            # is contiguous (one chunk of rows), else copied
+            if into.is_contiguous():
+                into.view(found.shape).copy_(found)
+            else:
+                into.copy_(found.view(into.shape))
+
+        x = self.dense[0][:, b, i]  # [source, rows, d_model]
         if inverse is not None:
-            x.mul_(inverse)
-        out[:dense].copy_(x.view(dense, *shape))
+            x = x * inverse
+        if out[:dense].is_contiguous():
+            torch.matmul(x, W, out=out[:dense].view(dense, rows, W.shape[1]))
+        else:
+            write(x @ W, out[:dense])
         if self.vectors:
             vectors = maps[0][:, None].expand(biases, rows, W.shape[1])
             g = gained(self.bias_gain[0])
@@ -153,9 +164,12 @@ class Stream:
                 vectors.view(biases, *shape), g.unsqueeze(-1), out=out[dense : dense + biases]
             )
         if self.z:
-            x = torch.bmm(self.z[0][:, b, i], maps[1])  # [source, rows, head * d_head]
-            g = gained(self.gain[0])
-            torch.mul(x.view(len(x), *shape), g.unsqueeze(-1), out=out[dense + biases :])
+            z = self.z[0][:, b, i] * gained(self.gain[0])  # the gain on d_head, not head * d_head
+            into = out[dense + biases :]
+            if into.is_contiguous():
+                torch.bmm(z, maps[1], out=into.view(len(z), rows, W.shape[1]))
+            else:
+                write(torch.bmm(z, maps[1]), into)
 
 
 def frozen_norm(module: nn.Module, scale: torch.Tensor, dtype) -> Norm:
@@ -259,23 +273,22 @@ def folded(norm: Norm | None, W: torch.Tensor) -> torch.Tensor:
 
 def projected(read, rows, T, W, consts, norm, rotate, chunk) -> torch.Tensor:
     """Every source's part of the queries (or keys) of some heads at flat rows ``rows`` (input
-    ``rows // T``, position ``rows % T``): ``[head, rows, source, d_head]``, the sources of
+    ``rows // T``, position ``rows % T``): ``[source, rows, head, d_head]``, the sources of
     ``read`` and then ``consts`` (each ``[head, d_head]``: the projection's bias, and the norm's
     through it), rotated where the model rotates. ``W`` ``[head, d_model, d_head]``; ``norm``:
     the frozen norm between the stream and ``W`` (pre-LayerNorm blocks), or None. Rows ``chunk``
-    at a time (a chunk's dense sources are gathered whole)."""
+    at a time (a chunk's dense sources are gathered whole). A head's parts are read as
+    ``out[:, :, head].transpose(0, 1)`` (``[rows, source, d_head]``): its terms gather their
+    rows from there, so nothing is copied to lay them out."""
     b, i = (rows // T).to(W.device), (rows % T).to(W.device)
     flat = folded(norm, W).permute(1, 0, 2).flatten(1)  # [d_model, head * d_head]
     maps = read.maps(flat)  # once for every chunk
     n = len(read.names)
-    # Laid out as the caller reads it, each head's rows then its sources; written through a
-    # [source, rows, head, d_head] view, so that nothing is copied again to reorder it.
-    out = torch.empty(W.shape[0], len(b), n + len(consts), W.shape[2], dtype=W.dtype,
+    out = torch.empty(n + len(consts), len(b), W.shape[0], W.shape[2], dtype=W.dtype,
                       device=W.device)  # fmt: skip
-    view = out.permute(2, 1, 0, 3)
     for start in range(0, len(b), chunk):
         at = slice(start, start + chunk)
-        part = view[:, at]
+        part = out[:, at]
         scale = None if norm is None else norm.scale[b[at], i[at]].view(-1)
         read.parts(b[at], i[at], flat, maps, part[:n], scale)
         for c, const in enumerate(consts):

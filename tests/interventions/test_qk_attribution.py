@@ -291,3 +291,60 @@ def test_the_largest_terms_are_topks(Sq, Sk, extra, k):
     found, expected = largest_terms(flat, Sq, Sk, k), flat.topk(min(k, flat.shape[1]), 1)
     assert torch.equal(found.values, expected.values)
     assert torch.equal(flat.gather(1, found.indices), expected.values)
+
+
+@pytest.mark.parametrize("prune", [True, False])
+@pytest.mark.parametrize("kind", KINDS)
+def test_top_keeps_the_largest_terms_of_the_whole_table(kind, prune, monkeypatch):
+    """``top=3`` finds each score's largest terms, without forming the others (pruned by the
+    norm bound, ``PRUNE_FROM`` lowered to 0 for these small models) or among every term: the
+    same sources and values as the three largest of the whole table, the rest in one row
+    (where a score has more than three), each score's rows summing to it; ``top10_share``
+    alike."""
+    from probe.interventions import qk_table
+
+    monkeypatch.setattr(qk_table, "PRUNE_FROM", 0 if prune else 10**9)
+    model = small_model(kind)
+    batch = seq2seq_batch() if kind == "t5" else padded_batch(kind)
+    whole = probe.qk_attribution(model, batch)
+    top = probe.qk_attribution(model, batch, top=3)
+    table = summed(top)
+    scores = whole.attrs["scores"].merge(top.attrs["scores"], on=SCORE, suffixes=("", "_top"))
+    whole.attrs, top.attrs = {}, {}  # pandas compares DataFrames' attrs when it merges them
+    key = [*SCORE, "query_source", "key_source"]
+    largest = (whole.assign(size=whole.contribution.abs())
+               .sort_values([*SCORE, "size"], ascending=[True] * 5 + [False], kind="stable")
+               .groupby(SCORE, observed=True).head(3))  # fmt: skip
+    kept = top[top.query_source != "rest"]
+    assert len(kept) == len(largest) and top.groupby(SCORE, observed=True).size().max() == 4
+    both = largest.merge(kept, on=key, suffixes=("", "_top"), validate="one_to_one")
+    assert len(both) == len(largest)  # the same terms (no ties among float products here)
+    scale = whole.contribution.abs().max()
+    assert (both.contribution - both.contribution_top).abs().max() < 1e-5 * scale
+    assert (table.terms - table.score).abs().max() < 1e-4 * table.score.abs().max()
+    np.testing.assert_allclose(scores.top10_share_top, scores.top10_share, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(("Sq", "Sk", "bias"), [(50, 40, False), (50, 40, True), (3, 3, True),
+                                                (85, 85, False), (1, 7, False)])  # fmt: skip
+def test_pruned_largest_is_topk_of_every_term(Sq, Sk, bias):
+    """On parts of widely spread norms (a few large sources, many small, as a residual stream's),
+    and of equal norms (nothing to prune): the n largest terms, signed, and their indices, as
+    ``topk`` over every term finds them."""
+    from probe.interventions.qk_table import pruned_largest
+
+    g = torch.Generator().manual_seed(Sq + Sk + bias)
+    for spread in (3.0, 0.0):
+        q = torch.randn(23, Sq, 8, generator=g, dtype=torch.float64)
+        k = torch.randn(23, Sk, 8, generator=g, dtype=torch.float64)
+        q = q * torch.exp(spread * torch.randn(23, Sq, 1, generator=g, dtype=torch.float64))
+        k = k * torch.exp(spread * torch.randn(23, Sk, 1, generator=g, dtype=torch.float64))
+        extra = torch.randn(23, generator=g, dtype=torch.float64) if bias else None
+        flat = torch.bmm(q, k.transpose(1, 2)).flatten(1)
+        if bias:
+            flat = torch.cat([flat, extra[:, None]], 1)
+        n = min(10, flat.shape[1])
+        expected = flat.abs().topk(n, 1)
+        values, index = pruned_largest(q, k, n, extra)
+        torch.testing.assert_close(values.abs(), expected.values, rtol=1e-12, atol=0)
+        torch.testing.assert_close(flat.gather(1, index), values, rtol=1e-12, atol=0)
