@@ -497,9 +497,17 @@ def same_report(a: Path, b: Path) -> None:
             # helper died sums in float32 with other threads: on this random model a head's
             # ablation moves the last hidden state by ~1e-3 of its norm, so the claims' effects
             # keep ~4 digits and their p-values part in the fifth (1 against 2 threads: 6.6e-7
-            # relative on a baseline, 1.5e-5 on a p-value). Not the tables' writing, which is
-            # what this compares.
-            pd.testing.assert_frame_equal(pd.read_csv(a / name), pd.read_csv(b / name), rtol=1e-4)
+            # relative on a baseline, 1.5e-5 on a p-value). A p-value against the claim's own
+            # control (#63) tests the difference of two near-equal effects, which amplifies that
+            # rounding: CI saw 0.070199 against 0.070206 (1.0e-4 relative) on a loaded machine;
+            # p-values are compared to 1e-4 absolute, a fourth of their reported 3 decimals.
+            # Not the tables' writing, which is what this compares.
+            ours, theirs = pd.read_csv(a / name), pd.read_csv(b / name)
+            p_values = [c for c in ours if c == "p" or c.startswith(("p_", "group_p"))
+                        or c.endswith("_p")]  # fmt: skip
+            pd.testing.assert_frame_equal(ours.drop(columns=p_values),
+                                          theirs.drop(columns=p_values), rtol=1e-4)  # fmt: skip
+            pd.testing.assert_frame_equal(ours[p_values], theirs[p_values], rtol=0, atol=1e-4)
     assert (a / "examples.json").read_text() == (b / "examples.json").read_text()
 
 
