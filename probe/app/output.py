@@ -9,7 +9,8 @@ The report is written into a staging folder beside ``out``, marked as probe's wi
 ``.probe-report``, and moved into place in one step: a rename, or with ``--overwrite`` an atomic
 exchange with the old report (Linux ``renameat2``), after which the old one is removed. A
 failure, a signal or a crash leaves the old report, or none, and no staging folder once the next
-run has reserved the place.
+run has reserved the place; a run that fails ends its helper process (``probe.pipeline.helper``)
+before it removes the staging folder, so that none of the helper's writes lands in it after.
 
 Every file probe writes goes through ``write_file`` (``probe.files``): a temporary file in the
 same folder, then a rename. ``locked`` takes the lock a run takes, so that ``probe report`` cannot
@@ -36,6 +37,7 @@ from pathlib import Path
 
 from probe.errors import ProbeError
 from probe.files import WriteError, write_file
+from probe.pipeline import helper
 
 __all__ = ["WriteError", "write_file"]  # the writer of every file, here beside the folders it fills
 
@@ -252,6 +254,8 @@ def reserved(out: Path, overwrite: bool, kind: str = "report") -> Iterator[Path]
             _publish(staging, out, overwrite, kind)
             published = True
     finally:
+        if not published:  # the helper may be writing a table into the staging folder: a file
+            helper.abandon()  # it made while rmtree ran would leave the folder behind
         if staging is not None and staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
         if not published:

@@ -70,14 +70,10 @@ def publish(plan: Plan, outcome: Outcome, folder: Path, status: Callable[[str], 
     status("rendering the report")
     card = outcome.card
     card.timings_s |= clock.timings
-    try:
-        html = render_html(card.as_dict(), tables, examples)
-        write_file(folder / "index.html", html)
-        for pending in written:  # every file in place (or written here, where the helper failed)
-            pending.result()
-    except BaseException:  # nothing of the helper's may land in the folder being removed
-        helper.abandon()
-        raise
+    html = render_html(card.as_dict(), tables, examples)
+    write_file(folder / "index.html", html)
+    for pending in written:  # every file in place (or written here, where the helper failed)
+        pending.result()
     _check_written(folder, tables)
     clock.lap("render")
     card.timings_s["render"] = clock.timings["render"]

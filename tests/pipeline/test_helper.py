@@ -307,6 +307,50 @@ def test_an_interrupt_while_waiting_leaves_no_stale_answer():
     assert got["interrupted"] and got["after"] == got["parent"]
 
 
+def test_a_failed_run_ends_its_helper_before_its_staging_folder_is_removed(tmp_path):
+    """A signal while the helper writes the report's tables (CI caught SIGTERM there): the
+    run's folder is removed only once the helper is gone, so that no table of its lands in the
+    folder while it is removed and leaves it behind. The helper here writes a file every 5 ms
+    until it is ended."""
+    got = python(f"""
+        import json, os, shutil, time
+        from pathlib import Path
+        from probe.app import output
+        from probe.pipeline import helper
+
+        def keep_writing(folder):  # known to the helper: defined before the fork
+            for i in range(2000):
+                try:
+                    Path(folder, f"table{{i}}.csv").write_text("layer,head\\n")
+                except OSError:
+                    pass
+                time.sleep(0.005)
+
+        helper.start([])
+        writer = helper._process
+        at_removal = []
+        remove = shutil.rmtree
+        def watched(path, *args, **kwargs):
+            at_removal.append(writer.is_alive())
+            return remove(path, *args, **kwargs)
+        output.shutil.rmtree = watched
+        out = Path({str(tmp_path / "report")!r})
+        try:
+            with output.reserved(out, overwrite=False) as folder:
+                helper.submit(keep_writing, folder)
+                while not any(folder.iterdir()):
+                    time.sleep(0.005)
+                raise RuntimeError("stopped while the tables are written")
+        except RuntimeError:
+            pass
+        time.sleep(0.2)  # a write of the helper's would land now
+        print(json.dumps({{"alive_at_removal": at_removal,
+                           "left": sorted(p.name for p in out.parent.iterdir())}}))
+    """)
+    assert got["alive_at_removal"] == [False]
+    assert got["left"] == []
+
+
 def test_the_helper_does_not_outlive_a_killed_run():
     """SIGKILL gives the run no chance to stop its helper: the helper sees its pipe close."""
     run = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
