@@ -397,8 +397,10 @@ def _layer_terms(cache, site, layer, here, weights, read, norm, rotate, module, 
         k_rows, k_at = torch.unique(b * T + torch.cat([pairs_of[h][2] for h in heads]),
                                     return_inverse=True)  # fmt: skip
         chunk = max(1, (left // 2) // max(1, per_row + per_head_row * len(heads)))
-        Q = projected(read, q_rows, T, weights.W_Q[heads].to(dtype),
-                       [c[heads] for c in q_consts.values()], norm, rotate, chunk)  # fmt: skip
+        # The scaling on the query side: once a row, not once a term (d_head / Sk times fewer)
+        Q = projected(read, q_rows, T, weights.W_Q[heads].to(dtype) * at.scaling,
+                       [c[heads] * at.scaling for c in q_consts.values()], norm, rotate,
+                       chunk)  # fmt: skip
         K = projected(read, k_rows, T, weights.W_K[kvs].to(dtype),
                        [c[kvs] for c in k_consts.values()], norm, rotate, chunk)  # fmt: skip
         pair_chunk = max(1, (left - (Q.numel() + K.numel()) * size) // per_pair)
