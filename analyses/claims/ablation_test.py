@@ -90,7 +90,9 @@ class AblationTest:
         roles = role_groups(mine, self.seed)
         singles = sorted(set(zip(mine.layer, mine["head"], strict=True))
                          | {h for pool, _ in pools.values() for h in pool})  # fmt: skip
-        items = [*singles, *dict.fromkeys(i for g in roles for i in g.joint_items())]
+        every = [int(i) for *_, indices in groups for i in indices.tolist()]
+        joint = (item for g in roles for index in every for item in g.joint_items(index))
+        items = [*singles, *dict.fromkeys(joint)]  # a large group's subsets differ by input
         slot = {item: k for k, item in enumerate(items)}
         lm = self.lm
         readout, change = (next_token_loss, difference) if lm else (hidden_state, relative_change)
@@ -200,7 +202,7 @@ class AblationTest:
                             needed[slot[h], b] = True
                 for g in roles:
                     if reads(g.relation, i, samples):
-                        for item in g.joint_items() if draw else [g.whole]:
+                        for item in g.joint_items(i) if draw else [g.whole]:
                             needed[slot[item], b] = True
             return needed
 

@@ -3,8 +3,9 @@ the joint effect, and the within-head control a claim must beat beside its neigh
 
 - A group: the heads of one kind of input's claims that hold the same claim (the same role, or
   the same relation), two or more. They are ablated together, and on every subset the shares
-  need (``probe.interventions.shapley``: exact for at most ``EXACT`` heads, else over keyed
-  orderings); each head's share is its Shapley value, the shares summing to the joint effect.
+  need (``probe.interventions.shapley``: exact for at most ``EXACT`` heads, else over a few
+  keyed orderings drawn for each input); each head's share is its Shapley value, the shares
+  summing to the joint effect.
 - The control: the same head (or group) measured where the claimed behaviour cannot happen.
   For previous-token, duplicate-token and induction claims, the first copy of the same repeated
   sequences (its tokens are random: nothing earlier predicts them, nothing is repeated yet), at
@@ -36,13 +37,13 @@ CONTROLS = {
 
 
 class RoleGroup(NamedTuple):
-    """Heads sharing a claim: the claim, its relation, the heads in order, and the orderings
-    their shares average over (None: exact)."""
+    """Heads sharing a claim: the claim, its relation, the heads in order, and the seed that
+    keys the orderings a large group's shares average over on each input."""
 
     claim: str
     relation: str
     members: list[tuple[int, int]]
-    orderings: list[tuple[int, ...]] | None
+    seed: int
 
     @property
     def name(self) -> str:
@@ -54,9 +55,16 @@ class RoleGroup(NamedTuple):
         chosen = tuple(self.members[i] for i in sorted(subset))
         return chosen[0] if len(chosen) == 1 else chosen
 
-    def joint_items(self) -> list:
-        """The items of every subset of two members or more the shares need, the whole last."""
-        return [self.item(s) for s in shapley.subsets(len(self.members), self.orderings)]
+    def orderings(self, index: int) -> list[tuple[int, ...]] | None:
+        """The orderings the shares average over on input ``index`` (None: exact)."""
+        key = f"{self.claim}-{self.relation}"
+        return shapley.orderings(len(self.members), self.seed, key, index)
+
+    def joint_items(self, index: int) -> list:
+        """The items of every subset of two members or more the shares need on input
+        ``index``, the whole last."""
+        subsets = shapley.subsets(len(self.members), self.orderings(index))
+        return [self.item(s) for s in subsets]
 
     @property
     def whole(self):
@@ -70,9 +78,7 @@ def role_groups(mine: pd.DataFrame, seed: int) -> list[RoleGroup]:
     for (claim, relation), own in mine.groupby(["claim", "relation"], sort=True):
         members = sorted(set(zip(own.layer.astype(int), own["head"].astype(int), strict=True)))
         if len(members) > 1:
-            name = f"{claim}-{relation}"
-            found.append(RoleGroup(claim, relation, members,
-                                   shapley.orderings(len(members), seed, name)))  # fmt: skip
+            found.append(RoleGroup(claim, relation, members, seed))
     return found
 
 
@@ -138,7 +144,7 @@ def with_group(table: pd.DataFrame, g: RoleGroup, real: dict, controls: dict, sl
         def value(s: frozenset[int], v=v) -> float:
             return float(v[slot[g.item(s)]])
 
-        shares.append(shapley.shares(n, value, g.orderings))
+        shares.append(shapley.shares(n, value, g.orderings(i)))
         joint.append(value(whole))
         drawn = [draw(layer, i) for layer, _ in g.members]
         drawn_heads.update(h for heads in drawn for h in heads)

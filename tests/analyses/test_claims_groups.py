@@ -139,7 +139,7 @@ def mean_hook(model, layer: int, head: int, value: torch.Tensor):
 
 @pytest.mark.parametrize("n", [1, 2, 4, 6, 8])
 def test_shapley_shares_sum_to_the_joint_effect(n):
-    """Exact (n ≤ 6) by every subset, or over keyed orderings: the shares sum to v(whole) to
+    """Exact (n ≤ EXACT) by every subset, or over keyed orderings: the shares sum to v(whole) to
     float rounding; a member that adds nothing anywhere gets exactly 0; exact shares of an
     additive game are its terms."""
     rng = np.random.default_rng(n)
@@ -154,21 +154,41 @@ def test_shapley_shares_sum_to_the_joint_effect(n):
             return 0.0
         return float(single[list(rest)].sum()) if len(rest) == 1 else noise[frozenset(rest)]
 
-    ordering = shapley.orderings(n, seed=0, name="test")
+    ordering = shapley.orderings(n, seed=0, name="test", index=3)
     assert (ordering is None) == (n <= shapley.EXACT)
     got = shapley.shares(n, value, ordering)
     whole = value(frozenset(range(n)))
     assert math.isclose(sum(got), whole, rel_tol=1e-12, abs_tol=1e-12)
     if n > 1:
         assert got[dummy] == 0.0
-    additive = shapley.shares(n, lambda s: float(single[list(s)].sum()), None if n <= 6 else
-                              ordering)  # fmt: skip
+    additive = shapley.shares(n, lambda s: float(single[list(s)].sum()), ordering)
     np.testing.assert_allclose(additive, single, rtol=1e-12, atol=1e-12)
     needed = shapley.subsets(n, ordering)
     assert needed[-1] == frozenset(range(n)) and all(len(s) >= 2 for s in needed[:-1])
-    if n > shapley.EXACT:
-        assert len(needed) <= n * shapley.ORDERINGS
-        assert shapley.orderings(n, 0, "test") == ordering  # keyed: the same draw
+    if n > shapley.EXACT:  # n - 2 prefixes an ordering, and the whole
+        assert len(needed) <= (n - 2) * shapley.ORDERINGS + 1
+        assert shapley.orderings(n, 0, "test", 3) == ordering  # keyed: the same draw
+        assert all(o[::-1] in ordering for o in ordering)  # antithetic
+        assert shapley.orderings(n, 0, "test", 4) != ordering  # each input its own
+
+
+def test_sampled_shares_average_to_the_exact_ones():
+    """A large group's shares on one input are an estimate from a few orderings; drawn afresh
+    for each input, their mean over inputs is the exact Shapley value's (here, one random game
+    played on 400 inputs: within four standard errors), as the claims' mean over inputs
+    needs."""
+    n = 6
+    rng = np.random.default_rng(0)
+    game = {frozenset(s): float(rng.normal()) for size in range(1, n + 1)
+            for s in itertools.combinations(range(n), size)}  # fmt: skip
+    exact = np.array(shapley.shares(n, game.__getitem__, None))
+    sampled = np.array([shapley.shares(n, game.__getitem__, shapley.orderings(n, 0, "g", i))
+                        for i in range(400)])  # fmt: skip
+    assert len(shapley.subsets(n, shapley.orderings(n, 0, "g", 0))) <= 17 < 57
+    np.testing.assert_allclose(sampled.sum(1), game[frozenset(range(n))], rtol=1e-12)
+    error = sampled.std(0, ddof=1) / np.sqrt(len(sampled))  # the mean's standard error
+    assert (np.abs(sampled.mean(0) - exact) < 4 * error).all(), (sampled.mean(0), exact, error)
+    assert (error < 0.1 * np.abs(exact).max()).all()  # and the mean is close
 
 
 def test_the_table_has_the_new_columns_and_keeps_the_old(tables):
