@@ -1,8 +1,10 @@
 """How long the test suite takes: the quick subset (``-m "not slow"``) or everything.
 
-    python benchmarks/suite.py [--all] [--rounds 1]
+    python benchmarks/suite.py [--all] [--rounds 1] [--serial]
 
-Each round is a fresh ``python -m pytest -q`` process, timed whole. The machine's load is part of
+Each round is a fresh ``python -m pytest -q`` process (the README's command: a worker per core,
+as ``pyproject.toml``'s ``-n auto`` sets), or with ``--serial`` one process (``-n 0``), timed
+whole. The machine's load is part of
 the result: the figures in the README are for an idle machine, and a test run sharing its cores
 with other processes takes longer (two or three times, on 2 cores), so each round prints the
 1-minute load average before and after it, and the cores there are. A run whose load before it
@@ -25,8 +27,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--all", action="store_true", help="every test, the slow ones too")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--serial", action="store_true", help="one process, no pytest-xdist")
     args = parser.parse_args()
     selection = [] if args.all else ["-m", "not slow"]
+    selection += ["-n", "0"] if args.serial else []
     cores = os.cpu_count()
     environment = os.environ | {"HF_HUB_OFFLINE": "1"}
     for round_ in range(args.rounds):
@@ -41,7 +45,8 @@ def main() -> None:
         summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr
         state = "busy" if before > cores / 2 else "idle"
         print(
-            f"round {round_ + 1}: {'everything' if args.all else 'the quick subset'} "
+            f"round {round_ + 1}: {'everything' if args.all else 'the quick subset'}"
+            f"{' in one process' if args.serial else ', a worker per core'} "
             f"{wall:.0f} s on {cores} cores, load {before:.1f} before and {after:.1f} after "
             f"({state}); pytest: {summary}"
         )

@@ -221,6 +221,15 @@ def test_the_front_page_is_short_and_says_how_to_set_up_run_and_test():
         assert (ROOT / link).exists(), link
 
 
+def test_ci_runs_the_readmes_test_command():
+    """.ci/run ends with the README's first test command, so that the time the README gives is
+    the time CI takes."""
+    readme = next(line.split("#")[0].strip() for line in README.read_text().splitlines()
+                  if line.strip().startswith("python -m pytest"))  # fmt: skip
+    ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()
+    assert ci[-1].strip() == readme == "python -m pytest -q"
+
+
 def test_the_site_check_finds_a_link_to_nothing(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b.png").write_bytes(b"")

@@ -55,7 +55,8 @@ def test_without_transformer_lens_its_tests_skip_saying_why(tmp_path):
     )
     path = os.pathsep.join([str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")])
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *NEEDING],
+        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-rs", "-p", "no:cacheprovider",
+         *NEEDING],
         capture_output=True, text=True, cwd=ROOT, timeout=600,
         env=os.environ | {"PYTHONPATH": path, "OMP_NUM_THREADS": "1"},
     )  # fmt: skip
