@@ -26,6 +26,7 @@ fixed map its W_O and the frozen norms make, never as a ``d_model`` vector per p
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -44,6 +45,7 @@ from probe.interventions.gradients import memory_budget
 from probe.interventions.guard import keeps_model
 from probe.interventions.qk_sources import (
     SCALE,
+    Reserved,
     first_stream,
     frozen_norm,
     next_stream,
@@ -301,9 +303,10 @@ def _split(model, spec, cache, rotations, batch, chosen, positions, top, budget)
 
     stream = first_stream(model, spec, cache, dtype, ids)
     rows: list[dict[str, np.ndarray]] = []
-    scores: list[pd.DataFrame] = []
+    scores: list[dict[str, np.ndarray]] = []
     names: dict[str, int] = {}
     last = chosen[-1].layer
+    reserved = Reserved()
     for layer, weights in enumerate(head_weights(model)):
         if layer > last:
             break
@@ -319,22 +322,14 @@ def _split(model, spec, cache, rotations, batch, chosen, positions, top, budget)
             rotate = rotation(module, rotations.get(layer), dtype) if attention.rotary else None
             found = _layer_terms(cache, site, layer, here, weights, read, ln1, rotate, module,
                                  valid, positions, top, budget, dtype, position_bias,
-                                 names)  # fmt: skip
+                                 names, last, reserved)  # fmt: skip
             rows += found[0]
             scores += found[1]
         if layer == last:
             break
         stream = next_stream(model, arch, cache, site, layer, block, weights, stream, dtype)
 
-    sources = pd.CategoricalDtype(list(names))
-    table = pd.DataFrame({
-        key: np.concatenate([r[key] for r in rows]) if rows else np.array([], dtype=np.int64)
-        for key in ("input", "layer", "head", "query_pos", "key_pos", "query_source",
-                    "key_source", "contribution")
-    })  # fmt: skip
-    for side in ("query_source", "key_source"):
-        table[side] = pd.Categorical.from_codes(table[side].astype(np.int64), dtype=sources)
-    table.attrs["scores"] = pd.concat(scores, ignore_index=True) if scores else pd.DataFrame()
+    table = _table(rows, scores, names)
     table.attrs["conventions"] = {
         "norms": "each norm's scale frozen at the clean run's value (TransformerLens's "
         "apply_ln_to_stack), its bias a source of its own; post-LayerNorm models' later norms "
@@ -349,21 +344,29 @@ def _split(model, spec, cache, rotations, batch, chosen, positions, top, budget)
     return table
 
 
+def _table(rows, scores, names) -> pd.DataFrame:
+    """The chunks' rows as one table, its sources categorical, and the scores in its attrs."""
+    sources = pd.CategoricalDtype(list(names))
+    table = pd.DataFrame({
+        key: np.concatenate([r[key] for r in rows]) if rows else np.array([], dtype=np.int64)
+        for key in ("input", "layer", "head", "query_pos", "key_pos", "query_source",
+                    "key_source", "contribution")
+    })  # fmt: skip
+    for side in ("query_source", "key_source"):
+        table[side] = pd.Categorical.from_codes(table[side].astype(np.int64), dtype=sources)
+    table.attrs["scores"] = pd.DataFrame(
+        {key: np.concatenate([s[key] for s in scores]) for key in scores[0]} if scores else {}
+    )
+    return table
+
+
 def _layer_terms(cache, site, layer, here, weights, read, norm, rotate, module, valid, positions,
-                 top, budget, dtype, position_bias, names):  # fmt: skip
+                 top, budget, dtype, position_bias, names, last, reserved):  # fmt: skip
     """One layer's chosen heads: the rows of the table and of its scores. Each source's part of
     every query and key asked for is projected once for a group of heads (as many as fit half
     the budget), then each head's terms are formed a chunk of pairs at a time."""
     q_ref = cache[hook_name("hook_rot_q" if rotate else "hook_q", layer, site)].to(dtype)
-    # Constant rows per head: the norm's bias through the projection, and the projection's.
-    q_consts, k_consts = {}, {}
-    if norm is not None and norm.bias is not None:
-        q_consts[f"ln1_bias{layer}"] = torch.einsum("d,hdk->hk", norm.bias, weights.W_Q.to(dtype))
-        k_consts[f"ln1_bias{layer}"] = torch.einsum("d,hdk->hk", norm.bias, weights.W_K.to(dtype))
-    if weights.b_Q.any():
-        q_consts["b_Q"] = weights.b_Q.to(dtype)
-    if weights.b_K.any():
-        k_consts["b_K"] = weights.b_K.to(dtype)
+    q_consts, k_consts = _constants(norm, weights, layer, dtype)
     q_names, k_names = [*read.names, *q_consts], [*read.names, *k_consts]
     extra = ["pos_bias"] if position_bias is not None else []
     for name in [*q_names, *k_names, *extra, *(["rest"] if top else [])]:
@@ -388,6 +391,12 @@ def _layer_terms(cache, site, layer, here, weights, read, norm, rotate, module, 
     maps = size * 2 * len(read.head_names) * weights.W_Q.shape[2] ** 2  # per head of a group
     group = max(1, min(len(here), (left // 2) // max(1, per_head_row * most + maps)))
     T = valid.shape[1]
+    # A side's buffer, reserved for the most any layer up to the last can need (each later one
+    # adds at most its heads and five more sources: its attention's and norms' biases, its MLP)
+    more, per_source = (last - layer) * (weights.n_heads + 5), valid.numel() * weights.W_Q.shape[2]
+    sides = (("q", Sq, weights.n_heads), ("k", Sk, len(weights.W_K)))
+    q_space, k_space = (partial(reserved.empty, side, bound=(S + more) * per_source * heads,
+                                limit=(left // 2) // size) for side, S, heads in sides)  # fmt: skip
     for start in range(0, len(here), group):
         heads = here[start : start + group]
         kvs = sorted({int(weights.kv_head[h]) for h in heads})
@@ -400,9 +409,10 @@ def _layer_terms(cache, site, layer, here, weights, read, norm, rotate, module, 
         # The scaling on the query side: once a row, not once a term (d_head / Sk times fewer)
         Q = projected(read, q_rows, T, weights.W_Q[heads].to(dtype) * at.scaling,
                        [c[heads] * at.scaling for c in q_consts.values()], norm, rotate,
-                       chunk)  # fmt: skip
+                       chunk, q_space)  # fmt: skip
         K = projected(read, k_rows, T, weights.W_K[kvs].to(dtype),
-                       [c[kvs] for c in k_consts.values()], norm, rotate, chunk)  # fmt: skip
+                       [c[kvs] for c in k_consts.values()], norm, rotate, chunk,
+                       k_space)  # fmt: skip
         pair_chunk = max(1, (left - (Q.numel() + K.numel()) * size) // per_pair)
         taken = 0
         for n, head in enumerate(heads):
@@ -413,6 +423,20 @@ def _layer_terms(cache, site, layer, here, weights, read, norm, rotate, module, 
             parts = Q[:, :, n].transpose(0, 1), K[:, :, kv].transpose(0, 1)  # [rows, source, d]
             head_terms(at, head, *parts, found, q_at[mine], k_at[mine], pair_chunk)
     return at.rows, at.scores
+
+
+def _constants(norm, weights, layer, dtype) -> tuple[dict, dict]:
+    """The constant rows of each side, ``[head, d_head]`` each: the norm's bias through the
+    projection, and the projection's."""
+    q_consts, k_consts = {}, {}
+    if norm is not None and norm.bias is not None:
+        q_consts[f"ln1_bias{layer}"] = torch.einsum("d,hdk->hk", norm.bias, weights.W_Q.to(dtype))
+        k_consts[f"ln1_bias{layer}"] = torch.einsum("d,hdk->hk", norm.bias, weights.W_K.to(dtype))
+    if weights.b_Q.any():
+        q_consts["b_Q"] = weights.b_Q.to(dtype)
+    if weights.b_K.any():
+        k_consts["b_K"] = weights.b_K.to(dtype)
+    return q_consts, k_consts
 
 
 def _sizes(read, Sq, Sk, n_terms, weights, size, budget, layer):

@@ -13,7 +13,8 @@ import pandas as pd
 import torch
 
 TOP_SHARE = 10  # the share of the score the ten largest terms sum to
-SAMPLE = 16  # sources of each side whose terms bound the largest from below (pruned_largest)
+SAMPLE = 20  # sources of each side whose terms bound the largest from below (pruned_largest;
+# of 16, 20, 24 and 28, 20 took the least time on MiniLM, measured)
 # Scores of at least this many terms have their largest found by pruned_largest (on MiniLM's
 # layers, measured: half the time of forming every term from 2,809 terms, twice it at 1,369)
 PRUNE_FROM = 2_000
@@ -55,18 +56,18 @@ def head_terms(at: Layer, head, Q, K, pairs, q_at, k_at, chunk) -> None:
         db, di, dj = (t.to(device) for t in (cb, ci, cj))
         q = Q.index_select(0, q_at[part].to(device))  # [pairs, Sq, d_head], contiguous
         k = K.index_select(0, k_at[part].to(device))
-        # A side's sources with the other side whole: [pairs, Sq] and [pairs, Sk], from the
-        # parts (a sum over d_head, not over the other side's terms)
+        # The query and key the model computed (the query times the scaling, as its parts)
+        q_whole = at.q_ref[db, di, head] * at.scaling  # [pairs, d_head]
+        k_whole = at.k_ref[db, dj, at.kv_head[head]]
+        # A side's sources with the other side whole: [pairs, Sq] and [pairs, Sk]
         # (vecdot: a third of bmm's time for these [d_head] x [d_head, 1] products, measured)
-        sides = (torch.linalg.vecdot(q, k.sum(1, keepdim=True)),
-                 torch.linalg.vecdot(k, q.sum(1, keepdim=True)))  # fmt: skip
-        score = (at.q_ref[db, di, head] * at.k_ref[db, dj, at.kv_head[head]]).sum(-1)
-        score = score * at.scaling
+        sides = (torch.linalg.vecdot(q, k_whole[:, None]), torch.linalg.vecdot(k, q_whole[:, None]))
+        score = (q_whole * k_whole).sum(-1)
         bias = None
         if at.position_bias is not None:
             bias = at.position_bias[di, dj, head]
             score = score + bias
-        total = sides[0].sum(1) + (0 if bias is None else bias)  # every term, summed
+        total = sides[0].sum(1) + (0 if bias is None else bias)  # every term, summed (to rounding)
         pruned = at.top and at.top < n_terms and Sq * Sk >= PRUNE_FROM
         if pruned:  # the largest terms, found without forming the others
             values, index = pruned_largest(q, k, n, bias)
@@ -98,10 +99,12 @@ def pruned_largest(q, k, n, bias=None) -> tuple[torch.Tensor, torch.Tensor]:
     would find them, from the parts ``q`` ``[pairs, Sq, d_head]`` and ``k`` ``[pairs, Sk,
     d_head]``, without forming every term.
 
-    |q_a · k_b| ≤ |q_a| |k_b|. The terms of the sources with the largest norms on each side
-    give a lower bound t of the n-th largest term; only the (a, b) whose bound |q_a| |k_b|
-    reaches t can be among the n largest, and only those are formed (on MiniLM's last layer
-    about 1% of its 7,225 terms a score).
+    |q_a · k_b| ≤ |q_a| |k_b|. The terms of the ``SAMPLE`` sources with the largest norms on
+    each side (the sample) give a lower bound t of the n-th largest term; only the (a, b) whose
+    bound |q_a| |k_b| reaches t can be among the n largest. Most of those lie in the sample,
+    whose terms are formed already; only the others are formed (on MiniLM's last layer about
+    13 a score, of its 7,225 terms), and the n largest are found among them and the sample's n
+    largest.
     """
     P, Sq, d = q.shape
     Sk = k.shape[1]
@@ -109,31 +112,44 @@ def pruned_largest(q, k, n, bias=None) -> tuple[torch.Tensor, torch.Tensor]:
     R, C = min(Sq, SAMPLE), min(Sk, SAMPLE)
     q_rows, k_rows = q.reshape(P * Sq, d), k.reshape(P * Sk, d)  # index_select, not indexing
     first = torch.arange(P, device=q.device)[:, None]
-    top_q = (nq.topk(R, dim=1).indices + first * Sq).flatten()
-    top_k = (nk.topk(C, dim=1).indices + first * Sk).flatten()
-    sample = torch.bmm(q_rows.index_select(0, top_q).view(P, R, d),
-                       k_rows.index_select(0, top_k).view(P, C, d).transpose(1, 2))  # fmt: skip
-    t = sample.abs().flatten(1).topk(min(n, R * C), dim=1).values[:, -1]
-    # The candidates: the (a, b) whose bound |q_a| |k_b| reaches t (t lowered a little, so that
-    # float rounding never leaves one out), found row by row among the key sides sorted by
-    # norm: row a holds the first count[a] of them. Nothing the size of every term is formed.
-    t = t * (1 - BOUND_SLACK)
+    top_q, top_k = nq.topk(R, dim=1).indices, nk.topk(C, dim=1).indices  # [pairs, R], [pairs, C]
+    sample = torch.bmm(q_rows.index_select(0, (top_q + first * Sq).flatten()).view(P, R, d),
+                       k_rows.index_select(0, (top_k + first * Sk).flatten()).view(P, C, d)
+                       .transpose(1, 2)).flatten(1)  # [pairs, R * C]  # fmt: skip
+    best = sample.abs().topk(min(n, R * C), dim=1)
+    at_sample = best.indices
+    sample_index = top_q.gather(1, at_sample // C) * Sk + top_k.gather(1, at_sample % C)
+    # t: the sample's n-th largest, lowered a little so that float rounding never leaves a
+    # candidate out (0 where the sample holds fewer than n terms: every term a candidate)
+    t = best.values[:, -1] * (1 - BOUND_SLACK) if n <= R * C else torch.zeros_like(nq[:, 0])
+    # The candidates, found row by row among the key sides sorted by norm (row a holds the
+    # first count[a] of them), less those in the sample. Nothing the size of every term is
+    # formed.
     nk_sorted, order = nk.sort(dim=1, descending=True)
     need = torch.where(t[:, None] > 0, t[:, None] / nq, 0.0)  # |k_b| a candidate needs, [P, Sq]
     count = (Sk - torch.searchsorted(nk_sorted.flip(1).contiguous(), need)).flatten()
     row = torch.arange(P * Sq, device=q.device).repeat_interleave(count)  # p * Sq + a
     p = row // Sq
     rank = torch.arange(len(row), device=q.device) - (count.cumsum(0) - count).index_select(0, row)
-    col = order.flatten().index_select(0, p * Sk + rank)  # b
-    terms = torch.linalg.vecdot(q_rows.index_select(0, row), k_rows.index_select(0, p * Sk + col))
-    a, b = row - p * Sq, col
+    key = p * Sk + order.flatten().index_select(0, p * Sk + rank)  # p * Sk + b
+    in_q = torch.zeros(P, Sq, dtype=torch.bool, device=q.device).scatter_(1, top_q, True)
+    in_k = torch.zeros(P, Sk, dtype=torch.bool, device=q.device).scatter_(1, top_k, True)
+    outside = ~(in_q.flatten().index_select(0, row) & in_k.flatten().index_select(0, key))
+    row, key, p = row[outside], key[outside], p[outside]
+    terms = torch.linalg.vecdot(q_rows.index_select(0, row), k_rows.index_select(0, key))
     counts = torch.bincount(p, minlength=P)
     at = torch.arange(len(p), device=q.device) - (counts.cumsum(0) - counts)[p]
     width = int(counts.max()) if len(p) else 0
-    value = torch.zeros(P, width + (bias is not None), dtype=q.dtype, device=q.device)
+    # The sample's largest, the candidates outside it (padded) and the bias: [pairs, columns]
+    head = best.values.shape[1]
+    value = torch.zeros(P, head + width + (bias is not None), dtype=q.dtype, device=q.device)
     magnitude = torch.full_like(value, -1.0)  # below any term: padding is never chosen
     index = torch.zeros(value.shape, dtype=torch.long, device=q.device)
-    value[p, at], magnitude[p, at], index[p, at] = terms, terms.abs(), a * Sk + b
+    value[:, :head] = sample.gather(1, at_sample)
+    magnitude[:, :head], index[:, :head] = best.values, sample_index
+    at = at + head
+    value[p, at], magnitude[p, at] = terms, terms.abs()
+    index[p, at] = (row - p * Sq) * Sk + key - p * Sk
     if bias is not None:
         value[:, -1], magnitude[:, -1], index[:, -1] = bias, bias.abs(), Sq * Sk
     found = magnitude.topk(min(n, value.shape[1]), dim=1).indices
@@ -198,19 +214,21 @@ def table_rows(values, index, q_codes, k_codes, names, Sk, layer, head, b, i, j)
 
 
 def score_rows(sides, share, score, captured, q_names, k_names, layer, head, b, i, j):
+    """The rows of ``attrs["scores"]`` of a chunk of scores, as columns (one DataFrame is made
+    of every chunk's at the end)."""
     query_side, key_side = sides  # [pairs, Sq], [pairs, Sk]
     qv, qa = query_side.max(1)
     kv, ka = key_side.max(1)
-    return pd.DataFrame({
-        "input": b.numpy(), "layer": layer, "head": head, "query_pos": i.numpy(),
-        "key_pos": j.numpy(), "score": score.cpu().numpy(),
+    return {
+        "input": b.numpy(), "layer": np.full(len(b), layer), "head": np.full(len(b), head),
+        "query_pos": i.numpy(), "key_pos": j.numpy(), "score": score.cpu().numpy(),
         "captured": captured.float().cpu().numpy(),
         "top10_share": share.cpu().numpy(),
         "query_top": np.array(q_names, dtype=object)[qa.cpu().numpy()],
         "query_top_contribution": qv.cpu().numpy(),
         "key_top": np.array(k_names, dtype=object)[ka.cpu().numpy()],
         "key_top_contribution": kv.cpu().numpy(),
-    })  # fmt: skip
+    }  # fmt: skip
 
 
 def qk_means(terms: pd.DataFrame, side: str | None = None) -> pd.DataFrame:

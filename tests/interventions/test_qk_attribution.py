@@ -325,12 +325,14 @@ def test_top_keeps_the_largest_terms_of_the_whole_table(kind, prune, monkeypatch
     np.testing.assert_allclose(scores.top10_share_top, scores.top10_share, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize(("Sq", "Sk", "bias"), [(50, 40, False), (50, 40, True), (3, 3, True),
-                                                (85, 85, False), (1, 7, False)])  # fmt: skip
-def test_pruned_largest_is_topk_of_every_term(Sq, Sk, bias):
+@pytest.mark.parametrize(("Sq", "Sk", "bias", "top"),
+                         [(50, 40, False, 10), (50, 40, True, 10), (3, 3, True, 10),
+                          (85, 85, False, 10), (1, 7, False, 10), (60, 1, False, 30),
+                          (85, 85, True, 60)])  # fmt: skip
+def test_pruned_largest_is_topk_of_every_term(Sq, Sk, bias, top):
     """On parts of widely spread norms (a few large sources, many small, as a residual stream's),
     and of equal norms (nothing to prune): the n largest terms, signed, and their indices, as
-    ``topk`` over every term finds them."""
+    ``topk`` over every term finds them; also where n is more than the sample holds."""
     from probe.interventions.qk_table import pruned_largest
 
     g = torch.Generator().manual_seed(Sq + Sk + bias)
@@ -343,8 +345,30 @@ def test_pruned_largest_is_topk_of_every_term(Sq, Sk, bias):
         flat = torch.bmm(q, k.transpose(1, 2)).flatten(1)
         if bias:
             flat = torch.cat([flat, extra[:, None]], 1)
-        n = min(10, flat.shape[1])
+        n = min(top, flat.shape[1])
         expected = flat.abs().topk(n, 1)
         values, index = pruned_largest(q, k, n, extra)
         torch.testing.assert_close(values.abs(), expected.values, rtol=1e-12, atol=0)
         torch.testing.assert_close(flat.gather(1, index), values, rtol=1e-12, atol=0)
+
+
+def test_reserved_memory_is_reused_across_layers_and_exact_off_the_cpu():
+    """The parts' buffer: a layer's request is a view of the reservation where it fits (so its
+    pages are not mapped afresh), a larger one replaces it; on another device (meta here) a
+    request takes exactly its size, the device's allocator doing the rest."""
+    from probe.interventions.qk_sources import Reserved
+
+    cpu = torch.device("cpu")
+    reserved = Reserved()
+    first = reserved.empty("q", (2, 3), torch.float32, cpu, bound=100, limit=50)
+    assert reserved.buffers["q"].numel() == 50 and first.shape == (2, 3)
+    second = reserved.empty("q", (5, 10), torch.float32, cpu, bound=100, limit=50)
+    assert second.data_ptr() == first.data_ptr() and second.shape == (5, 10)
+    keys = reserved.empty("k", (4,), torch.float32, cpu, bound=10, limit=50)
+    assert keys.data_ptr() != second.data_ptr()  # a buffer a side
+    larger = reserved.empty("q", (8, 10), torch.float32, cpu, bound=100, limit=50)
+    assert larger.shape == (8, 10) and reserved.buffers["q"].numel() == 80
+    wider = reserved.empty("q", (8, 10), torch.float64, cpu, bound=100, limit=50)
+    assert wider.dtype == torch.float64
+    meta = Reserved().empty("q", (2, 3), torch.float32, torch.device("meta"), bound=100, limit=50)
+    assert meta.shape == (2, 3) and meta.untyped_storage().nbytes() == 6 * 4
