@@ -43,7 +43,7 @@ row (``groups``); every p-value goes through one Benjamini–Hochberg correction
 The samples are kept during the stream (token ids and each token's relation or mark; for the
 haystack, a decoder's first sentences' text); the ablated passes run when the analysis finishes,
 a row per (head, input) pair a claim reads stacked after the inputs' own, and nothing else
-(``probe.interventions.ablation.ablation_effects``), in fixed groups of inputs, so that
+(``probe.interventions.ablation_rows.ablation_effects``), in fixed groups of inputs, so that
 ``--batch-size`` changes nothing, ``MAX_TOKENS`` tokens a pass at most.
 
 The analysis is this module: its options, the sampling during the stream, and the tables and

@@ -4,7 +4,7 @@ baseline of its layer's unclaimed heads drawn afresh for every input and beside 
 a claim ablated together, on every subset their Shapley shares need.
 
 ``AblationTest`` runs one kind of input's claims: the baseline pools and draws, the ablated
-passes (``probe.interventions.ablation.ablation_effects``, a row per (head, input) pair a claim
+passes (``probe.interventions.ablation_rows.ablation_effects``, a row per (head, input) pair a claim
 reads, in passes of at most ``MAX_TOKENS`` tokens), each claim's change per input, and its
 ``statistics``. The Benjamini–Hochberg correction over every claim is the analysis's.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from analyses.claims.groups import CONTROLS, read_at, role_groups, shuffled, with_group
 from analyses.claims.inputs import ON_SENTENCES, Group
@@ -77,9 +77,9 @@ class AblationTest:
         ``groups`` (its relation's sample of ``samples``; every input where that is None),
         beside its layer's unclaimed heads and its control; the heads sharing a claim ablated
         together too, each head's share of the joint effect beside its row."""
-        from probe.interventions.ablation import (
+        from probe.interventions.ablation import head_means
+        from probe.interventions.ablation_rows import (
             difference,
-            head_means,
             hidden_state,
             next_token_loss,
             relative_change,
@@ -99,14 +99,21 @@ class AblationTest:
         with torch.no_grad():
             means = None
             if self.ablation != "zero":  # resample takes the mean where its source is padded
-                means = head_means(self.model, [model_inputs for model_inputs, *_ in groups])
+                every_input = [model_inputs for model_inputs, *_ in groups]
+                # the groups' heads are claimed: singles too; no block above theirs runs
+                means = head_means(self.model, every_input, layers={k for k, _ in singles})
         wanted = self.wanted(mine, roles, samples, draw, slot)
-        effects = self.effects(groups, items, wanted, means, readout, change)
+        claimed = set(zip(mine.claim, mine.relation, strict=True))
+        on_repeats = (False, True) if inputs == "repeats" else (False,)
+        at = read_positions(claimed, samples, lm, on_repeats)
+        effects, ran = self.effects(groups, items, wanted, means, readout, change, at)
         control, control_effects = groups, effects  # the repeats' first copy: the same passes
         if inputs != "repeats":
             control = shuffled(groups, self.seed, inputs)
             own = self.wanted(mine, roles, samples, None, slot)
-            control_effects = self.effects(control, items, own, means, readout, change)
+            at = read_positions(claimed, samples, lm, (True,))
+            control_effects, also = self.effects(control, items, own, means, readout, change, at)
+            ran = ran + also
         cache: dict = {}
 
         def read(claim: str, relation: str, on_control: bool):
@@ -122,9 +129,6 @@ class AblationTest:
             controls, _ = read(g.claim, g.relation, True)
             table = with_group(table, g, real, controls, slot, draw)
         count = sum(len(indices) for *_, indices in groups)
-        ran = sum((~e[:, :, 0].isnan()).sum(1) for e in effects)  # [items]: rows ablated
-        if control is not groups:
-            ran = ran + sum((~e[:, :, 0].isnan()).sum(1) for e in control_effects)
         heads_ablated = int((ran[: len(singles)] > 0).sum())
         return Tested(table, heads_ablated, count, positions_total, int(ran.sum()))
 
@@ -208,26 +212,49 @@ class AblationTest:
 
         return wanted
 
-    def effects(self, groups, items, wanted, means, readout, change) -> list:
+    def effects(self, groups, items, wanted, means, readout, change, read) -> tuple[list, Any]:
         """Per group of inputs, every item's change ``[items, batch, pos]`` (an item: a head
-        ablated alone, or heads ablated together), run only on the inputs ``wanted`` names (NaN
-        elsewhere, never read)."""
-        from probe.interventions.ablation import ablation_effects
+        ablated alone, or heads ablated together), run only on the inputs ``wanted`` names that
+        hold a position ``read(group)`` ``[batch, pos]`` names, and read there (NaN elsewhere,
+        never read); and the rows run per item ``[items]``."""
+        from probe.interventions.ablation_rows import ablation_effects
         from probe.pipeline import helper
 
-        effects = []
+        effects, ran = [], torch.zeros(len(items), dtype=torch.long)
         with torch.no_grad():
             for model_inputs, tags, indices in groups:
                 helper.poll()  # the helper done writing the others' tables: both cores here
-                needed = wanted(indices)
+                where = read((model_inputs, tags, indices))
+                needed = wanted(indices) & where.any(1)  # an input read nowhere: nothing to run
                 effect = torch.full((len(items), *tags.shape), math.nan, dtype=torch.float64)
                 if needed.any():
                     found = ablation_effects(self.model, model_inputs, items, readout, change,
                                              mode=self.ablation, means=means, needed=needed,
-                                             max_rows=max_rows(tuple(tags.shape)))  # fmt: skip
+                                             max_rows=max_rows(tuple(tags.shape)),
+                                             read=where)  # fmt: skip
                     effect = found.cpu().double()
                 effects.append(effect)
-        return effects
+                ran += needed.sum(1)
+        return effects, ran
+
+
+def read_positions(claimed: set[tuple[str, str]], samples, lm: bool, controls: tuple[bool, ...]):
+    """``read(group)``: where ``per_input`` reads any of the ``claimed`` (claim, relation) pairs
+    on a group of inputs ``[batch, pos]`` bool, as a claim (``controls`` holding False) or as its
+    control (True)."""
+
+    def read(group) -> torch.Tensor:
+        model_inputs, tags, indices = group
+        mask = model_inputs["attention_mask"].bool().cpu()
+        where = torch.zeros_like(mask)
+        for claim, relation in claimed:
+            target = RELATIONS.index(relation) if claim in ON_SENTENCES else 0
+            measured = torch.tensor([reads(relation, i, samples) for i in indices.tolist()])
+            for control in controls:
+                where |= read_at(claim, tags, target, mask, lm, control) & measured[:, None]
+        return where
+
+    return read
 
 
 def per_input(claim: str, relation: str, groups, effects, samples, lm: bool, control: bool):

@@ -92,11 +92,14 @@ class Mirror(HookSites):
 
         def run(module, args):
             holder = self.owner(module, site)
+            points = [holder.points.get(name) for name in site.of]
+            points = [point for point in points if point is not None and point.active]
+            if not points:  # nothing to see: the input left as it is, whatever its shape
+                return None
             x = self._unflat(args[0])
             y = x
-            for name in site.of:
-                point = holder.points.get(name)
-                y = point(y) if point is not None and point.active else y
+            for point in points:
+                y = point(y)
             return None if y is x else (self._flat(y, args[0]), *args[1:])
 
         return run

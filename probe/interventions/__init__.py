@@ -1,6 +1,7 @@
 """Interventions: edit a head's activations and measure the output.
 
-Ablation of chosen heads (``ablation``), activation patching from one input into another
+Ablation of chosen heads (``ablation``; each head's effect ablated alone, many in one pass,
+``ablation_rows``), activation patching from one input into another
 (``patching``), its gradient approximation for every head at once (``attribution``, with the
 gradients it reads, ``gradients``), the graph of edges between components (``graph``), edge
 attribution (``edge_scores``, with the gradients at the heads' inputs it multiplies,

@@ -24,11 +24,10 @@ from probe.capture.architectures import architecture, blocks, head_dim
 from probe.capture.hookpoints import trace
 from probe.inputs.corpus import Corpus
 from probe.inputs.treebank import iter_conllu
-from probe.interventions.ablation import (
-    ablate,
+from probe.interventions.ablation import ablate, head_means
+from probe.interventions.ablation_rows import (
     ablation_effects,
     difference,
-    head_means,
     hidden_state,
     next_token_loss,
     relative_change,
@@ -168,6 +167,39 @@ def test_ablation_effects_on_every_architecture_copy_the_rows_from_the_chunks_fi
         asked = needed[:, :, None] & real[None]
         torch.testing.assert_close(some[asked], got[asked], atol=1e-6, rtol=1e-5)
         assert some[~needed].isnan().all()
+
+
+@pytest.mark.parametrize("kind", sorted(CONFIGS))
+def test_ablation_effects_read_at_some_positions_equal_them_at_every_one(kind):
+    """With ``read``, the last block's MLP takes the positions read alone (where the model names
+    its MLP and is not an encoder-decoder model): the same changes there, NaN elsewhere."""
+    from probe.capture.architectures import is_encoder_decoder
+
+    model = small_model(kind)
+    inputs = padded_batch(kind)
+    heads = [(0, 1), (1, 0), [(0, 2), (1, 3)]]
+    means = head_means(model, [inputs])
+    real = inputs["attention_mask"].bool()
+    read = (torch.rand(real.shape, generator=torch.Generator().manual_seed(2)) < 0.4) & real
+    every = ablation_effects(model, inputs, heads, hidden_state, relative_change, means=means)
+    rows_in = []
+    arch = architecture(model) if kind != "albert" else None
+    post = blocks(model)[-1].get_submodule(arch.mlp_post) if arch and arch.mlp_post else None
+    handle = (
+        post.register_forward_pre_hook(lambda _m, a: rows_in.append(a[0].shape)) if post else None
+    )
+    try:
+        some = ablation_effects(model, inputs, heads, hidden_state, relative_change, means=means,
+                                read=read)  # fmt: skip
+    finally:
+        if handle:
+            handle.remove()
+    at = read[None].expand_as(every)
+    torch.testing.assert_close(some[at], every[at], atol=1e-6, rtol=1e-5)
+    assert some[~at].isnan().all()
+    if post is not None and not is_encoder_decoder(model) and (arch.mlp_pre or arch.mlp_pre_fused):
+        # one pass: the batch's rows and a copy per (item, input); the MLP saw those read alone
+        assert rows_in[0][0] == int(read.sum()) * (1 + len(heads))
 
 
 def claims_of(model, tokenizer, heads: pd.DataFrame, sentences=(), **options) -> Claims:

@@ -26,12 +26,8 @@ from test_claims import claims_of, gpt2_lm, heads_table, zero_head_output
 
 from analyses.claims import Claims
 from probe.interventions import shapley
-from probe.interventions.ablation import (
-    ablation_effects,
-    difference,
-    head_means,
-    next_token_loss,
-)
+from probe.interventions.ablation import head_means
+from probe.interventions.ablation_rows import ablation_effects, difference, next_token_loss
 
 INDUCTION_HEADS = [(1, h) for h in range(4)]
 # Layer 0's previous-token head and a duplicate-token claim on 0-1: the induction heads'

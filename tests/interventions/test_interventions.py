@@ -25,6 +25,29 @@ def test_head_means_are_over_real_tokens_only():
         assert not torch.allclose(means[layer], z.mean((0, 1)), atol=1e-4)  # padding would count
 
 
+@pytest.mark.parametrize("kind", ["bert", "gpt2", "llama"])
+def test_head_means_of_some_layers_stop_after_the_highest(kind):
+    """The means of the layers asked for are those of every layer's run, and no block above the
+    highest runs; a layer the model lacks is one line."""
+    model = small_model(kind)
+    batch = padded_batch(kind)
+    every = probe.head_means(model, [batch])
+    ran = []
+    handles = [block.register_forward_pre_hook(lambda _m, _a, k=k: ran.append(k))
+               for k, block in enumerate(blocks(model))]  # fmt: skip
+    try:
+        some = probe.head_means(model, [batch, batch], layers=[0])
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert list(some) == [0] and ran == [0, 0]  # each batch stopped after block 0
+    torch.testing.assert_close(some[0], every[0], atol=1e-6, rtol=1e-5)
+    assert probe.head_means(model, [batch], layers=[1]).keys() == {1}
+    for bad in ([2], [-1], []):
+        with pytest.raises(probe.ProbeError, match="layers are 0-based"):
+            probe.head_means(model, [batch], layers=bad)
+
+
 def test_mean_ablation_does_not_depend_on_batching():
     """Means from one padded batch equal those from each sentence alone, and a mean-ablated
     sentence gives the same output alone as in a padded batch."""

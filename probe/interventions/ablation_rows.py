@@ -1,0 +1,350 @@
+"""Each head's effect ablated alone, many heads in one forward pass: a row per (head, input)
+pair, appended at its head's layer as a copy of its input's row there, so that the layers below
+run once (``ablation_effects``), and the readouts and changes it compares (``hidden_state``,
+``next_token_loss``, ``relative_change``, ``difference``). On top of ``ablation``."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+
+from probe.capture.hookpoints import Hook, hooks
+from probe.capture.spec import describe
+from probe.errors import ProbeError
+from probe.interventions.ablation import MODES, check_heads, z_points
+
+Readout = Callable[[Any, Mapping[str, torch.Tensor]], torch.Tensor]
+Change = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@torch.no_grad()
+def ablation_effects(
+    model: nn.Module,
+    inputs: Mapping[str, torch.Tensor],
+    heads: Sequence[tuple[int, int]],
+    readout: Readout,
+    change: Change,
+    *,
+    mode: str = "mean",
+    means: Mapping[int, torch.Tensor] | None = None,
+    max_rows: int = 256,
+    needed: torch.Tensor | None = None,
+    read: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Each head's effect, ablated alone (or each group's, ablated together), on the model's
+    output at every position of a batch.
+
+    One forward pass holds the batch's own rows and, after them, a row per (head, input) pair
+    that ``needed`` asks for: the input with that head ablated alone, by its mean z
+    (``head_means``), by zero, or by another input's z. The layers below a row's head run once,
+    on the batch's own rows: the row is appended at its layer's block, a copy of its input's
+    row there (where the model's blocks are modules of their own; ALBERT's shared one runs
+    every row from the start). A pass holds at most ``max_rows`` rows (more passes where the
+    pairs need them). A row is its input's own, so its effect is the same whatever else shares
+    the pass.
+
+    Parameters
+    ----------
+    model : nn.Module
+        A Hugging Face model (or a module built from ``probe.MultiHeadAttention``).
+    inputs : dict
+        Keyword arguments of ``model`` for one batch, ``[batch, pos]`` each.
+    heads : sequence of (layer, head), or of groups of them
+        0-based; the effect of each is returned in this order. An item that is a sequence of
+        (layer, head) pairs is a group: its heads ablated together in one row (the row appended
+        at its lowest layer's block).
+    readout : callable
+        ``readout(output, inputs)``: what is compared, ``[rows, pos, k]``, from the model's
+        output on ``inputs`` (the stacked rows' own inputs), e.g. ``hidden_state`` or
+        ``next_token_loss``.
+    change : callable
+        ``change(ablated, intact)``: ``[copies, batch, pos, k]`` against ``[batch, pos, k]`` gives
+        ``[copies, batch, pos]``, e.g. ``relative_change`` or ``difference``.
+    mode : {"mean", "zero", "resample"}
+        Resample: each input's z of the head is the one it had on the next input of the batch
+        (the last input's, the first's), and its mean where that input has padding.
+    means : mapping of layer to tensor ``[n_heads, d_head]``
+        For mean and resample ablation: ``head_means(model, reference_batches)``.
+    max_rows : int
+        At most this many rows in one forward pass.
+    needed : torch.Tensor, optional
+        ``[len(heads), batch]`` bool: the pairs to run (default: every head on every input).
+    read : torch.Tensor, optional
+        ``[batch, pos]`` bool: the positions whose change is wanted (default: every one). Of a
+        model whose output is its last block's, position by position (not an encoder-decoder
+        model's), the last block's MLP then computes only these (``_read_only``).
+
+    Returns
+    -------
+    torch.Tensor
+        ``[len(heads), batch, pos]`` float32: the change at each position with each head
+        ablated; NaN for the pairs not ``needed`` and the positions not ``read`` (what ``change``
+        gives at padding is left as it is).
+
+    Raises
+    ------
+    ProbeError
+        For an unknown mode, mean ablation without means, a head the model lacks, or a
+        ``needed`` of the wrong shape.
+    """
+    if mode not in (*MODES, "resample"):
+        raise ProbeError(f"mode must be 'zero', 'mean' or 'resample', not {mode!r}")
+    names, n_heads = z_points(model)
+    members = [_members(item) for item in heads]
+    by_layer = check_heads([h for m in members for h in m], len(names), n_heads)
+    if mode in ("mean", "resample"):
+        missing = sorted(set(by_layer) - set(means or {}))
+        if missing:
+            raise ProbeError(
+                f"{mode} ablation needs the heads' mean z (no means for layer {missing[0]}): "
+                "pass means=probe.head_means(model, reference_batches)"
+            )
+    rows = next(iter(inputs.values())).shape[0]
+    if needed is None:
+        needed = torch.ones(len(heads), rows, dtype=torch.bool)
+    if tuple(needed.shape) != (len(heads), rows):
+        raise ProbeError(f"needed must be [heads, batch] = [{len(heads)}, {rows}], "
+                         f"not {list(needed.shape)}")  # fmt: skip
+    width = next(iter(inputs.values())).shape[1]
+    if read is not None and tuple(read.shape) != (rows, width):
+        raise ProbeError(f"read must be [batch, pos] = [{rows}, {width}], "
+                         f"not {list(read.shape)}")  # fmt: skip
+    if mode == "resample" and rows < 2:
+        raise ProbeError("resample ablation needs a batch of at least 2 inputs")
+    stack = _blocks(model, len(names))
+    mask = inputs.get("attention_mask")
+    effects = None
+    for chunk in _chunks(members, needed.bool().cpu(), max(1, max_rows - rows)):
+        # chunk: (item index, input) pairs by layer, each a row after the batch's own, appended
+        # at its item's lowest layer and ablating each of its heads at that head's layer
+        index = torch.tensor([b for _, b in chunk], dtype=torch.long)
+        layer_of = [members[i][0][0] for i, _ in chunk]
+        todo: dict[int, list[tuple[int, int]]] = defaultdict(list)  # layer -> (row, head)
+        for row, (i, _) in enumerate(chunk):
+            for layer, head in members[i]:
+                todo[layer].append((rows + row, head))
+        every = torch.cat([torch.arange(rows), index])  # the input of each row of the pass
+        fns = {names[layer]: _ablate_rows(layer, done, every, rows, mode, means, mask)
+               for layer, done in todo.items()}  # fmt: skip
+        gathered = _gathered(inputs, every, rows)
+        tokens = None if read is None else read.bool()[every.to(read.device)]
+        with (
+            hooks(model, fns),
+            _appended(stack, rows, index, layer_of),
+            _read_only(model, stack, tokens),
+        ):
+            out = readout(model(**(inputs if stack is not None else gathered)), gathered).float()
+        intact, ablated = out[:rows], out[rows:]
+        if effects is None:
+            effects = torch.full((len(heads), *intact.shape[:2]), torch.nan, device=out.device)
+        found = change(ablated[None], intact[index.to(out.device)])[0].float()
+        if tokens is not None:
+            found = found.masked_fill(~tokens[rows:].to(found.device), torch.nan)
+        effects[[i for i, _ in chunk], index.to(out.device)] = found
+    if effects is None:  # nothing needed: NaN everywhere, of the readout's shape
+        out = readout(model(**inputs), inputs)
+        effects = torch.full((len(heads), *out.shape[:2]), torch.nan, device=out.device)
+    return effects
+
+
+def _members(item) -> list[tuple[int, int]]:
+    """An item of ``ablation_effects``'s heads as its heads, sorted: a (layer, head) pair alone,
+    or each (layer, head) of a group ablated together (left as given where it is neither, for
+    ``check_heads`` to refuse in one line)."""
+    try:
+        if all(isinstance(h, tuple | list) for h in item) and len(item):
+            return sorted({(int(layer), int(head)) for layer, head in item})
+        layer, head = item
+        return [(int(layer), int(head))] if (int(layer), int(head)) == tuple(item) else [item]
+    except (TypeError, ValueError):
+        return [item]
+
+
+def _chunks(members: list, needed: torch.Tensor, max_rows: int) -> list[list]:
+    """The ``needed`` (item index, input) pairs by their item's lowest layer, in chunks of at
+    most ``max_rows``."""
+    pairs = [(members[i][0][0], i, int(b)) for i in range(len(members))
+             for b in torch.nonzero(needed[i]).flatten().tolist()]  # fmt: skip
+    pairs = [(i, b) for _, i, b in sorted(pairs)]
+    return [pairs[s : s + max_rows] for s in range(0, len(pairs), max_rows)]
+
+
+def _gathered(inputs: Mapping[str, Any], index: torch.Tensor, rows: int) -> dict[str, Any]:
+    """``inputs``' rows ``index`` (row r of the result is input ``index[r]``)."""
+    return {key: _gather(value, index, rows) for key, value in inputs.items()}
+
+
+def _gather(value: Any, index: torch.Tensor, rows: int) -> Any:
+    """A tensor of ``rows`` rows (or a tuple of them) at rows ``index`` along dim 0."""
+    if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == rows:
+        return value[index.to(value.device)]
+    if isinstance(value, tuple):
+        return tuple(_gather(v, index, rows) for v in value)
+    return value
+
+
+def _blocks(model: nn.Module, n_layers: int) -> list[nn.Module] | None:
+    """The model's blocks, one per layer, where each is a module of its own (not ALBERT's shared
+    one) and there is one per ``hook_z`` point; else None (the copies then run from the start)."""
+    from probe.capture.architectures import blocks
+
+    try:
+        found = blocks(model)
+    except Exception:  # a module probe describes by its hook points only
+        return None
+    if len(found) != n_layers or len({id(b) for b in found}) != len(found):
+        return None
+    return found
+
+
+@contextmanager
+def _appended(stack: list[nn.Module] | None, rows: int, index: torch.Tensor, layer_of: list[int]):
+    """While the block runs, at the input of block l, the rows of layer l (``index``'s inputs
+    where ``layer_of`` is l) appended to its hidden states, copies of the batch's own rows there;
+    every block's other inputs (mask, position embeddings: whatever has the batch's ``rows``
+    rows, made once by the model) gathered for all the rows so far. The blocks below the lowest
+    layer run on the batch's own rows alone. Nothing where ``stack`` is None (every row then
+    runs from the model's input). The hooks run before any other pre-hook: the mirror's reads
+    the rows."""
+    if stack is None:
+        yield
+        return
+    counts = torch.bincount(torch.tensor(layer_of), minlength=len(stack))
+    ends = rows + torch.cumsum(counts, 0)  # block l's rows: its hidden states' after appending
+    every = torch.cat([torch.arange(rows), index])
+
+    def grow(layer: int):
+        def hook(module, args, kwargs):
+            new = index[int(ends[layer] - rows) - int(counts[layer]) : int(ends[layer] - rows)]
+            hidden = args[0] if args else kwargs["hidden_states"]
+            if len(new):
+                hidden = torch.cat([hidden, hidden[:rows][new.to(hidden.device)]])
+            upto = every[: int(ends[layer])]
+            args = tuple(hidden if i == 0 else _gather(a, upto, rows) for i, a in enumerate(args))
+            kwargs = {key: hidden if key == "hidden_states" else _gather(value, upto, rows)
+                      for key, value in kwargs.items()}  # fmt: skip
+            return args, kwargs
+
+        return hook
+
+    first = min(layer_of)
+    handles = [block.register_forward_pre_hook(grow(layer), with_kwargs=True, prepend=True)
+               for layer, block in enumerate(stack) if layer >= first]  # fmt: skip
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextmanager
+def _read_only(model: nn.Module, stack: list[nn.Module] | None, tokens: torch.Tensor | None):
+    """While the pass runs, the last block's MLP computes only the ``tokens`` read (``[rows of
+    the pass, pos]`` bool), 0 at the others, which nothing reads: past the last block a model
+    that is not an encoder-decoder has only position-wise parts (a final norm, an unembedding),
+    so every token read is exactly what it was (to float rounding: fewer rows in the MLP's
+    products). The MLP is two thirds of a block's products; the attention still computes every
+    token, whose keys and values the tokens read need. Nothing where the model's MLP is not named
+    (``probe.capture.architectures``: its input projections, each of whose outputs feeds only
+    the output projection), ``stack`` is None, or every token is read."""
+    from probe.capture.architectures import architecture
+
+    if tokens is None or stack is None or bool(tokens.all()) or describe(model).encoder_decoder:
+        yield
+        return
+    try:
+        arch = architecture(model)
+        inputs = [stack[-1].get_submodule(name) for name in
+                  (arch.mlp_pre, arch.mlp_pre_linear, arch.mlp_pre_fused) if name]  # fmt: skip
+        output = stack[-1].get_submodule(arch.mlp_post) if inputs and arch.mlp_post else None
+    except (ProbeError, AttributeError):  # a module probe describes by its hook points only
+        output = None
+    if output is None:
+        yield
+        return
+    flat = tokens.flatten()
+    chosen: list[tuple] = []  # per projection called: the leading shape of its input, if cut
+
+    def select(module, args):
+        hidden = args[0]  # [rows, pos, d_model]; OPT's [rows·pos, d_model]; else left whole
+        lead = tuple(hidden.shape[:-1])
+        if lead not in (tuple(tokens.shape), (flat.numel(),)):  # a chunked MLP: left whole
+            return None
+        chosen.append(lead)
+        return (hidden.reshape(-1, hidden.shape[-1])[flat.to(hidden.device)], *args[1:])
+
+    def scatter(module, args, out):  # out: [tokens read, d_model] -> the input's shape
+        taken, chosen[:] = chosen[:1], []
+        if not taken:
+            return None
+        whole = out.new_zeros((flat.numel(), out.shape[-1]))
+        whole[flat.to(out.device)] = out
+        return whole.view(*taken[0], out.shape[-1])
+
+    handles = [m.register_forward_pre_hook(select) for m in inputs]
+    handles.append(output.register_forward_hook(scatter))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _ablate_rows(layer: int, todo, every: torch.Tensor, rows: int, mode: str, means, mask):
+    """A ``hook_z`` function that ablates, in row r of the pass (input ``every[r]``), head h,
+    for each (r, h) of ``todo``: by zero, by its mean ``means[layer][h]`` ``[d_head]``, or
+    (resample) by the z the batch's next input had there (the last input's, the first's), read
+    from the batch's own rows, which come first, and its mean where that input is padding."""
+    by_head: dict[int, list[int]] = defaultdict(list)
+    for row, head in todo:
+        by_head[head].append(row)
+
+    def fn(z: torch.Tensor, hook: Hook) -> torch.Tensor:  # z: [pass rows, pos, head, d_head]
+        out = z.clone()
+        for head, chosen in by_head.items():
+            at = torch.tensor(chosen, device=z.device)
+            value = means[layer][head].to(z) if mode != "zero" else torch.zeros((), dtype=z.dtype)
+            if mode == "resample":
+                source = every[chosen].add(1).remainder(rows).to(z.device)  # the next input
+                value = z[:rows, :, head][source]
+                if mask is not None:
+                    real = mask.to(z.device)[source].bool()[..., None]
+                    value = torch.where(real, value, means[layer][head].to(z))
+            out[at, :, head] = value
+        return out
+
+    return fn
+
+
+def hidden_state(output: Any, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """The last hidden state ``[rows, pos, d_model]`` (a ``readout`` for ``ablation_effects``)."""
+    states = getattr(output, "last_hidden_state", None)
+    if states is None:
+        states = output.hidden_states[-1] if getattr(output, "hidden_states", None) else output[0]
+    return states.float()
+
+
+def next_token_loss(output: Any, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """−log p(token t+1) read at position t, ``[rows, pos, 1]`` (a ``readout`` for
+    ``ablation_effects``); the last position, which predicts nothing here, holds NaN."""
+    logp = output.logits.float().log_softmax(-1)
+    ids = inputs["input_ids"]
+    loss = torch.full(ids.shape, float("nan"), device=logp.device)
+    loss[:, :-1] = -logp[:, :-1].gather(-1, ids[:, 1:, None])[..., 0]
+    return loss[..., None]
+
+
+def relative_change(ablated: torch.Tensor, intact: torch.Tensor) -> torch.Tensor:
+    """‖h′ − h‖₂ / ‖h‖₂ over the last dimension (a ``change`` for ``ablation_effects``)."""
+    return (ablated - intact).norm(dim=-1) / intact.norm(dim=-1).clamp(min=1e-12)
+
+
+def difference(ablated: torch.Tensor, intact: torch.Tensor) -> torch.Tensor:
+    """ablated − intact of a one-value readout (a ``change`` for ``ablation_effects``): the
+    rise of the loss, with ``next_token_loss``."""
+    return (ablated - intact)[..., 0]
