@@ -41,13 +41,17 @@ def embed(similarity: pd.DataFrame, n: int) -> np.ndarray:
     distance = head_distances(similarity, n)
     if n < 3 or not distance.any():  # nothing to lay out (a corpus too small to sample)
         return np.zeros((n, 2))
-    started = _STARTED.pop(distance.tobytes(), None)
-    return (started or helper.submit(mds_points, distance)).result()  # where sklearn is imported
+    key = distance.tobytes()
+    if key not in _STARTED:
+        _STARTED.clear()
+        _STARTED[key] = helper.submit(mds_points, distance)  # where sklearn is imported
+    return _STARTED[key].result()
 
 
 # The map of the similarity the last ``Roles._tables`` made, started in the helper process then
 # (``start_map``), by its distances: the run finishes the other analyses meanwhile, and
-# ``heads``, given the same similarity, takes it from here.
+# ``heads``, given the same similarity, takes it from here, as often as it is asked (the
+# report's join of the heads and its list of the roles tested each ask); one map at a time.
 _STARTED: dict[bytes, helper.Pending[np.ndarray]] = {}
 
 

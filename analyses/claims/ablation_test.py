@@ -196,18 +196,23 @@ class AblationTest:
         it was drawn for (none without ``draw``: the control's), a group's subsets on its
         claim's inputs (only the whole group without ``draw``)."""
 
+        claims = list(zip(mine.layer, mine["head"], mine.relation, strict=True))
+
         def wanted(indices) -> torch.Tensor:
-            needed = torch.zeros(len(slot), len(indices), dtype=torch.bool)
+            at: list[tuple[int, int]] = []  # (item's slot, input's column)
             for b, i in enumerate(indices.tolist()):
-                for claim in mine.itertuples(index=False):
-                    if reads(claim.relation, i, samples):
-                        needed[slot[(claim.layer, claim.head)], b] = True
-                        for h in draw(claim.layer, i) if draw else ():
-                            needed[slot[h], b] = True
+                for layer, head, relation in claims:
+                    if reads(relation, i, samples):
+                        at.append((slot[(layer, head)], b))
+                        at += [(slot[h], b) for h in (draw(layer, i) if draw else ())]
                 for g in roles:
                     if reads(g.relation, i, samples):
-                        for item in g.joint_items(i) if draw else [g.whole]:
-                            needed[slot[item], b] = True
+                        at += [
+                            (slot[item], b) for item in (g.joint_items(i) if draw else [g.whole])
+                        ]
+            needed = torch.zeros(len(slot), len(indices), dtype=torch.bool)
+            if at:
+                needed[tuple(torch.tensor(at).T)] = True
             return needed
 
         return wanted
