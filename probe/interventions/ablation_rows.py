@@ -136,7 +136,6 @@ def ablation_effects(
         with (
             hooks(model, fns),
             _appended(stack, rows, index, layer_of),
-            _projected_once(model, stack, rows, index, layer_of),
             _read_only(model, stack, tokens),
         ):
             out = readout(model(**(inputs if stack is not None else gathered)), gathered).float()
@@ -237,66 +236,6 @@ def _appended(stack: list[nn.Module] | None, rows: int, index: torch.Tensor, lay
     handles = [block.register_forward_pre_hook(grow(layer), with_kwargs=True, prepend=True)
                for layer, block in enumerate(stack) if layer >= first]  # fmt: skip
     try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
-@contextmanager
-def _projected_once(model: nn.Module, stack: list[nn.Module] | None, rows: int,
-                    index: torch.Tensor, layer_of: list[int]):  # fmt: skip
-    """While the pass runs, the rows appended at block l (``_appended``: copies of the batch's
-    rows ``index`` there, in the order of ``layer_of``) take their query, key and value there
-    from their inputs' rows, not from projections of their own: a copy's are its input's, since
-    its head is ablated only after them (at ``hook_z``). A quarter of the products of each
-    appended row's first block. Nothing where ``stack`` is None or the projections are not named
-    (``probe.capture.architectures``)."""
-    from probe.capture.architectures import architecture
-
-    if stack is None:
-        yield
-        return
-    try:
-        arch = architecture(model)
-    except (ProbeError, AttributeError):  # a module probe describes by its hook points only
-        yield
-        return
-    parts = [arch.qkv] if arch.qkv else [arch.q, arch.k, arch.v]
-    counts = torch.bincount(torch.tensor(layer_of), minlength=len(stack))
-    ends = torch.cumsum(counts, 0)  # appended rows up to block l's, inclusive
-    handles = []
-
-    def share(block: int):
-        start, sources = (
-            rows + int(ends[block] - counts[block]),
-            index[int(ends[block] - counts[block]) : int(ends[block])],
-        )
-        whole = rows + int(ends[block])
-        cut: list[bool] = []
-
-        def before(module, args):  # the rows before the copies: [rows so far, pos, d_model]
-            hidden = args[0]
-            cut[:] = [hidden.dim() == 3 and hidden.shape[0] == whole]
-            return (hidden[:start], *args[1:]) if cut[0] else None
-
-        def after(module, args, out):  # the copies' projections: their inputs' rows'
-            if not cut or not cut[0]:
-                return None
-            return torch.cat([out, out[:rows][sources.to(out.device)]])
-
-        return before, after
-
-    try:
-        for block in torch.nonzero(counts).flatten().tolist():
-            try:
-                modules = [stack[block].get_submodule(name) for name in parts if name]
-            except AttributeError:
-                continue
-            before, after = share(block)
-            for module in modules:
-                handles.append(module.register_forward_pre_hook(before, prepend=True))
-                handles.append(module.register_forward_hook(after, prepend=True))
         yield
     finally:
         for handle in handles:
