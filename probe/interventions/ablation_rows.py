@@ -75,16 +75,16 @@ def ablation_effects(
     needed : torch.Tensor, optional
         ``[len(heads), batch]`` bool: the pairs to run (default: every head on every input).
     read : torch.Tensor, optional
-        ``[batch, pos]`` bool: the positions whose change is wanted (default: every one). Of a
-        model whose output is its last block's, position by position (not an encoder-decoder
-        model's), the last block's MLP then computes only these (``_read_only``).
+        ``[batch, pos]`` bool: the positions whose change is wanted (default: every real one).
+        Of a model whose output is its last block's, position by position (not an
+        encoder-decoder model's), every block's MLP computes only the real tokens (which every
+        later attention masks out as keys), and the last block's only these (``_mlp_at``).
 
     Returns
     -------
     torch.Tensor
         ``[len(heads), batch, pos]`` float32: the change at each position with each head
-        ablated; NaN for the pairs not ``needed`` and the positions not ``read`` (what ``change``
-        gives at padding is left as it is).
+        ablated; NaN for the pairs not ``needed``, the positions not ``read`` and padding.
 
     Raises
     ------
@@ -133,18 +133,20 @@ def ablation_effects(
                for layer, done in todo.items()}  # fmt: skip
         gathered = _gathered(inputs, every, rows)
         tokens = None if read is None else read.bool()[every.to(read.device)]
+        wanted = _wanted(stack, mask, every, rows, layer_of, tokens)
         with (
             hooks(model, fns),
             _appended(stack, rows, index, layer_of),
-            _read_only(model, stack, tokens),
+            _mlp_at(model, stack, wanted),
         ):
             out = readout(model(**(inputs if stack is not None else gathered)), gathered).float()
         intact, ablated = out[:rows], out[rows:]
         if effects is None:
             effects = torch.full((len(heads), *intact.shape[:2]), torch.nan, device=out.device)
         found = change(ablated[None], intact[index.to(out.device)])[0].float()
-        if tokens is not None:
-            found = found.masked_fill(~tokens[rows:].to(found.device), torch.nan)
+        kept = wanted[-1] if wanted and wanted[-1] is not None else tokens
+        if kept is not None:  # padding, and the tokens not read: their MLPs did not run
+            found = found.masked_fill(~kept[rows:].to(found.device), torch.nan)
         effects[[i for i, _ in chunk], index.to(out.device)] = found
     if effects is None:  # nothing needed: NaN everywhere, of the readout's shape
         out = readout(model(**inputs), inputs)
@@ -242,31 +244,65 @@ def _appended(stack: list[nn.Module] | None, rows: int, index: torch.Tensor, lay
             handle.remove()
 
 
+def _wanted(stack, mask, every: torch.Tensor, rows: int, layer_of: list[int], tokens):
+    """Per block, the tokens its MLP computes (``_mlp_at``): the real ones of the rows there
+    (the batch's own and those appended so far, ``_appended``), and in the last block those
+    read (``tokens``) where some are; None for every one."""
+    if stack is None:
+        return []
+    ends = rows + torch.cumsum(torch.bincount(torch.tensor(layer_of), minlength=len(stack)), 0)
+    real = None if mask is None else mask.bool()[every.to(mask.device)]  # [rows of the pass, pos]
+    wanted = [None if real is None else real[: int(end)] for end in ends]
+    if tokens is not None:
+        wanted[-1] = tokens if real is None else tokens & real
+    return wanted
+
+
 @contextmanager
-def _read_only(model: nn.Module, stack: list[nn.Module] | None, tokens: torch.Tensor | None):
-    """While the pass runs, the last block's MLP computes only the ``tokens`` read (``[rows of
-    the pass, pos]`` bool), 0 at the others, which nothing reads: past the last block a model
-    that is not an encoder-decoder has only position-wise parts (a final norm, an unembedding),
-    so every token read is exactly what it was (to float rounding: fewer rows in the MLP's
-    products). The MLP is two thirds of a block's products; the attention still computes every
-    token, whose keys and values the tokens read need. Nothing where the model's MLP is not named
-    (``probe.capture.architectures``: its input projections, each of whose outputs feeds only
-    the output projection), ``stack`` is None, or every token is read."""
+def _mlp_at(model: nn.Module, stack: list[nn.Module] | None, wanted: list[torch.Tensor | None]):
+    """While the pass runs, each block's MLP computes only the tokens ``wanted[block]`` names
+    (``[rows at that block, pos]`` bool; None: every one), and gives 0 at the others, whose
+    values nothing reads: a padding token, which every later attention masks out as a key, or
+    in the last block a token not read, past which a model that is not an encoder-decoder has
+    only position-wise parts (a final norm, an unembedding). Every token wanted is what it was
+    (to float rounding: fewer rows in the MLP's products), and the MLP is two thirds of a
+    block's products. Nothing where the model's MLP is not named (``probe.capture.
+    architectures``: its input projections, each of whose outputs feeds only the output
+    projection) or ``stack`` is None."""
     from probe.capture.architectures import architecture
 
-    if tokens is None or stack is None or bool(tokens.all()) or describe(model).encoder_decoder:
+    if stack is None or describe(model).encoder_decoder or all(w is None for w in wanted):
         yield
         return
     try:
         arch = architecture(model)
-        inputs = [stack[-1].get_submodule(name) for name in
-                  (arch.mlp_pre, arch.mlp_pre_linear, arch.mlp_pre_fused) if name]  # fmt: skip
-        output = stack[-1].get_submodule(arch.mlp_post) if inputs and arch.mlp_post else None
     except (ProbeError, AttributeError):  # a module probe describes by its hook points only
-        output = None
-    if output is None:
         yield
         return
+    handles = []
+    names = [name for name in (arch.mlp_pre, arch.mlp_pre_linear, arch.mlp_pre_fused) if name]
+    try:
+        for block, tokens in zip(stack, wanted, strict=True):
+            if tokens is None or bool(tokens.all()):
+                continue
+            try:
+                inputs = [block.get_submodule(name) for name in names]
+                output = block.get_submodule(arch.mlp_post) if inputs and arch.mlp_post else None
+            except AttributeError:
+                continue
+            if output is not None:
+                select, scatter = _cut(tokens)
+                handles += [m.register_forward_pre_hook(select) for m in inputs]
+                handles.append(output.register_forward_hook(scatter))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _cut(tokens: torch.Tensor):
+    """The pre-hook of an MLP's input projections that takes ``tokens`` (``[rows, pos]`` bool)
+    alone, and the hook of its output projection that puts them back in place, 0 elsewhere."""
     flat = tokens.flatten()
     chosen: list[tuple] = []  # per projection called: the leading shape of its input, if cut
 
@@ -278,7 +314,7 @@ def _read_only(model: nn.Module, stack: list[nn.Module] | None, tokens: torch.Te
         chosen.append(lead)
         return (hidden.reshape(-1, hidden.shape[-1])[flat.to(hidden.device)], *args[1:])
 
-    def scatter(module, args, out):  # out: [tokens read, d_model] -> the input's shape
+    def scatter(module, args, out):  # out: [tokens wanted, d_model] -> the input's shape
         taken, chosen[:] = chosen[:1], []
         if not taken:
             return None
@@ -286,13 +322,7 @@ def _read_only(model: nn.Module, stack: list[nn.Module] | None, tokens: torch.Te
         whole[flat.to(out.device)] = out
         return whole.view(*taken[0], out.shape[-1])
 
-    handles = [m.register_forward_pre_hook(select) for m in inputs]
-    handles.append(output.register_forward_hook(scatter))
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
+    return select, scatter
 
 
 def _ablate_rows(layer: int, todo, every: torch.Tensor, rows: int, mode: str, means, mask):

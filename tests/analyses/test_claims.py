@@ -122,7 +122,7 @@ def test_ablation_effects_are_one_head_at_a_time_with_plain_hooks(kind, mode):
                 handle.remove()
             expected = change(ablated[None], intact)[0]
             real = mask.bool() if not lm else mask.bool() & torch.roll(mask.bool(), -1, 1)
-            real[:, -1] = not lm
+            real[:, -1] &= not lm  # the loss at the last position predicts nothing
             torch.testing.assert_close(got[i][real], expected[real], atol=1e-5, rtol=1e-4)
     # how many copies share a pass changes nothing
     one = ablation_effects(model, inputs, heads, readout, change, mode=mode, means=means,
@@ -171,8 +171,9 @@ def test_ablation_effects_on_every_architecture_copy_the_rows_from_the_chunks_fi
 
 @pytest.mark.parametrize("kind", sorted(CONFIGS))
 def test_ablation_effects_read_at_some_positions_equal_them_at_every_one(kind):
-    """With ``read``, the last block's MLP takes the positions read alone (where the model names
-    its MLP and is not an encoder-decoder model): the same changes there, NaN elsewhere."""
+    """Each block's MLP computes the real tokens alone, and with ``read`` the last block's those
+    read alone (where the model names its MLP and is not an encoder-decoder model): the same
+    changes at the positions read, NaN elsewhere."""
     from probe.capture.architectures import is_encoder_decoder
 
     model = small_model(kind)
@@ -182,11 +183,13 @@ def test_ablation_effects_read_at_some_positions_equal_them_at_every_one(kind):
     real = inputs["attention_mask"].bool()
     read = (torch.rand(real.shape, generator=torch.Generator().manual_seed(2)) < 0.4) & real
     every = ablation_effects(model, inputs, heads, hidden_state, relative_change, means=means)
-    rows_in, handles = [], []
+    rows_in, handles = {0: [], 1: []}, []
     arch = architecture(model) if kind != "albert" else None
-    if arch and arch.mlp_post:
-        post = blocks(model)[-1].get_submodule(arch.mlp_post)
-        handles.append(post.register_forward_pre_hook(lambda _m, a: rows_in.append(a[0].shape)))
+    cut = arch is not None and arch.mlp_post and not is_encoder_decoder(model)
+    cut = cut and bool(arch.mlp_pre or arch.mlp_pre_fused)
+    for k, block in enumerate(blocks(model)[:2]) if cut else ():
+        post = block.get_submodule(arch.mlp_post)
+        handles.append(post.register_forward_pre_hook(lambda _m, a, k=k: rows_in[k].append(a[0])))
     try:
         some = ablation_effects(model, inputs, heads, hidden_state, relative_change, means=means,
                                 read=read)  # fmt: skip
@@ -196,9 +199,11 @@ def test_ablation_effects_read_at_some_positions_equal_them_at_every_one(kind):
     at = read[None].expand_as(every)
     torch.testing.assert_close(some[at], every[at], atol=1e-6, rtol=1e-5)
     assert some[~at].isnan().all()
-    if rows_in and not is_encoder_decoder(model) and (arch.mlp_pre or arch.mlp_pre_fused):
-        # one pass: the batch's rows and a copy per (item, input); the MLP saw those read alone
-        assert rows_in[0][0] == int(read.sum()) * (1 + len(heads))
+    if cut:  # one pass: the batch's rows, and a copy per (item, input) from its lowest layer on
+        # block 0: the batch's rows and the copies of the two items there, their real tokens
+        assert len(rows_in[0][0]) == 3 * int(real.sum())
+        # block 1, the last: those and item (1, 0)'s copies, the tokens read alone
+        assert len(rows_in[1][0]) == int(read.sum()) * (1 + len(heads))
 
 
 def claims_of(model, tokenizer, heads: pd.DataFrame, sentences=(), **options) -> Claims:
