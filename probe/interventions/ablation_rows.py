@@ -1,7 +1,8 @@
 """Each head's effect ablated alone, many heads in one forward pass: a row per (head, input)
-pair, appended at its head's layer as a copy of its input's row there, so that the layers below
-run once (``ablation_effects``), and the readouts and changes it compares (``hidden_state``,
-``next_token_loss``, ``relative_change``, ``difference``). On top of ``ablation``."""
+pair, appended at its head's layer as a copy of its input's row there (or of a row ablating the
+same heads below), so that the layers below run once (``ablation_effects``), and the readouts
+and changes it compares (``hidden_state``, ``next_token_loss``, ``relative_change``,
+``difference``). On top of ``ablation``."""
 
 from __future__ import annotations
 
@@ -44,9 +45,11 @@ def ablation_effects(
     (``head_means``), by zero, or by another input's z. The layers below a row's head run once,
     on the batch's own rows: the row is appended at its layer's block, a copy of its input's
     row there (where the model's blocks are modules of their own; ALBERT's shared one runs
-    every row from the start). A pass holds at most ``max_rows`` rows (more passes where the
-    pairs need them). A row is its input's own, so its effect is the same whatever else shares
-    the pass.
+    every row from the start). A group's row starts higher where another row of its input
+    ablates the same heads below (its subset without its highest layer's heads, say): it is
+    appended as a copy of that row at the first block where they differ. A pass holds at most
+    ``max_rows`` rows (more passes where the pairs need them). A row is its input's own, so its
+    effect is the same whatever else shares the pass.
 
     Parameters
     ----------
@@ -120,14 +123,17 @@ def ablation_effects(
     mask = inputs.get("attention_mask")
     effects = None
     for chunk in _chunks(members, needed.bool().cpu(), max(1, max_rows - rows)):
-        # chunk: (item index, input) pairs by layer, each a row after the batch's own, appended
-        # at its item's lowest layer and ablating each of its heads at that head's layer
-        index = torch.tensor([b for _, b in chunk], dtype=torch.long)
-        layer_of = [members[i][0][0] for i, _ in chunk]
+        # each (item, input) pair a row after the batch's own, appended at a block as a copy of
+        # a row that agrees with it below, and ablating its heads from that block up
+        chunk = _branched(members, chunk, rows, len(names) if stack is not None else 0)
+        index = torch.tensor([b for _, b, _, _ in chunk], dtype=torch.long)
+        layer_of = [start for _, _, start, _ in chunk]
+        source = torch.tensor([copied for *_, copied in chunk], dtype=torch.long)
         todo: dict[int, list[tuple[int, int]]] = defaultdict(list)  # layer -> (row, head)
-        for row, (i, _) in enumerate(chunk):
+        for row, (i, _, start, _) in enumerate(chunk):
             for layer, head in members[i]:
-                todo[layer].append((rows + row, head))
+                if layer >= start:
+                    todo[layer].append((rows + row, head))
         every = torch.cat([torch.arange(rows), index])  # the input of each row of the pass
         fns = {names[layer]: _ablate_rows(layer, done, every, rows, mode, means, mask)
                for layer, done in todo.items()}  # fmt: skip
@@ -136,7 +142,7 @@ def ablation_effects(
         wanted = _wanted(stack, mask, every, rows, layer_of, tokens)
         with (
             hooks(model, fns),
-            _appended(stack, rows, index, layer_of),
+            _appended(stack, rows, index, source, layer_of),
             _mlp_at(model, stack, wanted),
         ):
             out = readout(model(**(inputs if stack is not None else gathered)), gathered).float()
@@ -147,7 +153,7 @@ def ablation_effects(
         kept = wanted[-1] if wanted and wanted[-1] is not None else tokens
         if kept is not None:  # padding, and the tokens not read: their MLPs did not run
             found = found.masked_fill(~kept[rows:].to(found.device), torch.nan)
-        effects[[i for i, _ in chunk], index.to(out.device)] = found
+        effects[[i for i, *_ in chunk], index.to(out.device)] = found
     if effects is None:  # nothing needed: NaN everywhere, of the readout's shape
         out = readout(model(**inputs), inputs)
         effects = torch.full((len(heads), *out.shape[:2]), torch.nan, device=out.device)
@@ -174,6 +180,40 @@ def _chunks(members: list, needed: torch.Tensor, max_rows: int) -> list[list]:
              for b in torch.nonzero(needed[i]).flatten().tolist()]  # fmt: skip
     pairs = [(i, b) for _, i, b in sorted(pairs)]
     return [pairs[s : s + max_rows] for s in range(0, len(pairs), max_rows)]
+
+
+def _branched(members: list, chunk: list, rows: int, n_layers: int) -> list:
+    """A chunk's (item index, input) pairs as the rows of its pass, by the block each is
+    appended at: (item index, input, block, the row of the pass it copies there). A row starts
+    at the highest block below which another row of its input, appended lower, ablates the same
+    heads (the item without its highest layer's heads, say, for a group's subsets), as a copy of
+    that row; else at its lowest layer's block as a copy of its input's own row (``rows`` rows
+    come first). So no layer runs twice on the same hidden states. With ``n_layers`` 0 (no
+    blocks of their own) every row starts at its lowest layer, from the model's input."""
+    start, source = {}, {}
+    order = sorted(range(len(chunk)), key=lambda j: (chunk[j][1], members[chunk[j][0]]))
+    earlier: dict[int, list[int]] = defaultdict(list)  # input -> its rows placed so far
+    for j in order:
+        i, b = chunk[j]
+        start[j], source[j] = members[i][0][0], None
+        for r in earlier[b] if n_layers else ():
+            below = _agree_below(members[chunk[r][0]], members[i], n_layers)
+            if start[r] < below < n_layers and below > start[j]:
+                start[j], source[j] = below, r
+        earlier[b].append(j)
+    placed = sorted(range(len(chunk)), key=start.__getitem__)  # stable: the chunk's order
+    position = {j: rows + k for k, j in enumerate(placed)}
+    return [(*chunk[j], start[j], chunk[j][1] if source[j] is None else position[source[j]])
+            for j in placed]  # fmt: skip
+
+
+def _agree_below(one: list, other: list, n_layers: int) -> int:
+    """The lowest layer at which two items ablate different heads (``n_layers`` where none)."""
+    layers = sorted({layer for layer, _ in one} | {layer for layer, _ in other})
+    for layer in layers:
+        if {h for k, h in one if k == layer} != {h for k, h in other if k == layer}:
+            return layer
+    return n_layers
 
 
 def _gathered(inputs: Mapping[str, Any], index: torch.Tensor, rows: int) -> dict[str, Any]:
@@ -205,11 +245,13 @@ def _blocks(model: nn.Module, n_layers: int) -> list[nn.Module] | None:
 
 
 @contextmanager
-def _appended(stack: list[nn.Module] | None, rows: int, index: torch.Tensor, layer_of: list[int]):
+def _appended(stack: list[nn.Module] | None, rows: int, index: torch.Tensor,
+              source: torch.Tensor, layer_of: list[int]):  # fmt: skip
     """While the block runs, at the input of block l, the rows of layer l (``index``'s inputs
-    where ``layer_of`` is l) appended to its hidden states, copies of the batch's own rows there;
-    every block's other inputs (mask, position embeddings: whatever has the batch's ``rows``
-    rows, made once by the model) gathered for all the rows so far. The blocks below the lowest
+    where ``layer_of`` is l) appended to its hidden states, copies of the rows of the pass
+    ``source`` names there (the batch's own, or rows appended below); every block's other
+    inputs (mask, position embeddings: whatever has the batch's ``rows`` rows, made once by the
+    model) gathered for all the rows so far. The blocks below the lowest
     layer run on the batch's own rows alone. Nothing where ``stack`` is None (every row then
     runs from the model's input). The hooks run before any other pre-hook: the mirror's reads
     the rows."""
@@ -222,10 +264,10 @@ def _appended(stack: list[nn.Module] | None, rows: int, index: torch.Tensor, lay
 
     def grow(layer: int):
         def hook(module, args, kwargs):
-            new = index[int(ends[layer] - rows) - int(counts[layer]) : int(ends[layer] - rows)]
+            new = source[int(ends[layer] - rows) - int(counts[layer]) : int(ends[layer] - rows)]
             hidden = args[0] if args else kwargs["hidden_states"]
             if len(new):
-                hidden = torch.cat([hidden, hidden[:rows][new.to(hidden.device)]])
+                hidden = torch.cat([hidden, hidden[new.to(hidden.device)]])
             upto = every[: int(ends[layer])]
             args = tuple(hidden if i == 0 else _gather(a, upto, rows) for i, a in enumerate(args))
             kwargs = {key: hidden if key == "hidden_states" else _gather(value, upto, rows)

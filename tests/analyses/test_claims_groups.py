@@ -22,12 +22,20 @@ import transformers as tf
 from induction import MODEL
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_claims import claims_of, gpt2_lm, heads_table, zero_head_output
+from models import CONFIGS, padded_batch, small_model
+from test_claims import claims_of, gpt2_lm, heads_table, replaced, z_of, zero_head_output
 
 from analyses.claims import Claims
 from probe.interventions import shapley
-from probe.interventions.ablation import head_means
-from probe.interventions.ablation_rows import ablation_effects, difference, next_token_loss
+from probe.interventions.ablation import ablate, head_means
+from probe.interventions.ablation_rows import (
+    _branched,
+    ablation_effects,
+    difference,
+    hidden_state,
+    next_token_loss,
+    relative_change,
+)
 
 INDUCTION_HEADS = [(1, h) for h in range(4)]
 # Layer 0's previous-token head and a duplicate-token claim on 0-1: the induction heads'
@@ -117,6 +125,94 @@ def test_the_joint_effect_is_plain_hooks_ablating_the_heads_together():
                     h.remove()
             expected = difference(ablated[None], intact)[0]
             torch.testing.assert_close(got[k][real], expected[real], atol=1e-5, rtol=1e-4)
+
+
+def test_a_subsets_row_is_copied_where_it_parts_from_another_row_of_its_input():
+    """Worked by hand, three layers, two inputs after the batch's 2 rows: a row starts at the
+    first layer where it ablates other heads than a row of its input appended lower, copying
+    that row; else at its lowest layer, copying its input's own row."""
+    members = [
+        [(0, 1)],  # 0: from its input's row, at block 0
+        [(0, 1), (1, 2)],  # 1: parts from 0 at layer 1
+        [(0, 1), (1, 2), (2, 0)],  # 2: parts from 1 at layer 2
+        [(0, 1), (2, 0)],  # 3: parts from 0 at layer 2 (from 1 at layer 1, lower)
+        [(1, 3)],  # 4: nothing below it: from its input's row, at block 1
+        [(0, 2), (1, 2)],  # 5: parts from every other row at layer 0
+        [(1, 2), (1, 3)],  # 6: parts from 4 at layer 1, where 4 starts: from its input's row
+    ]
+    chunk = [(i, 0) for i in range(len(members))] + [(1, 1), (2, 1)]
+    rows = _branched(members, chunk, rows=2, n_layers=3)
+    start = {(i, b): (block, source) for i, b, block, source in rows}
+    position = {(i, b): 2 + k for k, (i, b, *_) in enumerate(rows)}
+    assert [block for *_, block, _ in rows] == sorted(block for *_, block, _ in rows)
+    assert start[(0, 0)] == (0, 0) and start[(5, 0)] == (0, 0) and start[(4, 0)] == (1, 0)
+    assert start[(1, 0)] == (1, position[(0, 0)])
+    assert start[(2, 0)] == (2, position[(1, 0)])
+    assert start[(3, 0)] == (2, position[(0, 0)])
+    assert start[(6, 0)] == (1, 0)
+    # input 1 has no row of item 0: item 1 starts from its own row; item 2 parts from it
+    assert start[(1, 1)] == (0, 1) and start[(2, 1)] == (2, position[(1, 1)])
+    # no blocks of their own (ALBERT): every row from its lowest layer, its input's row
+    assert all(
+        source == b and block == members[i][0][0]
+        for i, b, block, source in _branched(members, chunk, rows=2, n_layers=0)
+    )
+
+
+# ALBERT's one block for every layer has no hook of its own per layer: mean ablation through
+# probe's own hook points there, and its rows all start from the input (no branching) anyway
+@pytest.mark.parametrize(("kind", "mode"), [(kind, mode) for kind in sorted(CONFIGS)
+                                            for mode in ("mean", "resample")
+                                            if kind != "albert" or mode == "mean"])  # fmt: skip
+def test_rows_copied_from_another_ablated_row_are_plain_hooks_ablating_the_heads(kind, mode):
+    """Items whose rows copy another item's row where they part (a head's row, a subset's), on
+    every architecture, padded, some pairs only, in one pass or many: the same as each item's
+    heads ablated together with plain PyTorch hooks."""
+    model = small_model(kind)
+    inputs = padded_batch(kind)
+    items = [(0, 1), [(0, 1), (1, 3)], [(0, 1), (0, 2)], [(0, 1), (0, 2), (1, 0)], (1, 3),
+             [(1, 0), (1, 3)], [(0, 2), (1, 0)]]  # fmt: skip
+    means = head_means(model, [inputs])
+    real = inputs["attention_mask"].bool()
+    rows = real.shape[0]
+    needed = torch.rand(len(items), rows, generator=torch.Generator().manual_seed(3)) < 0.7
+    needed[:4, 0] = True  # a chain of subsets on one input at least
+    every = ablation_effects(model, inputs, items, hidden_state, relative_change, mode=mode,
+                             means=means, needed=needed)  # fmt: skip
+    zs = z_of(model, inputs)
+    with torch.no_grad():
+        intact = hidden_state(model(**inputs), inputs)
+        for k, item in enumerate(items):
+            heads = [item] if isinstance(item[0], int) else list(item)
+            if kind == "albert":
+                with ablate(model, heads, "mean", means):
+                    ablated = hidden_state(model(**inputs), inputs)
+            else:
+                handles = [replaced(model, layer, head, ablated_z(zs, means, real, mode, layer,
+                                                                  head))
+                           for layer, head in heads]  # fmt: skip
+                try:
+                    ablated = hidden_state(model(**inputs), inputs)
+                finally:
+                    for handle in handles:
+                        handle.remove()
+            expected = relative_change(ablated[None], intact)[0]
+            asked = needed[k][:, None] & real
+            torch.testing.assert_close(every[k][asked], expected[asked], atol=1e-5, rtol=1e-4)
+            assert every[k][~needed[k]].isnan().all()
+    for max_rows in (rows + 1, rows + 3):  # the subsets split over passes: the same numbers
+        split = ablation_effects(model, inputs, items, hidden_state, relative_change, mode=mode,
+                                 means=means, needed=needed, max_rows=max_rows)  # fmt: skip
+        torch.testing.assert_close(split, every, atol=1e-6, rtol=1e-5, equal_nan=True)
+
+
+def ablated_z(zs, means, real, mode: str, layer: int, head: int) -> torch.Tensor:
+    """The z a head is given: its mean, or (resample) the next input's z, its mean where that
+    one is padded."""
+    if mode == "mean":
+        return means[layer][head]
+    source = zs[layer][:, :, head].roll(-1, 0)
+    return torch.where(real.roll(-1, 0)[..., None], source, means[layer][head])
 
 
 def mean_hook(model, layer: int, head: int, value: torch.Tensor):
