@@ -196,7 +196,9 @@ def _branched(members: list, chunk: list, rows: int, n_layers: int) -> list:
     for j in order:
         i, b = chunk[j]
         start[j], source[j] = members[i][0][0], None
-        for r in earlier[b] if n_layers else ():
+        # an item whose heads are all in one layer parts from every other row there at once
+        spans = members[i][-1][0] > members[i][0][0]
+        for r in earlier[b] if n_layers and spans else ():
             below = _agree_below(members[chunk[r][0]], members[i], n_layers)
             if start[r] < below < n_layers and below > start[j]:
                 start[j], source[j] = below, r
