@@ -129,14 +129,9 @@ def ablation_effects(
         index = torch.tensor([b for _, b, _, _ in chunk], dtype=torch.long)
         layer_of = [start for _, _, start, _ in chunk]
         source = torch.tensor([copied for *_, copied in chunk], dtype=torch.long)
-        todo: dict[int, list[tuple[int, int]]] = defaultdict(list)  # layer -> (row, head)
-        for row, (i, _, start, _) in enumerate(chunk):
-            for layer, head in members[i]:
-                if layer >= start:
-                    todo[layer].append((rows + row, head))
         every = torch.cat([torch.arange(rows), index])  # the input of each row of the pass
         fns = {names[layer]: _ablate_rows(layer, done, every, rows, mode, means, mask)
-               for layer, done in todo.items()}  # fmt: skip
+               for layer, done in _ablated_at(members, chunk, rows).items()}  # fmt: skip
         gathered = _gathered(inputs, every, rows)
         tokens = None if read is None else read.bool()[every.to(read.device)]
         wanted = _wanted(stack, mask, every, rows, layer_of, tokens)
@@ -207,6 +202,17 @@ def _branched(members: list, chunk: list, rows: int, n_layers: int) -> list:
     position = {j: rows + k for k, j in enumerate(placed)}
     return [(*chunk[j], start[j], chunk[j][1] if source[j] is None else position[source[j]])
             for j in placed]  # fmt: skip
+
+
+def _ablated_at(members: list, chunk: list, rows: int) -> dict[int, list[tuple[int, int]]]:
+    """Per layer, the (row of the pass, head) pairs ablated there: each of ``_branched``'s
+    rows (after the batch's ``rows``) ablates its item's heads from the block it starts at."""
+    todo: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for row, (i, _, start, _) in enumerate(chunk):
+        for layer, head in members[i]:
+            if layer >= start:
+                todo[layer].append((rows + row, head))
+    return todo
 
 
 def _agree_below(one: list, other: list, n_layers: int) -> int:
