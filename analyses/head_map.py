@@ -2,7 +2,7 @@
 (Clark et al. 2019), made in the helper process while the run finishes the other analyses, and
 drawn as inline SVG.
 
-The roles analysis (``analyses.roles``) starts the map when it hands its work off (``start_map``)
+The roles analysis (``analyses.roles``) starts the map when it makes its tables (``start_map``)
 and takes it in ``heads`` (``embed``); ``warm_up`` imports scikit-learn's MDS in the helper
 while torch imports.
 """
@@ -48,7 +48,7 @@ def embed(similarity: pd.DataFrame, n: int) -> np.ndarray:
     return _STARTED[key].result()
 
 
-# The map of the similarity the last ``Roles.hand_off`` made, started in the helper process then
+# The map of the similarity the last ``Roles._tables`` made, started in the helper process then
 # (``start_map``), by its distances: the run finishes the other analyses meanwhile, and
 # ``heads``, given the same similarity, takes it from here, as often as it is asked (the
 # report's join of the heads and its list of the roles tested each ask); one map at a time.
