@@ -117,7 +117,6 @@ class Roles(Analysis):
         self.js_query_share = js_query_share
         self.sums = torch.zeros(len(METRICS), L, H, dtype=torch.float64)
         self.queries = 0  # real query tokens
-        self._similarity: pd.DataFrame | None = None  # made by hand_off, the head map started
         self.normalisable = 0  # queries that see more than one key
         self.cls_entropy = torch.zeros(L, H, dtype=torch.float64)
         self.cls_rows = 0
@@ -313,18 +312,9 @@ class Roles(Analysis):
             low, high = np.percentile(ratios, [2.5, 97.5], axis=0) if drawn.any() else (
                 np.full(L * H, math.nan), np.full(L * H, math.nan))  # fmt: skip
             stats[f"{metric}_low"], stats[f"{metric}_high"] = low, high
-        if self._similarity is None:
-            self.hand_off()
-        return {"head_stats": stats, "head_similarity": self._similarity}
-
-    def hand_off(self) -> bool:
-        """The head map, started in the helper process (``start_map``) before the other
-        analyses hand it theirs: the claims' join of the heads waits on it."""
-        L, H = self.context.n_layers, self.context.n_heads
-        layer, head = np.divmod(np.arange(L * H), H)
         js = (self.js / max(self.js_queries, 1)).numpy()
         a, b = np.divmod(np.arange((L * H) ** 2), L * H)
-        self._similarity = pd.DataFrame(
+        similarity = pd.DataFrame(
             {
                 "layer_a": layer[a],
                 "head_a": head[a],
@@ -333,8 +323,8 @@ class Roles(Analysis):
                 "js_divergence": js.ravel().clip(min=0),
             }
         )
-        start_map(self._similarity, L * H)
-        return True
+        start_map(similarity, L * H)
+        return {"head_stats": stats, "head_similarity": similarity}
 
     @classmethod
     def heads(cls, tables: dict[str, pd.DataFrame], thresholds: Thresholds) -> pd.DataFrame:

@@ -40,13 +40,17 @@ def publish(plan: Plan, outcome: Outcome, folder: Path, status: Callable[[str], 
 
     finished, tables, written = {}, {}, []
     # The analyses that add to the heads finish first, then those that read them (claims tested
-    # by ablation), then those that do neither; each hands its work to the helper in that order,
-    # so that the helper's work the readers wait on (the head map) comes before the rest (the
-    # probe's fit), which then runs while the others finish and the ablations run.
-    ranked = [[a for a in outcome.analyses if _finishing(type(a)) == rank] for rank in range(3)]
-    handed = {analysis.name: analysis.hand_off() for group in ranked for analysis in group}
+    # by ablation), then those that do neither, which hand their work to the helper only once
+    # the first have finished: the helper's work the readers wait on (the head map) comes
+    # before theirs (the probe's fit), which then runs during the ablations.
+    ranked = {
+        rank: [a for a in outcome.analyses if _finishing(type(a)) == rank] for rank in range(3)
+    }
+    handed = {analysis.name: analysis.hand_off() for analysis in ranked[0] + ranked[1]}
     readers = ranked[1]
-    for group in ranked:
+    for rank, group in ranked.items():
+        if rank == 1:
+            handed |= {analysis.name: analysis.hand_off() for analysis in ranked[2]}
         for analysis in sorted(group, key=lambda a: handed[a.name]):
             status(f"finishing: {analysis.title.lower()}")
             started = time.perf_counter()

@@ -1,7 +1,7 @@
 """The order a run finishes its analyses in (``probe.app.publish``): those that add to the heads
-first, then those that read them (the claims), then those that do neither; each hands its work
-to the helper in that order, so that the helper's work the claims wait on (the head map) comes
-first and the probe's fit runs while the others finish and the ablations run."""
+first, then those that read them (the claims), then those that do neither; these hand their
+work to the helper only once the first have finished, so that the helper's work the claims wait
+on (the head map) comes first and the probe's fit runs during the ablations."""
 
 import pytest
 
@@ -46,7 +46,6 @@ def test_the_probe_hands_its_fit_off_after_the_heads_and_finishes_after_the_clai
     analyze(Settings(model="minilm", treebank=["sample"], out=tmp_path / "run",
                      analyses=["roles", "probe", "claims"]))  # fmt: skip
     at = {event: k for k, event in enumerate(events)}
-    # the head map (roles) handed to the helper before the probe's fit, and the claims finished
-    # before the probe, which waits on its fit
-    assert at[("roles", "hand_off")] < at[("probe", "hand_off")] < at[("roles", "finish")]
-    assert at[("roles", "finish")] < at[("claims", "finish")] < at[("probe", "finish")]
+    assert at[("roles", "finish")] < at[("probe", "hand_off")] < at[("claims", "finish")]
+    assert at[("claims", "finish")] < at[("probe", "finish")]
+    assert at[("roles", "hand_off")] < at[("roles", "finish")]
