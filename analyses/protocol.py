@@ -206,12 +206,11 @@ class Analysis:
         """Called once the batch has been through every layer."""
 
     def hand_off(self) -> bool:
-        """Called on every analysis once the batches are done, before it finishes: hand the
+        """Called on every analysis once the batches are done, before any finishes: hand the
         slow work of ``finish`` that needs nothing but this analysis's state (a fit) to the
         helper process now (``probe.pipeline.helper.submit``), so that it runs while the other
-        analyses finish (the run finishes those first). An analysis that neither adds to the
-        heads nor reads them is called once those that add to them have finished, so that the
-        helper's work the readers wait on comes first (``probe.app.publish``).
+        analyses
+        finish (the run finishes those first).
 
         Returns
         -------

@@ -33,38 +33,29 @@ def publish(plan: Plan, outcome: Outcome, folder: Path, status: Callable[[str], 
     compile_templates([analysis.name for analysis in outcome.analyses])
     classes = [type(a) for a in outcome.analyses]
     schemas = table_io.schemas(classes)
-    # The helper writes the files, each queued behind the work handed to it, while this one
-    # goes on.
+    handed = {analysis.name: analysis.hand_off() for analysis in outcome.analyses}
+    # While the helper process works on what was handed to it, this one imports the page and
+    # finishes the other analyses; those that wait on the helper finish last. The helper then
+    # writes the files, each queued behind that work, while this one goes on.
     from probe.app import examples as examples_io
     from probe.app.report import render_html
 
     finished, tables, written = {}, {}, []
-    # The analyses that add to the heads finish first, then those that read them (claims tested
-    # by ablation), then those that do neither, which hand their work to the helper only once
-    # the first have finished: the helper's work the readers wait on (the head map) comes
-    # before theirs (the probe's fit), which then runs during the ablations.
-    ranked = {
-        rank: [a for a in outcome.analyses if _finishing(type(a)) == rank] for rank in range(3)
-    }
-    handed = {analysis.name: analysis.hand_off() for analysis in ranked[0] + ranked[1]}
-    readers = ranked[1]
-    for rank, group in ranked.items():
-        if rank == 1:
-            handed |= {analysis.name: analysis.hand_off() for analysis in ranked[2]}
-        for analysis in sorted(group, key=lambda a: handed[a.name]):
-            status(f"finishing: {analysis.title.lower()}")
-            started = time.perf_counter()
-            if analysis.reads_heads:
-                others = [type(a) for a in outcome.analyses if a not in readers]
-                analysis.take_heads(join_heads(others, finished, plan.thresholds,
-                                               outcome.n_layers, outcome.n_heads))  # fmt: skip
-            done = analysis.finish()
-            outcome.card.finish_s[analysis.name] = round(time.perf_counter() - started, 3)
-            finished |= done
-            for name in (name for name in done if name in schemas):
-                tables[name] = table_io.typed(done[name], schemas[name], name)
-                written.append(helper.submit(table_io.write, tables[name],
-                                             folder / f"{name}.csv"))  # fmt: skip
+    # Those that read the others' heads (claims tested by ablation) finish after them.
+    last = [a for a in outcome.analyses if a.reads_heads]
+    for analysis in sorted(outcome.analyses, key=lambda a: (a.reads_heads, handed[a.name])):
+        status(f"finishing: {analysis.title.lower()}")
+        started = time.perf_counter()
+        if analysis.reads_heads:
+            others = [type(a) for a in outcome.analyses if a not in last]
+            analysis.take_heads(join_heads(others, finished, plan.thresholds, outcome.n_layers,
+                                           outcome.n_heads))  # fmt: skip
+        done = analysis.finish()
+        outcome.card.finish_s[analysis.name] = round(time.perf_counter() - started, 3)
+        finished |= done
+        for name in (name for name in done if name in schemas):
+            tables[name] = table_io.typed(done[name], schemas[name], name)
+            written.append(helper.submit(table_io.write, tables[name], folder / f"{name}.csv"))
     heads = join_heads(classes, finished, plan.thresholds, outcome.n_layers, outcome.n_heads)
     tables["heads"] = table_io.typed(heads, schemas["heads"], "heads")
     written.append(helper.submit(table_io.write, tables["heads"], folder / "heads.csv"))
@@ -88,14 +79,6 @@ def publish(plan: Plan, outcome: Outcome, folder: Path, status: Callable[[str], 
     card.timings_s["render"] = clock.timings["render"]
     card.timings_s["total"] = round(sum(v for k, v in card.timings_s.items() if k != "total"), 3)
     write_file(folder / "run.json", json.dumps(card.as_dict(), indent=2))
-
-
-def _finishing(cls: type[analyses.Analysis]) -> int:
-    """When an analysis finishes: 0 where it adds to the heads (``heads`` is its own), 1 where
-    it reads them, 2 where it does neither (nothing waits on it)."""
-    if cls.reads_heads:
-        return 1
-    return 0 if cls.heads.__func__ is not analyses.Analysis.heads.__func__ else 2
 
 
 def _check_written(folder: Path, tables: dict) -> None:
